@@ -1,0 +1,49 @@
+"""ascend_vlm: fused Ascend NPU kernels and runtime plumbing for Hugging Face VLMs.
+
+Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules :mod:`ops`,
+:mod:`runtime` and :mod:`distributed`, and the errors :class:`AclError`, :class:`PatchError`.
+Submodules load lazily so that ``import ascend_vlm`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ascend_vlm._errors import AclError, PatchError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AclError",
+    "PatchError",
+    "PatchReport",
+    "distributed",
+    "ops",
+    "patch",
+    "runtime",
+    "unpatch",
+]
+
+_LAZY_SUBMODULES = {"ops", "runtime", "distributed"}
+_LAZY_ATTRIBUTES = {
+    "patch": "ascend_vlm.patching",
+    "unpatch": "ascend_vlm.patching",
+    "PatchReport": "ascend_vlm.patching",
+}
+
+if TYPE_CHECKING:
+    from ascend_vlm import distributed, ops, runtime
+    from ascend_vlm.patching import PatchReport, patch, unpatch
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"ascend_vlm.{name}")
+    if name in _LAZY_ATTRIBUTES:
+        return getattr(importlib.import_module(_LAZY_ATTRIBUTES[name]), name)
+    raise AttributeError(f"module 'ascend_vlm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
