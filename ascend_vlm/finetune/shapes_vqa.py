@@ -1,0 +1,196 @@
+"""ShapesVQA: procedurally generated visual question answering, deterministic by seed.
+
+A scene is a light-grey square canvas cut into four quadrants. Between one and four quadrants
+hold one filled shape each; every shape in a scene has its own colour and its own kind, and
+its bounding box lies strictly inside its quadrant. That layout makes every answer provable
+from the scene description alone:
+
+* ``colour``: "What colour is the {kind}?" -> the colour name (kinds are unique per scene);
+* ``shape``: "What shape is {colour}?" -> the kind name (colours are unique per scene);
+* ``count``: "How many shapes are there?" -> a digit (``"1"`` .. ``"4"``);
+* ``horizontal``: "Is the {colour} shape on the left or the right?" -> ``left`` / ``right``;
+* ``vertical``: "Is the {colour} shape at the top or the bottom?" -> ``top`` / ``bottom``.
+
+All answers are one lowercase word, which a tiny model can emit in a token or two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from PIL import Image, ImageDraw
+
+from ascend_vlm.finetune.data import VQASample
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 220),
+    "yellow": (235, 200, 30),
+    "purple": (150, 60, 190),
+}
+KINDS: tuple[str, ...] = ("circle", "square", "triangle", "diamond")
+QUESTION_TYPES: tuple[str, ...] = ("colour", "shape", "count", "horizontal", "vertical")
+BACKGROUND: tuple[int, int, int] = (235, 235, 235)
+MIN_IMAGE_SIZE = 32
+SPLITS: tuple[str, ...] = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One filled shape: ``kind`` of ``colour`` centred at (``cx``, ``cy``) with half-extent
+    ``radius`` pixels (bounding box ``[cx - radius, cx + radius]`` in x and y) on a canvas of
+    ``canvas`` x ``canvas`` pixels."""
+
+    kind: str
+    colour: str
+    cx: int
+    cy: int
+    radius: int
+    canvas: int
+
+    @property
+    def horizontal(self) -> str:
+        """``left`` or ``right``: the canvas half that holds the whole bounding box."""
+        return "left" if self.cx < self.canvas // 2 else "right"
+
+    @property
+    def vertical(self) -> str:
+        """``top`` or ``bottom``: the canvas half that holds the whole bounding box."""
+        return "top" if self.cy < self.canvas // 2 else "bottom"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
+        if self.colour not in COLOURS:
+            raise ValueError(f"colour: expected one of {tuple(COLOURS)}, got {self.colour!r}")
+
+
+def _check_image_size(size: int, name: str = "size") -> None:
+    if not isinstance(size, int) or size < MIN_IMAGE_SIZE:
+        raise ValueError(f"{name}: expected an int >= {MIN_IMAGE_SIZE} pixels, got {size!r}")
+
+
+def describe_scene(seed: int, size: int = 112) -> list[Shape]:
+    """The shapes of scene ``seed`` on a ``size`` x ``size`` canvas (no drawing).
+
+    One to four distinct quadrants are chosen; each holds one shape of a distinct kind and
+    colour, with ``radius`` in ``[size/16, size/5]`` (clipped to fit) and a margin of at least
+    ``size/28`` pixels to the quadrant's edges, so shapes never touch a midline or each other.
+    """
+    _check_image_size(size)
+    rng = random.Random(seed)
+    half = size // 2
+    margin = max(2, size // 28)
+    count = rng.randint(1, len(KINDS))
+    quadrants = rng.sample(range(4), count)
+    kinds = rng.sample(KINDS, count)
+    colours = rng.sample(tuple(COLOURS), count)
+    max_radius = (half - 2 * margin) // 2
+    shapes = []
+    for quadrant, kind, colour in zip(quadrants, kinds, colours, strict=True):
+        radius = rng.randint(max(3, size // 16), min(max_radius, max(3, size // 5)))
+        left, top = (quadrant % 2) * half, (quadrant // 2) * half
+        cx = rng.randint(left + margin + radius, left + half - margin - radius - 1)
+        cy = rng.randint(top + margin + radius, top + half - margin - radius - 1)
+        shapes.append(Shape(kind, colour, cx, cy, radius, size))
+    return shapes
+
+
+def draw_scene(shapes: list[Shape], size: int = 112) -> Image.Image:
+    """An RGB ``size`` x ``size`` image of ``shapes`` on the ``BACKGROUND`` colour."""
+    _check_image_size(size)
+    image = Image.new("RGB", (size, size), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    for shape in shapes:
+        fill = COLOURS[shape.colour]
+        x, y, r = shape.cx, shape.cy, shape.radius
+        if shape.kind == "circle":
+            draw.ellipse((x - r, y - r, x + r, y + r), fill=fill)
+        elif shape.kind == "square":
+            draw.rectangle((x - r, y - r, x + r, y + r), fill=fill)
+        elif shape.kind == "triangle":
+            draw.polygon([(x, y - r), (x + r, y + r), (x - r, y + r)], fill=fill)
+        else:  # diamond
+            draw.polygon([(x, y - r), (x + r, y), (x, y + r), (x - r, y)], fill=fill)
+    return image
+
+
+def question_answer(shapes: list[Shape], question_type: str, target: int) -> tuple[str, str]:
+    """The (question, answer) of ``question_type`` about ``shapes[target]`` (ignored for count)."""
+    if question_type not in QUESTION_TYPES:
+        raise ValueError(f"question_type: expected one of {QUESTION_TYPES}, got {question_type!r}")
+    if not 0 <= target < len(shapes):
+        raise ValueError(f"target: expected an index in [0, {len(shapes)}), got {target}")
+    shape = shapes[target]
+    if question_type == "colour":
+        return f"What colour is the {shape.kind}?", shape.colour
+    if question_type == "shape":
+        return f"What shape is {shape.colour}?", shape.kind
+    if question_type == "count":
+        return "How many shapes are there?", str(len(shapes))
+    if question_type == "horizontal":
+        return f"Is the {shape.colour} shape on the left or the right?", shape.horizontal
+    return f"Is the {shape.colour} shape at the top or the bottom?", shape.vertical
+
+
+def render_scene(seed: int, size: int = 112) -> tuple[Image.Image, list[tuple[str, str]]]:
+    """Scene ``seed`` as an image plus every (question, answer) pair it supports.
+
+    The pairs are: one count question, then for each shape its colour, shape, horizontal and
+    vertical questions. The same ``(seed, size)`` always gives the same pixels and pairs.
+    """
+    shapes = describe_scene(seed, size)
+    pairs = [question_answer(shapes, "count", 0)]
+    for target in range(len(shapes)):
+        pairs.extend(
+            question_answer(shapes, question_type, target)
+            for question_type in QUESTION_TYPES
+            if question_type != "count"
+        )
+    return draw_scene(shapes, size), pairs
+
+
+def scene_seed(seed: int, split: str, index: int) -> int:
+    """The scene seed of record ``index`` of ``split``: a 63-bit hash of all three, so train and
+    eval draw from unrelated seed streams."""
+    digest = hashlib.sha256(f"shapes_vqa:{seed}:{split}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class ShapesVQA:
+    """``size`` ShapesVQA records of ``split`` ("train" or "eval"), deterministic by ``seed``.
+
+    Record ``i`` asks question type ``QUESTION_TYPES[i % 5]`` (so types are balanced) about a
+    randomly chosen shape of scene ``scene_seed(seed, split, i)`` rendered at ``image_size``.
+    Records are rendered on access; indexing is O(1) and needs no storage.
+    """
+
+    def __init__(
+        self, split: str = "train", size: int = 2000, seed: int = 0, image_size: int = 112
+    ):
+        if split not in SPLITS:
+            raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size: expected a positive number of records, got {size!r}")
+        _check_image_size(image_size, "image_size")
+        self.split = split
+        self.size = size
+        self.seed = seed
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> VQASample:
+        if not -self.size <= index < self.size:
+            raise IndexError(f"index: expected in [-{self.size}, {self.size}), got {index}")
+        index %= self.size
+        seed = scene_seed(self.seed, self.split, index)
+        shapes = describe_scene(seed, self.image_size)
+        target = random.Random(seed ^ 0x5EED).randrange(len(shapes))
+        question_type = QUESTION_TYPES[index % len(QUESTION_TYPES)]
+        question, answer = question_answer(shapes, question_type, target)
+        return VQASample(draw_scene(shapes, self.image_size), question, answer)
