@@ -1,10 +1,38 @@
-"""Fine-tuning data: VQA samples, JSONL / LLaVA record loading, and processor collation."""
+"""Fine-tuning data: VQA samples, JSONL / LLaVA record loading, and processor collation.
+
+Record formats accepted by :func:`load_jsonl` (one JSON object per line; image paths are
+relative to the JSONL file's folder unless absolute):
+
+* flat: ``{"image": "a.png", "question": "What colour is it?", "answer": "red"}``;
+* LLaVA conversation: ``{"image": "a.png", "conversations": [{"from": "human", "value":
+  "<image>\\nWhat colour is it?"}, {"from": "gpt", "value": "red"}, ...]}`` -- each
+  human/gpt turn pair becomes one sample, the ``<image>`` marker is dropped.
+
+Collation renders each sample with the processor's own chat template (a user turn holding the
+image and the question, then the assistant's answer) and supervises only the answer tokens.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from PIL import Image
+import torch
+from PIL import Image, UnidentifiedImageError
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+BAD_RECORD_POLICIES = ("skip", "fail")
+LLAVA_IMAGE_MARKER = "<image>"
+# Keys of a processor's output that run along the token axis and are padded per sample; all
+# other tensor keys (pixel values, grids) are concatenated along dim 0.
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
 
 
 @dataclass(frozen=True)
@@ -14,3 +42,229 @@ class VQASample:
     image: Image.Image
     question: str
     answer: str
+
+
+class BadRecordError(ValueError):
+    """A data record cannot be used; the message names the file and 1-based record number."""
+
+
+@dataclass(frozen=True)
+class _PendingSample:
+    image_path: Path
+    question: str
+    answer: str
+
+
+def _record_pairs(record: Any) -> list[tuple[str, str]]:
+    """The (question, answer) pairs of one parsed record; raises ``ValueError`` saying why not."""
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    if "conversations" in record:
+        turns = record["conversations"]
+        if not isinstance(turns, list) or len(turns) < 2:
+            raise ValueError("conversations: expected a list of at least 2 turns")
+        pairs = []
+        for human, gpt in zip(turns[0::2], turns[1::2], strict=False):
+            roles = (human.get("from"), gpt.get("from"))
+            if roles != ("human", "gpt"):
+                raise ValueError(f"conversations: expected human/gpt turn pairs, got {roles}")
+            question = str(human.get("value", "")).replace(LLAVA_IMAGE_MARKER, "").strip()
+            pairs.append((question, str(gpt.get("value", "")).strip()))
+    else:
+        missing = [key for key in ("question", "answer") if key not in record]
+        if missing:
+            raise ValueError(f"missing key(s) {missing}")
+        pairs = [(str(record["question"]).strip(), str(record["answer"]).strip())]
+    for question, answer in pairs:
+        if not question:
+            raise ValueError("empty question")
+        if not answer:
+            raise ValueError("empty answer")
+    return pairs
+
+
+def _check_image(path: Path) -> None:
+    if not path.is_file():
+        raise ValueError(f"image {str(path)!r} does not exist")
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError) as error:
+        raise ValueError(f"image {str(path)!r} is unreadable ({error})") from error
+
+
+class JsonlVQA:
+    """VQA samples from a JSONL file, validated up front; images load on access.
+
+    Every record is parsed and its image opened and verified at construction. A bad record
+    (invalid JSON, missing image, unreadable image, empty question or answer, malformed
+    conversation) is logged as ``"<file>: record <n>: <reason>"`` (``n`` counts non-blank lines
+    from 1) and skipped when ``on_bad_record="skip"``, or raised as :class:`BadRecordError`
+    when ``"fail"``. ``bad_records`` lists the skipped ``(n, reason)`` pairs.
+    """
+
+    def __init__(self, path: str | os.PathLike, on_bad_record: str = "skip"):
+        if on_bad_record not in BAD_RECORD_POLICIES:
+            raise ValueError(
+                f"on_bad_record: expected one of {BAD_RECORD_POLICIES}, got {on_bad_record!r}"
+            )
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"path: expected a JSONL file, got {str(self.path)!r}")
+        self.bad_records: list[tuple[int, str]] = []
+        self._samples: list[_PendingSample] = []
+        with self.path.open(encoding="utf-8") as lines:
+            numbered = (line for line in lines if line.strip())
+            for number, line in enumerate(numbered, start=1):
+                try:
+                    record = json.loads(line)
+                    pairs = _record_pairs(record)
+                    if "image" not in record:
+                        raise ValueError("missing key(s) ['image']")
+                    image_path = self.path.parent / str(record["image"])
+                    _check_image(image_path)
+                except ValueError as error:  # json.JSONDecodeError is a ValueError too
+                    message = f"{self.path}: record {number}: {error}"
+                    if on_bad_record == "fail":
+                        raise BadRecordError(message) from error
+                    logger.warning("skipping bad record: %s", message)
+                    self.bad_records.append((number, str(error)))
+                    continue
+                self._samples.extend(_PendingSample(image_path, q, a) for q, a in pairs)
+        if not self._samples:
+            raise BadRecordError(f"{self.path}: no usable records")
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __getitem__(self, index: int) -> VQASample:
+        pending = self._samples[index]
+        with Image.open(pending.image_path) as image:
+            rgb = image.convert("RGB")
+        return VQASample(rgb, pending.question, pending.answer)
+
+
+def user_turn(question: str) -> list[dict[str, Any]]:
+    """The chat messages asking ``question`` about one image."""
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+
+
+def prompt_text(processor: Any, question: str) -> str:
+    """The processor's chat template applied to the user turn, ready for the answer."""
+    return processor.apply_chat_template(
+        user_turn(question), add_generation_prompt=True, tokenize=False
+    )
+
+
+def answer_text(processor: Any, question: str, answer: str) -> str:
+    """What the template appends after the prompt for ``answer`` (e.g. ``"red<|im_end|>\\n"``).
+
+    Falls back to ``answer + eos_token`` when the template renders the prompt differently with
+    and without an assistant turn.
+    """
+    prompt = prompt_text(processor, question)
+    conversation = [
+        *user_turn(question),
+        {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+    ]
+    full = processor.apply_chat_template(conversation, tokenize=False)
+    if full.startswith(prompt) and answer in full[len(prompt) :]:
+        return full[len(prompt) :]
+    return answer + (processor.tokenizer.eos_token or "")
+
+
+def encode_sample(processor: Any, sample: VQASample, with_answer: bool = True) -> dict[str, Any]:
+    """Tensors of one sample: the processor's output for the prompt and image (batch dim
+    removed for token keys), with the answer's tokens appended to ``input_ids`` and
+    ``labels`` = ``IGNORE_INDEX`` on the prompt, the answer token ids on the answer."""
+    features = processor(
+        text=[prompt_text(processor, sample.question)],
+        images=[sample.image],
+        return_tensors="pt",
+    )
+    encoded = {key: value for key, value in features.items() if isinstance(value, torch.Tensor)}
+    for key in SEQUENCE_KEYS:
+        if key in encoded:
+            encoded[key] = encoded[key][0]
+    prompt_ids = encoded["input_ids"]
+    if not with_answer:
+        encoded["labels"] = torch.full_like(prompt_ids, IGNORE_INDEX)
+        return encoded
+    answer_ids = torch.tensor(
+        processor.tokenizer(
+            answer_text(processor, sample.question, sample.answer), add_special_tokens=False
+        )["input_ids"],
+        dtype=prompt_ids.dtype,
+    )
+    encoded["input_ids"] = torch.cat([prompt_ids, answer_ids])
+    encoded["labels"] = torch.cat([torch.full_like(prompt_ids, IGNORE_INDEX), answer_ids])
+    fill = {"attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
+    for key, value in fill.items():
+        if key in encoded:
+            encoded[key] = torch.cat([encoded[key], torch.full_like(answer_ids, value)])
+    return encoded
+
+
+def collate(
+    encoded: Sequence[dict[str, torch.Tensor]], pad_token_id: int, padding_side: str = "right"
+) -> dict[str, torch.Tensor]:
+    """Batch :func:`encode_sample` outputs: token keys and ``labels`` padded to the longest
+    (``input_ids`` with ``pad_token_id``, ``labels`` with ``IGNORE_INDEX``, masks with 0) on
+    ``padding_side`` ("right" for training, "left" for generation); other keys concatenated
+    along dim 0 (e.g. Qwen2-VL's flattened patches and ``image_grid_thw``)."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side: expected 'left' or 'right', got {padding_side!r}")
+    if not encoded:
+        raise ValueError("encoded: expected at least one sample, got an empty batch")
+    length = max(len(item["input_ids"]) for item in encoded)
+    pad_values = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}
+    batch: dict[str, torch.Tensor] = {}
+    for key in encoded[0]:
+        values = [item[key] for item in encoded]
+        if key in (*SEQUENCE_KEYS, "labels"):
+            pad_value = pad_values.get(key, 0)
+            rows = []
+            for value in values:
+                padding = value.new_full((length - len(value),), pad_value)
+                parts = (value, padding) if padding_side == "right" else (padding, value)
+                rows.append(torch.cat(parts))
+            batch[key] = torch.stack(rows)
+        else:
+            batch[key] = torch.cat(values)
+    return batch
+
+
+class EncodedDataset:
+    """``samples`` encoded with :func:`encode_sample`, memoised (an epoch re-reads each once)."""
+
+    def __init__(self, samples: Sequence[VQASample], processor: Any, with_answer: bool = True):
+        self.samples = samples
+        self.processor = processor
+        self.with_answer = with_answer
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if index not in self._cache:
+            self._cache[index] = encode_sample(
+                self.processor, self.samples[index], self.with_answer
+            )
+        return self._cache[index]
+
+
+def pad_token_id_of(processor: Any) -> int:
+    """The tokenizer's pad id, falling back to its eos id; raises if it has neither."""
+    tokenizer = processor.tokenizer
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    raise ValueError("processor: expected a tokenizer with a pad or eos token, got neither")
+
+
+def normalise_answer(text: str) -> str:
+    """Exact-match form of an answer: stripped, lowercased, trailing full stop removed."""
+    return text.strip().lower().removesuffix(".").strip()
+
+

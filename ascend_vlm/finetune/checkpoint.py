@@ -1,0 +1,167 @@
+"""Atomic training checkpoints: LoRA adapter (safetensors), optimizer, scheduler, RNG, position.
+
+Layout under ``<output_dir>/checkpoints``::
+
+    step-00000050/
+        adapter_model.safetensors, adapter_config.json   (PEFT ``save_pretrained``)
+        trainer_state.pt     optimizer + scheduler state dicts and the loop state (step, epoch...)
+        rng-rank<r>.pt       python / numpy / torch RNG states of rank r
+    latest                   text file naming the newest complete checkpoint directory
+
+All ranks write into a hidden staging directory; once every rank is done, rank 0 renames it to
+``step-<n>`` with ``os.replace`` and then rewrites ``latest`` the same way (temp file + rename).
+A crash at any moment leaves either the previous checkpoint set or the new one, never a half
+written one, and never touches earlier checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+TRAINER_STATE = "trainer_state.pt"
+
+
+def checkpoint_root(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary sibling and ``os.replace``."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with temporary.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary sibling, fsync, then ``os.replace`` onto ``path``."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with temporary.open("wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def rng_state() -> dict[str, Any]:
+    """The python, numpy and torch (CPU) RNG states of this process."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(
+    output_dir: str | os.PathLike,
+    step: int,
+    *,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    loop_state: dict[str, Any],
+    rank: int,
+    barrier: Callable[[], None],
+) -> Path:
+    """Write checkpoint ``step`` collectively (every rank calls it) and return its directory.
+
+    ``model`` is the PEFT model (rank 0 saves its adapter); ``loop_state`` is whatever the loop
+    needs to continue (step, epoch, batch position). ``barrier`` synchronises the ranks (a
+    no-op for a single process).
+    """
+    root = checkpoint_root(output_dir)
+    final = root / f"step-{step:08d}"
+    staging = root / f".step-{step:08d}.staging"
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    barrier()
+    atomic_torch_save(rng_state(), staging / f"rng-rank{rank}.pt")
+    if rank == 0:
+        model.save_pretrained(staging, safe_serialization=True)
+        trainer_state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "loop": dict(loop_state, step=step),
+        }
+        atomic_torch_save(trainer_state, staging / TRAINER_STATE)
+    barrier()
+    if rank == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        atomic_write_text(root / LATEST, final.name)
+    barrier()
+    return final
+
+
+def resolve_checkpoint(output_dir: str | os.PathLike, resume: str) -> Path:
+    """The checkpoint directory ``resume`` names: ``"latest"`` (from ``output_dir``) or a path.
+
+    Raises ``FileNotFoundError`` naming ``resume`` when there is no complete checkpoint.
+    """
+    if resume == "latest":
+        root = checkpoint_root(output_dir)
+        pointer = root / LATEST
+        if not pointer.is_file():
+            raise FileNotFoundError(
+                f"resume: expected a checkpoint under {str(root)!r} for 'latest', found none"
+            )
+        path = root / pointer.read_text(encoding="utf-8").strip()
+    else:
+        path = Path(resume)
+    if not (path / TRAINER_STATE).is_file():
+        raise FileNotFoundError(
+            f"resume: expected a checkpoint directory holding {TRAINER_STATE}, got {str(path)!r}"
+        )
+    return path
+
+
+def load_checkpoint(
+    path: Path,
+    *,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rank: int,
+) -> dict[str, Any]:
+    """Restore adapter weights, optimizer, scheduler and this rank's RNG from ``path``.
+
+    Returns the saved loop state. Raises ``ValueError`` when ``path`` has no RNG state for
+    ``rank`` (the run was saved with fewer ranks, so it cannot continue exactly).
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    rng_file = path / f"rng-rank{rank}.pt"
+    if not rng_file.is_file():
+        saved = sorted(p.name for p in path.glob("rng-rank*.pt"))
+        raise ValueError(
+            f"resume: expected RNG state for rank {rank} in {str(path)!r} (same world size as "
+            f"the saved run), found {saved}"
+        )
+    adapter = load_file(path / "adapter_model.safetensors")
+    set_peft_model_state_dict(model, adapter)
+    trainer_state = torch.load(path / TRAINER_STATE, weights_only=False)
+    optimizer.load_state_dict(trainer_state["optimizer"])
+    scheduler.load_state_dict(trainer_state["scheduler"])
+    set_rng_state(torch.load(rng_file, weights_only=False))
+    return trainer_state["loop"]
