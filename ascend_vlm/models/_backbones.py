@@ -1,0 +1,97 @@
+"""Specs of the language models and vision towers that composite VLMs (LLaVA, PaliGemma, ...)
+plug in, keyed by the sub-config's `model_type`."""
+
+from __future__ import annotations
+
+from ascend_vlm.models._spec import LeaveAlone, PartSpec, RmsNorm, Rope, SwigluMlp
+
+NO_FUSED_LAYER_NORM = "ascend_vlm.ops has no fused LayerNorm; nn.LayerNorm is kept"
+NON_GATED_MLP = "fc1 -> act -> fc2 MLP is not gated; ops.swiglu does not apply"
+
+
+def _llama_like(prefix: str, *, norm_offset: float = 0.0, mlp: str | None = None) -> PartSpec:
+    """A decoder whose classes are named `<prefix>Attention/RMSNorm/MLP` and that applies RoPE
+    through the module-level `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`."""
+    return PartSpec(
+        attention=(f"{prefix}Attention",),
+        norms=(RmsNorm((f"{prefix}RMSNorm",), offset=norm_offset),),
+        mlps=(SwigluMlp((mlp or f"{prefix}MLP",)),),
+        ropes=(Rope((f"{prefix}Attention",), "apply_rotary_pos_emb"),),
+    )
+
+
+TEXT_BACKBONES: dict[str, PartSpec] = {
+    "llama": _llama_like("Llama"),
+    "mistral": _llama_like("Mistral"),
+    "qwen2": _llama_like("Qwen2"),
+    "qwen3": _llama_like("Qwen3"),
+    "gemma": _llama_like("Gemma", norm_offset=1.0),
+    "gemma2": _llama_like("Gemma2", norm_offset=1.0),
+    "gemma3_text": _llama_like("Gemma3", norm_offset=1.0),
+}
+
+
+def _layer_norm_vit(attention: str, mlp: str) -> PartSpec:
+    """A pre-LayerNorm ViT without RoPE: only its attention goes to the fused op."""
+    return PartSpec(
+        attention=(attention,),
+        left_alone=(
+            LeaveAlone("norm", ("LayerNorm",), NO_FUSED_LAYER_NORM),
+            LeaveAlone("mlp", (mlp,), NON_GATED_MLP),
+        ),
+    )
+
+
+VISION_BACKBONES: dict[str, PartSpec] = {
+    "clip_vision_model": _layer_norm_vit("CLIPAttention", "CLIPMLP"),
+    "siglip_vision_model": _layer_norm_vit("SiglipAttention", "SiglipMLP")
+    + PartSpec(
+        left_alone=(
+            LeaveAlone(
+                "attention-vision",
+                ("SiglipMultiheadAttentionPoolingHead",),
+                "pooling head uses nn.MultiheadAttention, outside the attention interface",
+            ),
+        )
+    ),
+    "idefics3_vision": _layer_norm_vit("Idefics3VisionAttention", "Idefics3VisionMLP"),
+    "smolvlm_vision": _layer_norm_vit("SmolVLMVisionAttention", "SmolVLMVisionMLP"),
+    "internvl_vision": _layer_norm_vit("InternVLVisionAttention", "InternVLVisionMLP")
+    + PartSpec(norms=(RmsNorm(("InternVLVisionRMSNorm",)),)),
+    "pixtral": PartSpec(
+        attention=("PixtralAttention",),
+        norms=(RmsNorm(("PixtralRMSNorm",)),),
+        mlps=(SwigluMlp(("PixtralMLP",)),),
+        left_alone=(
+            LeaveAlone(
+                "rope",
+                ("PixtralAttention",),
+                "2-D axial RoPE applied with unsqueeze_dim=0; not the [B, N, S, D] layout of "
+                "ops.rotary_embedding",
+            ),
+        ),
+    ),
+}
+
+
+def _lookup(table: dict[str, PartSpec], model_type: str, what: str) -> PartSpec:
+    spec = table.get(model_type)
+    if spec is not None:
+        return spec
+    return PartSpec(
+        left_alone=(
+            LeaveAlone(
+                what, (model_type,), f"{what} backbone {model_type!r} is not known to ascend_vlm"
+            ),
+        )
+    )
+
+
+def text_backbone(config) -> PartSpec:
+    """Spec of the language model described by `config` (a text sub-config)."""
+    return _lookup(TEXT_BACKBONES, config.model_type, "attention-text")
+
+
+def vision_backbone(config) -> PartSpec:
+    """Spec of the vision tower described by `config` (a vision sub-config)."""
+    return _lookup(VISION_BACKBONES, config.model_type, "attention-vision")

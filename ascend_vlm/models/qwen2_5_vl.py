@@ -1,0 +1,27 @@
+"""Qwen2.5-VL: Qwen2 decoder + an RMSNorm ViT with gated SiLU MLPs, 2-D RoPE, varlen attention."""
+
+from __future__ import annotations
+
+from ascend_vlm.models._spec import ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
+
+MODEL_TYPES = ("qwen2_5_vl",)
+
+
+def spec(config) -> ModelSpec:
+    return ModelSpec(
+        text=PartSpec(
+            attention=("Qwen2_5_VLAttention",),
+            norms=(RmsNorm(("Qwen2_5_VLRMSNorm",)),),
+            mlps=(SwigluMlp(("Qwen2MLP",)),),
+            ropes=(Rope(("Qwen2_5_VLAttention",), "apply_rotary_pos_emb"),),
+        ),
+        vision=PartSpec(
+            attention=("Qwen2_5_VLVisionAttention",),
+            norms=(RmsNorm(("Qwen2_5_VLRMSNorm",)),),
+            mlps=(SwigluMlp(("Qwen2_5_VLMLP",)),),
+            ropes=(
+                Rope(("Qwen2_5_VLVisionAttention",), "apply_rotary_pos_emb_vision", style="vision"),
+            ),
+        ),
+        vision_towers=("model.visual", "visual"),
+    )

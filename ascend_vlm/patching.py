@@ -1,0 +1,533 @@
+"""`patch(model)` / `unpatch(model)`: route one Hugging Face VLM *instance* to `ascend_vlm.ops`.
+
+How (the *what* lives in `ascend_vlm.models`):
+
+* attention: our function is registered in transformers' `AttentionInterface` and
+  `AttentionMaskInterface` under ``ATTENTION_NAME`` (it contains "flash", so Qwen2-VL-style vision
+  towers take their single varlen call instead of a per-image loop with a host sync), and the
+  ``_attn_implementation`` of this model's own config objects is switched to it. Other models in
+  the process keep their own configs and are untouched.
+* norms, MLPs: ``forward`` is rebound on the module instance (``module.__dict__["forward"]``);
+  weights are the module's own Parameters, read at call time (no copies), and ``extra_repr``
+  says which fused op runs.
+* RoPE: the attention module's own ``forward`` code is rebound on the instance with the
+  module-level rotary function (e.g. ``apply_rotary_pos_emb``) resolved to an adapter around
+  ``ops.rotary_embedding``; the transformers module and class stay untouched.
+
+Every change is recorded on the base model and ``unpatch`` restores exactly what was there.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ascend_vlm._compat import check_transformers_version
+from ascend_vlm._errors import PatchError
+from ascend_vlm.models import spec_for, supported_model_types
+from ascend_vlm.models._backbones import TEXT_BACKBONES
+from ascend_vlm.models._spec import KINDS, ModelSpec, PartSpec, Rope
+
+ATTENTION_NAME = "ascend_flash"
+_STATE_KEY = "_ascend_vlm_patch_state"
+_MISSING = object()
+_SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
+_TEXT_ROPE_PARAMETERS = ("q", "k", "cos", "sin", "unsqueeze_dim")
+_VISION_ROPE_PARAMETERS = ("q", "k", "cos", "sin")
+
+
+def _ops():
+    # Imported on use so that `import ascend_vlm.patching` does not load the op library.
+    from ascend_vlm import ops
+
+    return ops
+
+
+# --------------------------------------------------------------------------- attention function
+
+
+def ascend_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention-interface function backed by `ascend_vlm.ops`.
+
+    q [B, Nq, S, D], k/v [B, Nkv, Skv, D] -> ([B, S, Nq, D], None). Calling conventions handled:
+
+    * varlen (``cu_seq_lens_q``/``cu_seq_lens_k`` given, B == 1): packed segments attend only
+      within themselves -> ``ops.varlen_attention`` (Qwen2-VL vision, padding-free training).
+    * padded/masked: ``attention_mask`` is the 4-D boolean (True = attend) or additive float mask
+      made by the mask function registered with this name (`sdpa_mask`), or None. As in
+      transformers' sdpa path, causal is ``module.is_causal`` (or the ``is_causal`` kwarg) when no
+      mask is given and more than one query is present -> ``ops.fused_attention``.
+
+    Sliding windows and packed-sequence boundaries arrive encoded in the mask. Attention weights
+    are never returned (fused kernels do not materialise them); ask for ``attn_implementation=
+    "eager"`` when they are needed. Raises ValueError for logit soft-capping and attention sinks.
+    """
+    if kwargs.get("softcap") is not None:
+        raise ValueError(
+            f"softcap: {ATTENTION_NAME!r} attention has no logit soft-capping, got "
+            f"softcap={kwargs['softcap']}; use attn_implementation='eager' for this model"
+        )
+    if kwargs.get("s_aux") is not None:
+        raise ValueError(f"s_aux: {ATTENTION_NAME!r} attention has no attention sinks")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    ops = _ops()
+    cu_seqlens_q = kwargs.get("cu_seq_lens_q")
+    if cu_seqlens_q is not None:
+        if query.shape[0] != 1:
+            raise ValueError(
+                f"query: expected batch 1 for packed varlen attention (cu_seq_lens_q given), "
+                f"got shape {tuple(query.shape)}"
+            )
+        cu_seqlens_k = kwargs.get("cu_seq_lens_k")
+        packed = [t[0].transpose(0, 1) for t in (query, key, value)]  # [T, N, D]
+        output = ops.varlen_attention(
+            *packed,
+            cu_seqlens_q,
+            cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
+            max_seqlen_q=kwargs.get("max_length_q"),
+            max_seqlen_k=kwargs.get("max_length_k"),
+            causal=bool(is_causal),
+            scale=scaling,
+        )
+        return output.unsqueeze(0), None
+    if attention_mask is not None and attention_mask.dim() == 4:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+    causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
+    output = ops.fused_attention(
+        query,
+        key,
+        value,
+        layout="BNSD",
+        attention_mask=attention_mask,
+        causal=causal,
+        scale=scaling,
+        dropout_p=dropout,
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    """Register our attention and mask functions with transformers (idempotent, process-wide
+    but inert: only configs whose `_attn_implementation` is ATTENTION_NAME use them)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, ascend_attention_forward)
+    # Without a mask function transformers returns mask None and causal masking is silently lost.
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+# --------------------------------------------------------------------------- norm / mlp / rope
+
+
+def _rms_norm_forward(module: nn.Module, hidden_states: torch.Tensor, *, eps: float, offset: float):
+    return _ops().rms_norm(hidden_states, module.weight, eps, offset=offset)
+
+
+def _swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    gate_and_up = torch.cat((module.gate_proj(hidden_states), module.up_proj(hidden_states)), -1)
+    return module.down_proj(_ops().swiglu(gate_and_up))
+
+
+def _rope_text(q, k, cos, sin, unsqueeze_dim=1):
+    """Drop-in for transformers' `apply_rotary_pos_emb`: q/k [B, N, S, D], cos/sin [B, S, D]."""
+    if unsqueeze_dim != 1:
+        raise ValueError(
+            f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]), got {unsqueeze_dim}"
+        )
+    rotary = _ops().rotary_embedding
+    return rotary(q, cos, sin), rotary(k, cos, sin)
+
+
+def _rope_vision(q, k, cos, sin):
+    """Drop-in for `apply_rotary_pos_emb_vision`: q/k [T, N, D], cos/sin [T, D], fp32 math."""
+    rotary = _ops().rotary_embedding
+    cos, sin = cos.float(), sin.float()
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        as_bnsd = x.float().transpose(0, 1).unsqueeze(0)  # [1, N, T, D]
+        return rotary(as_bnsd, cos, sin)[0].transpose(0, 1).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+_ROPE_STYLES = {
+    "text": (_rope_text, _TEXT_ROPE_PARAMETERS),
+    "vision": (_rope_vision, _VISION_ROPE_PARAMETERS),
+}
+
+
+@functools.cache
+def _forward_with_rope(forward: types.FunctionType, function_name: str, style: str):
+    """`forward`'s own code with the global `function_name` resolved to our RoPE adapter.
+
+    One globals snapshot per (forward, function) pair; the original module is not modified.
+    """
+    adapter, _ = _ROPE_STYLES[style]
+    rebound_globals = dict(forward.__globals__)
+    rebound_globals[function_name] = adapter
+    clone = types.FunctionType(
+        forward.__code__,
+        rebound_globals,
+        forward.__name__,
+        forward.__defaults__,
+        forward.__closure__,
+    )
+    clone.__kwdefaults__ = forward.__kwdefaults__
+    clone.__qualname__ = forward.__qualname__
+    return clone
+
+
+def _rope_refusal(module: nn.Module, rope: Rope) -> str | None:
+    """Why `rope` cannot be applied to `module`'s class forward, or None when it can."""
+    forward = type(module).forward
+    if hasattr(forward, "__wrapped__"):
+        return (
+            f"{type(module).__name__}.forward is decorated; rebinding it would drop the decorator"
+        )
+    if rope.function not in forward.__code__.co_names:
+        return f"{type(module).__name__}.forward does not call {rope.function}"
+    original = forward.__globals__.get(rope.function)
+    _, expected = _ROPE_STYLES[rope.style]
+    parameters = tuple(inspect.signature(original).parameters) if callable(original) else ()
+    if parameters != expected:
+        return f"{rope.function}{parameters} does not have the expected signature {expected}"
+    return None
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class PatchReport:
+    """What `patch` did to one model: swapped modules per kind and what was left alone and why."""
+
+    model_type: str
+    swapped: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    left_alone: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    attention_implementation: str = ATTENTION_NAME
+
+    def _count(self, table: dict, key: tuple[str, str, str]) -> None:
+        table[key] = table.get(key, 0) + 1
+
+    def swapped_count(self, kind: str) -> int:
+        """Number of modules of `kind` (one of KINDS) routed to a fused op."""
+        return sum(n for (k, _, _), n in self.swapped.items() if k == kind)
+
+    def left_alone_count(self, kind: str) -> int:
+        return sum(n for (k, _, _), n in self.left_alone.items() if k == kind)
+
+    def as_dict(self) -> dict:
+        return {
+            "model_type": self.model_type,
+            "attention_implementation": self.attention_implementation,
+            "swapped": [
+                {"kind": k, "module": m, "op": op, "count": n}
+                for (k, m, op), n in sorted(self.swapped.items())
+            ],
+            "left_alone": [
+                {"kind": k, "module": m, "reason": why, "count": n}
+                for (k, m, why), n in sorted(self.left_alone.items())
+            ],
+            "totals": {
+                kind: {
+                    "swapped": self.swapped_count(kind),
+                    "left_alone": self.left_alone_count(kind),
+                }
+                for kind in KINDS
+            },
+        }
+
+    def __str__(self) -> str:
+        rows = [("kind", "module", "count", "-> op / left alone because")]
+        rows += [(k, m, str(n), f"-> {op}") for (k, m, op), n in sorted(self.swapped.items())]
+        rows += [
+            (k, m, str(n), f"kept: {why}") for (k, m, why), n in sorted(self.left_alone.items())
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        lines = [f"ascend_vlm.patch report for model_type={self.model_type!r}"]
+        for index, row in enumerate(rows):
+            lines.append(
+                "  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True))
+                + "  "
+                + row[3]
+            )
+            if index == 0:
+                lines.append("  ".join("-" * w for w in widths) + "  " + "-" * len(row[3]))
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- state and recording
+
+
+@dataclass
+class _PatchState:
+    options: dict
+    report: PatchReport
+    rebinds: list[tuple[nn.Module, str, object]] = field(default_factory=list)
+    configs: list[tuple[object, object]] = field(default_factory=list)
+
+    def rebind(self, module: nn.Module, name: str, value: object) -> None:
+        self.rebinds.append((module, name, module.__dict__.get(name, _MISSING)))
+        module.__dict__[name] = value
+
+    def set_attn_implementation(self, config) -> None:
+        self.configs.append((config, config._attn_implementation_internal))
+        config._attn_implementation_internal = ATTENTION_NAME
+
+    def revert(self) -> None:
+        for module, name, previous in reversed(self.rebinds):
+            if previous is _MISSING:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = previous
+        for config, previous in reversed(self.configs):
+            config._attn_implementation_internal = previous
+
+
+def _base_model(model: nn.Module) -> nn.Module:
+    """The transformers model under a PEFT wrapper (or `model` itself)."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
+
+def _tagged_extra_repr(original: Callable[[], str], op_name: str) -> str:
+    text = original()
+    return f"{text}, fused=ascend_vlm.ops.{op_name}" if text else f"fused=ascend_vlm.ops.{op_name}"
+
+
+# --------------------------------------------------------------------------- applying a spec
+
+
+def _find_vision_tower(base: nn.Module, paths: tuple[str, ...]) -> nn.Module | None:
+    for path in paths:
+        module = base
+        for attribute in path.split("."):
+            module = getattr(module, attribute, None)
+            if not isinstance(module, nn.Module):
+                break
+        else:
+            return module
+    return None
+
+
+def _modules_by_part(base: nn.Module, tower: nn.Module | None) -> dict[str, list[nn.Module]]:
+    vision = [] if tower is None else list(tower.modules())
+    vision_ids = {id(m) for m in vision}
+    text = [m for m in base.modules() if id(m) not in vision_ids]
+    return {"text": text, "vision": vision}
+
+
+def _attention_configs(modules: list[nn.Module], classes: tuple[str, ...]) -> tuple[list, int]:
+    """Distinct configs of the attention modules (and of the PreTrainedModels holding them)."""
+    from transformers import PreTrainedConfig, PreTrainedModel
+
+    configs: dict[int, object] = {}
+    count = 0
+    for module in modules:
+        is_attention = type(module).__name__ in classes
+        count += is_attention
+        config = getattr(module, "config", None)
+        if (is_attention or isinstance(module, PreTrainedModel)) and isinstance(
+            config, PreTrainedConfig
+        ):
+            configs.setdefault(id(config), config)
+    return list(configs.values()), count
+
+
+def _patch_attention(state: _PatchState, part: str, modules, spec: PartSpec) -> None:
+    kind = f"attention-{part}"
+    report = state.report
+    configs, count = _attention_configs(modules, spec.attention)
+    label = "/".join(spec.attention)
+    if count == 0:
+        return
+    if not state.options["attention" if part == "text" else "vision"]:
+        why = (
+            "disabled by patch(attention=False)"
+            if part == "text"
+            else "disabled by patch(vision=False)"
+        )
+        report.left_alone[(kind, label, why)] = count
+        return
+    softcapped = [c for c in configs if getattr(c, "attn_logit_softcapping", None) is not None]
+    if softcapped:
+        why = "attention logit soft-capping is not supported by ops.fused_attention"
+        report.left_alone[(kind, label, why)] = count
+        return
+    for config in configs:
+        state.set_attn_implementation(config)
+    report.swapped[(kind, label, "ops.fused_attention / ops.varlen_attention")] = count
+
+
+def _patch_modules(state: _PatchState, part: str, modules, spec: PartSpec) -> None:
+    options, report = state.options, state.report
+    enabled_part = part == "text" or options["vision"]
+    for module in modules:
+        name = type(module).__name__
+        for norm in spec.norms:
+            if name in norm.classes:
+                _patch_norm(state, module, norm.offset, enabled_part and options["norm"])
+        for mlp in spec.mlps:
+            if name in mlp.classes:
+                _patch_mlp(state, module, enabled_part and options["mlp"])
+        for rope in spec.ropes:
+            if name in rope.classes:
+                _patch_rope(state, module, rope, enabled_part and options["rope"])
+        for leave in spec.left_alone:
+            if name in leave.classes:
+                report._count(report.left_alone, (leave.kind, name, leave.reason))
+
+
+def _disabled(kind: str) -> str:
+    return f"disabled by patch({kind}=False) or patch(vision=False)"
+
+
+def _patch_norm(state: _PatchState, module: nn.Module, offset: float, enabled: bool) -> None:
+    name, report = type(module).__name__, state.report
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not enabled:
+        report._count(report.left_alone, ("norm", name, _disabled("norm")))
+    elif not isinstance(getattr(module, "weight", None), torch.Tensor) or eps is None:
+        report._count(
+            report.left_alone, ("norm", name, "no weight/eps attributes to hand to the op")
+        )
+    else:
+        forward = functools.partial(_rms_norm_forward, module, eps=float(eps), offset=offset)
+        state.rebind(module, "forward", forward)
+        state.rebind(
+            module,
+            "extra_repr",
+            functools.partial(_tagged_extra_repr, module.extra_repr, "rms_norm"),
+        )
+        report._count(report.swapped, ("norm", name, f"ops.rms_norm(offset={offset:g})"))
+
+
+def _patch_mlp(state: _PatchState, module: nn.Module, enabled: bool) -> None:
+    name, report = type(module).__name__, state.report
+    activation = type(getattr(module, "act_fn", None)).__name__
+    has_projections = all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj"))
+    if not enabled:
+        report._count(report.left_alone, ("mlp", name, _disabled("mlp")))
+    elif not has_projections:
+        report._count(report.left_alone, ("mlp", name, "no gate_proj/up_proj/down_proj"))
+    elif activation not in _SILU_ACTIVATIONS:
+        why = f"activation is {activation}, ops.swiglu computes silu(gate) * up"
+        report._count(report.left_alone, ("mlp", name, why))
+    else:
+        state.rebind(module, "forward", types.MethodType(_swiglu_mlp_forward, module))
+        state.rebind(
+            module, "extra_repr", functools.partial(_tagged_extra_repr, module.extra_repr, "swiglu")
+        )
+        report._count(report.swapped, ("mlp", name, "ops.swiglu"))
+
+
+def _patch_rope(state: _PatchState, module: nn.Module, rope: Rope, enabled: bool) -> None:
+    name, report = type(module).__name__, state.report
+    refusal = _disabled("rope") if not enabled else _rope_refusal(module, rope)
+    if refusal is not None:
+        report._count(report.left_alone, ("rope", name, refusal))
+        return
+    forward = _forward_with_rope(type(module).forward, rope.function, rope.style)
+    state.rebind(module, "forward", types.MethodType(forward, module))
+    report._count(report.swapped, ("rope", name, f"ops.rotary_embedding (via {rope.function})"))
+
+
+def _resolve_spec(base: nn.Module, strict: bool) -> tuple[str, ModelSpec, str | None]:
+    """(model_type, spec, reason the model is only partly recognised or None)."""
+    config = getattr(base, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None:
+        raise PatchError(
+            f"model: expected a Hugging Face PreTrainedModel with config.model_type, got "
+            f"{type(base).__name__}"
+        )
+    spec = spec_for(config)
+    if spec is not None:
+        return model_type, spec, None
+    if strict:
+        raise PatchError(
+            f"model_type {model_type!r} is not supported by ascend_vlm.patch; supported "
+            f"model_types: {', '.join(supported_model_types())}. Pass strict=False to patch "
+            f"the recognised parts only."
+        )
+    # strict=False: a plain decoder we know still gets its text side patched.
+    text = TEXT_BACKBONES.get(model_type, PartSpec())
+    return model_type, ModelSpec(text=text), f"model_type {model_type!r} is not supported"
+
+
+def patch(
+    model: nn.Module,
+    *,
+    attention: bool = True,
+    vision: bool = True,
+    norm: bool = True,
+    rope: bool = True,
+    mlp: bool = True,
+    strict: bool = True,
+) -> PatchReport:
+    """Route `model` (a transformers VLM instance, optionally PEFT-wrapped) to `ascend_vlm.ops`.
+
+    attention: text attention -> fused attention; vision: patch the vision tower at all (its
+    attention, norms, RoPE, MLPs); norm / rope / mlp: those module kinds in every patched part.
+    Idempotent: patching an already patched model with the same options returns the first
+    report; different options raise PatchError (call `unpatch` first). Unsupported model_type:
+    PatchError listing the supported ones when `strict`, else only the recognised parts are
+    patched and the report says what was skipped. Returns the PatchReport.
+    """
+    check_transformers_version()
+    options = {"attention": attention, "vision": vision, "norm": norm, "rope": rope, "mlp": mlp}
+    base = _base_model(model)
+    existing: _PatchState | None = base.__dict__.get(_STATE_KEY)
+    if existing is not None:
+        if existing.options != options:
+            raise PatchError(
+                f"model is already patched with {existing.options}; call ascend_vlm.unpatch(model) "
+                f"before patching with {options}"
+            )
+        return existing.report
+    model_type, spec, unsupported = _resolve_spec(base, strict)
+    state = _PatchState(options=options, report=PatchReport(model_type=model_type))
+    if unsupported is not None:
+        report = state.report
+        report.left_alone[("attention-vision", "vision tower", f"{unsupported} (strict=False)")] = 1
+        if not spec.text.attention:
+            report.left_alone[("attention-text", model_type, f"{unsupported} (strict=False)")] = 1
+    _register_attention()
+    tower = _find_vision_tower(base, spec.vision_towers)
+    for part, modules in _modules_by_part(base, tower).items():
+        part_spec = getattr(spec, part)
+        _patch_attention(state, part, modules, part_spec)
+        _patch_modules(state, part, modules, part_spec)
+    base.__dict__[_STATE_KEY] = state
+    return state.report
+
+
+def unpatch(model: nn.Module) -> None:
+    """Undo `patch` exactly: rebound methods and attention implementations are restored, so the
+    model's outputs are bit-identical to before. A model that is not patched is left as is."""
+    base = _base_model(model)
+    state: _PatchState | None = base.__dict__.pop(_STATE_KEY, None)
+    if state is not None:
+        state.revert()
+
+
+def is_patched(model: nn.Module) -> bool:
+    return _STATE_KEY in _base_model(model).__dict__
