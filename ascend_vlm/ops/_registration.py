@@ -1,0 +1,112 @@
+"""Registers an op from its spec: schema, kernel, fake kernel and autograd, all in one call.
+
+Dispatch: one ``CompositeExplicitAutograd`` kernel serves every device. It calls the op's NPU
+implementation when :func:`ascend_vlm.device.use_npu_kernels` says so (real NPU tensors, or any
+tensor under the mock NPU) and the plain-torch reference otherwise.
+
+Autograd: backward *recomputes* the forward through the reference implementation under
+``torch.enable_grad`` and differentiates it with ``torch.autograd.grad``. That costs one extra
+forward per backward, but keeps a single source of truth for the math, is exact for every
+backend (the NPU kernels compute the same function) and needs no hand-written gradient per op.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ascend_vlm.device import use_npu_kernels
+from ascend_vlm.ops._spec import OpSpec
+
+_LOG = logging.getLogger(__name__)
+_LIBRARY = torch.library.Library("ascend_vlm", "DEF")
+
+
+def _first_tensor_device(args: tuple[Any, ...]) -> torch.device:
+    return next(a.device for a in args if isinstance(a, torch.Tensor))
+
+
+def register_op(
+    spec: OpSpec,
+    *,
+    reference: Callable[..., torch.Tensor],
+    npu: Callable[..., torch.Tensor],
+    fake: Callable[..., torch.Tensor],
+) -> torch._ops.OpOverload:
+    """Define ``torch.ops.ascend_vlm.<spec.name>`` and return its default overload.
+
+    ``reference``, ``npu`` and ``fake`` take the schema's arguments (kwarg-only ones by keyword)
+    and must validate their inputs with the op's shared check function.
+    """
+    _LIBRARY.define(spec.name + spec.schema())
+
+    def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if use_npu_kernels(_first_tensor_device(args)):
+            return npu(*args, **kwargs)
+        return reference(*args, **kwargs)
+
+    _LIBRARY.impl(spec.name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(spec.qualname, fake, lib=_LIBRARY)
+
+    def setup_context(
+        ctx: Any,
+        inputs: tuple[Any, ...],
+        output: torch.Tensor,
+        keyword_only_inputs: dict[str, Any] | None = None,
+    ) -> None:
+        # Only positional inputs can receive gradients (torch.library's autograd contract), so
+        # specs keep differentiable tensors positional.
+        ctx.tensor_slots = [i for i, value in enumerate(inputs) if isinstance(value, torch.Tensor)]
+        ctx.other_inputs = [None if isinstance(v, torch.Tensor) else v for v in inputs]
+        ctx.keyword_only_inputs = keyword_only_inputs or {}
+        ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_slots))
+
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inputs = list(ctx.other_inputs)
+        wanted: list[int] = []
+        for slot, saved in zip(ctx.tensor_slots, ctx.saved_tensors, strict=True):
+            if ctx.needs_input_grad[slot]:
+                inputs[slot] = saved.detach().requires_grad_(True)
+                wanted.append(slot)
+            else:
+                inputs[slot] = saved
+        with torch.enable_grad():
+            output = reference(*inputs, **ctx.keyword_only_inputs)
+            grads = torch.autograd.grad(
+                output, [inputs[i] for i in wanted], grad_output, allow_unused=True
+            )
+        result: list[torch.Tensor | None] = [None] * len(inputs)
+        for slot, grad in zip(wanted, grads, strict=True):
+            result[slot] = grad
+        return tuple(result)
+
+    torch.library.register_autograd(
+        spec.qualname, backward, setup_context=setup_context, lib=_LIBRARY
+    )
+    _register_descriptor(spec)
+    return getattr(torch.ops.ascend_vlm, spec.name).default
+
+
+def _register_descriptor(spec: OpSpec) -> None:
+    """Hand the spec to the C++ op registry of ``ascend_vlm._C`` when it is built.
+
+    Without the extension the ops still work; only the registry (used for introspection and the
+    simulated runtime) misses them, which is logged at debug level.
+    """
+    try:
+        from ascend_vlm import runtime
+    except ImportError as error:
+        _LOG.debug(
+            "op %s: ascend_vlm.runtime unavailable (%s); descriptor not registered",
+            spec.name,
+            error,
+        )
+        return
+    register = getattr(runtime, "register_op", None)
+    if register is None:
+        _LOG.debug("op %s: ascend_vlm.runtime has no register_op yet", spec.name)
+        return
+    register(spec.descriptor())

@@ -1,0 +1,393 @@
+"""``fused_attention``: batched softmax attention in BNSD or BSH layout.
+
+``out = softmax(q @ k^T * scale + mask) @ v`` per head, with GQA/MQA (query head ``h`` reads kv
+head ``h // (Nq / Nkv)``), torch-SDPA mask polarity (True = attend), bottom-right aligned causal
+masking (query ``i`` of ``Sq`` sees key ``j`` iff ``j <= i + Skv - Sq``) and 0 output for rows
+whose every key is masked.
+
+NPU: ``torch_npu.npu_fusion_attention`` (Ascend/op-plugin
+docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md; facts in
+shared/reference/npu_api.md §1): its ``atten_mask`` is the inverse polarity (True = drop), shaped
+BNSS/B1SS/11SS/SS; ``scale`` defaults to 1.0 so we always pass it; ``head_num`` is the query
+head count; causal is ``sparse_mode=3`` (rightDownCausal) with the compressed 2048x2048
+``triu(diagonal=1)`` mask; it returns a 7-tuple whose ``[0]`` is the output.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
+from ascend_vlm.ops._registration import register_op
+from ascend_vlm.ops._spec import load_spec
+
+SPEC = load_spec("fused_attention")
+_QKV_DTYPES = SPEC.input_dtypes("query")
+_MASK_DTYPES = SPEC.input_dtypes("attention_mask")
+NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+LAYOUTS = ("BNSD", "BSH")
+# Additive-mask entries at or below this count as "masked" when deciding whether a whole row is
+# masked (HF builds masks from finfo(dtype).min, and exp(-1e4) is 0 in every float dtype).
+MASKED_ADDITIVE_BELOW = -1e4
+# npu_fusion_attention sparse modes 2/3/4 take this compressed causal mask (npu_api.md §1).
+NPU_CAUSAL_MASK_SIZE = 2048
+NPU_SPARSE_RIGHT_DOWN_CAUSAL = 3
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Validated geometry of one call."""
+
+    batch: int
+    num_heads: int
+    num_kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+
+
+def _check(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layout: str,
+    num_heads: int | None,
+    num_kv_heads: int | None,
+    scale: float | None,
+    dropout_p: float,
+) -> AttentionShape:
+    if layout not in LAYOUTS:
+        raise invalid("layout", f"one of {LAYOUTS}", repr(layout))
+    check_dtype("query", query, _QKV_DTYPES)
+    check_same_dtype("key", key, "query", query.dtype)
+    check_same_dtype("value", value, "query", query.dtype)
+    if layout == "BNSD":
+        for name, tensor, dims in (
+            ("query", query, "Nq, Sq"),
+            ("key", key, "Nkv, Skv"),
+            ("value", value, "Nkv, Skv"),
+        ):
+            check_rank(name, tensor, 4, f"4-D [B, {dims}, D] for layout 'BNSD'")
+        batch, heads, q_len, head_dim = query.shape
+        kv_heads, kv_len = key.shape[1], key.shape[2]
+        for name, given, actual in (
+            ("num_heads", num_heads, heads),
+            ("num_kv_heads", num_kv_heads, kv_heads),
+        ):
+            if given is not None and given != actual:
+                raise invalid(name, f"{actual} (from the BNSD shapes) or None", given)
+        expected_kv = (batch, kv_heads, kv_len, head_dim)
+    else:
+        for name, tensor, dims in (
+            ("query", query, "Sq, Nq*D"),
+            ("key", key, "Skv, Nkv*D"),
+            ("value", value, "Skv, Nkv*D"),
+        ):
+            check_rank(name, tensor, 3, f"3-D [B, {dims}] for layout 'BSH'")
+        if num_heads is None or num_heads <= 0:
+            raise invalid("num_heads", "a positive int for layout 'BSH'", num_heads)
+        heads = num_heads
+        kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        batch, q_len, hidden = query.shape
+        if hidden % heads:
+            raise invalid(
+                "query", f"last dim divisible by num_heads={heads}", f"shape {tuple(query.shape)}"
+            )
+        head_dim = hidden // heads
+        kv_len = key.shape[1]
+        if kv_heads <= 0:
+            raise invalid("num_kv_heads", "a positive int or None", kv_heads)
+        expected_kv = (batch, kv_len, kv_heads * head_dim)
+    if heads % kv_heads:
+        raise invalid("num_kv_heads", f"a divisor of the {heads} query heads (GQA/MQA)", kv_heads)
+    if tuple(key.shape) != expected_kv:
+        raise invalid(
+            "key",
+            f"shape {expected_kv} (B, heads and D matching query)",
+            f"shape {tuple(key.shape)}",
+        )
+    if value.shape != key.shape:
+        raise invalid("value", f"shape {tuple(key.shape)} like key", f"shape {tuple(value.shape)}")
+    shape = AttentionShape(batch, heads, kv_heads, q_len, kv_len, head_dim)
+    if attention_mask is not None:
+        _check_mask(attention_mask, shape)
+    if scale is not None and not math.isfinite(scale):
+        raise invalid("scale", "a finite float or None (1/sqrt(D))", scale)
+    if not 0.0 <= dropout_p < 1.0:
+        raise invalid("dropout_p", "a float in [0, 1)", dropout_p)
+    return shape
+
+
+def _check_mask(mask: torch.Tensor, shape: AttentionShape) -> None:
+    check_dtype("attention_mask", mask, _MASK_DTYPES)
+    full = (shape.batch, shape.num_heads, shape.q_len, shape.kv_len)
+    if mask.dim() == 2:
+        if mask.dtype != torch.bool:
+            raise invalid(
+                "attention_mask", "dtype bool for a 2-D [B, Skv] padding mask", mask.dtype
+            )
+        if tuple(mask.shape) != (shape.batch, shape.kv_len):
+            raise invalid(
+                "attention_mask", f"2-D [B, Skv] = {full[0], full[3]}", f"shape {tuple(mask.shape)}"
+            )
+    elif mask.dim() != 4 or any(m not in (1, f) for m, f in zip(mask.shape, full, strict=True)):
+        raise invalid(
+            "attention_mask",
+            f"2-D [B, Skv] or 4-D broadcastable to [B, Nq, Sq, Skv] = {full}",
+            f"shape {tuple(mask.shape)}",
+        )
+
+
+def _causal_keep(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """``[Sq, Skv]`` bool, True where query ``i`` may see key ``j``: ``j <= i + Skv - Sq``."""
+    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
+
+
+def _keep_mask(
+    attention_mask: torch.Tensor | None, causal: bool, shape: AttentionShape, device: torch.device
+) -> torch.Tensor | None:
+    """The bool "attend" mask (4-D, broadcastable) combining padding and causality, or None."""
+    keep = None
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            keep = attention_mask if attention_mask.dim() == 4 else attention_mask[:, None, None]
+        else:
+            keep = attention_mask > MASKED_ADDITIVE_BELOW
+    if causal:
+        causal_keep = _causal_keep(shape.q_len, shape.kv_len, device)
+        keep = causal_keep[None, None] if keep is None else keep & causal_keep
+    return keep
+
+
+def _dead_rows(keep: torch.Tensor | None) -> torch.Tensor | None:
+    """``[.., Sq, 1]`` bool of rows with no visible key, or None when there are none."""
+    if keep is None:
+        return None
+    dead = ~keep.any(dim=-1, keepdim=True)
+    return dead if bool(dead.any()) else None
+
+
+def _to_bnsd(tensor: torch.Tensor, heads: int, layout: str) -> torch.Tensor:
+    if layout == "BNSD":
+        return tensor
+    batch, seq, hidden = tensor.shape
+    return tensor.view(batch, seq, heads, hidden // heads).transpose(1, 2)
+
+
+def _from_bnsd(out: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "BNSD":
+        return out
+    batch, heads, seq, head_dim = out.shape
+    return out.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+
+
+def attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    layout: str = "BNSD",
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+) -> torch.Tensor:
+    shape = _check(
+        query, key, value, attention_mask, layout, num_heads, num_kv_heads, scale, dropout_p
+    )
+    q = _to_bnsd(query, shape.num_heads, layout)
+    k = _to_bnsd(key, shape.num_kv_heads, layout)
+    v = _to_bnsd(value, shape.num_kv_heads, layout)
+    # Plain causal over a square score matrix is SDPA's own (top-left == bottom-right) fast path.
+    sdpa_causal = causal and attention_mask is None and shape.q_len == shape.kv_len
+    keep = None if sdpa_causal else _keep_mask(attention_mask, causal, shape, query.device)
+    dead = _dead_rows(keep)
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        sdpa_mask = attention_mask.to(query.dtype)
+        if causal:
+            sdpa_mask = sdpa_mask.masked_fill(~keep, float("-inf"))
+    else:
+        sdpa_mask = keep
+    if dead is not None:  # let dead rows attend everywhere (no NaN), then zero them below
+        sdpa_mask = (
+            sdpa_mask | dead if sdpa_mask.dtype == torch.bool else sdpa_mask.masked_fill(dead, 0.0)
+        )
+    call = dict(
+        attn_mask=sdpa_mask,
+        is_causal=sdpa_causal,
+        scale=scale,
+        enable_gqa=shape.num_kv_heads != shape.num_heads,
+    )
+    if dropout_p > 0.0:
+        # A fixed seed makes the dropout mask reproducible, so backward (which recomputes this
+        # forward) sees the same mask.
+        device = query.device
+        rng_devices = [] if device.type == "cpu" else [device.index or 0]
+        with torch.random.fork_rng(devices=rng_devices, device_type=device.type):
+            torch.manual_seed(dropout_seed)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **call)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, **call)
+    if dead is not None:
+        out = out.masked_fill(dead, 0.0)
+    return _from_bnsd(out, layout)
+
+
+_NPU_CAUSAL_MASKS: dict[torch.device, torch.Tensor] = {}
+
+
+def npu_causal_mask(device: torch.device) -> torch.Tensor:
+    """The compressed causal mask sparse_mode 2/3/4 expect, cached per device."""
+    if device not in _NPU_CAUSAL_MASKS:
+        ones = torch.ones(NPU_CAUSAL_MASK_SIZE, NPU_CAUSAL_MASK_SIZE, dtype=torch.bool)
+        _NPU_CAUSAL_MASKS[device] = ones.triu(diagonal=1).to(device)
+    return _NPU_CAUSAL_MASKS[device]
+
+
+def _has_additive_bias(mask: torch.Tensor) -> bool:
+    """Whether a float mask carries values other than 0 and "masked" (npu needs pure masks)."""
+    return bool(((mask > MASKED_ADDITIVE_BELOW) & (mask != 0)).any())
+
+
+def _npu(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    layout: str = "BNSD",
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+) -> torch.Tensor:
+    shape = _check(
+        query, key, value, attention_mask, layout, num_heads, num_kv_heads, scale, dropout_p
+    )
+    float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
+    if (
+        query.dtype not in NPU_DTYPES
+        or dropout_p > 0.0  # the reference's seeded dropout keeps backward exact
+        or (float_mask and _has_additive_bias(attention_mask))
+    ):
+        return attention_reference(
+            query,
+            key,
+            value,
+            attention_mask,
+            layout=layout,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            causal=causal,
+            scale=scale,
+            dropout_p=dropout_p,
+            dropout_seed=dropout_seed,
+        )
+    torch_npu = importlib.import_module("torch_npu")
+    softmax_scale = 1.0 / math.sqrt(shape.head_dim) if scale is None else scale
+    dead = None
+    if attention_mask is None and causal and shape.q_len <= shape.kv_len:
+        drop_mask, sparse_mode = npu_causal_mask(query.device), NPU_SPARSE_RIGHT_DOWN_CAUSAL
+    elif attention_mask is None and not causal:
+        drop_mask, sparse_mode = None, 0
+    else:
+        keep = _keep_mask(attention_mask, causal, shape, query.device)
+        dead = _dead_rows(keep)
+        if dead is not None:
+            keep = keep | dead
+        # Full (Sq, Skv) planes; batch/head dims as the mask has them: 11SS, B1SS or BNSS
+        # (a head-broadcast-only 1NSS is not a documented shape, so it gets the batch too).
+        batch = shape.batch if keep.shape[0] != 1 or keep.shape[1] != 1 else 1
+        drop_mask = ~keep.expand(batch, keep.shape[1], shape.q_len, shape.kv_len)
+        sparse_mode = 0
+    out = torch_npu.npu_fusion_attention(
+        query,
+        key,
+        value,
+        shape.num_heads,
+        layout,
+        atten_mask=drop_mask,
+        scale=softmax_scale,
+        keep_prob=1.0,
+        sparse_mode=sparse_mode,
+    )[0]
+    if dead is not None:
+        out = _from_bnsd(_to_bnsd(out, shape.num_heads, layout).masked_fill(dead, 0.0), layout)
+    return out
+
+
+def _fake(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    layout: str = "BNSD",
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+) -> torch.Tensor:
+    _check(query, key, value, attention_mask, layout, num_heads, num_kv_heads, scale, dropout_p)
+    return torch.empty_like(query)
+
+
+_OP = register_op(SPEC, reference=attention_reference, npu=_npu, fake=_fake)
+
+
+def fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    layout: str = "BNSD",
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Softmax attention; output has the query's layout and shape.
+
+    Layouts: "BNSD" q ``[B, Nq, Sq, D]``, k/v ``[B, Nkv, Skv, D]``; "BSH" q ``[B, Sq, Nq*D]``,
+    k/v ``[B, Skv, Nkv*D]`` with ``num_heads`` (and ``num_kv_heads``, default ``num_heads``)
+    required. ``Nq % Nkv == 0``. ``scale`` defaults to ``1/sqrt(D)``. ``attention_mask``: bool
+    (True = attend) ``[B, Skv]`` padding mask or 4-D broadcastable to ``[B, Nq, Sq, Skv]``, or a
+    4-D float additive mask. ``causal`` is bottom-right aligned and combines with the mask.
+    Fully masked rows give 0. ``dropout_p > 0`` only in grad mode (training). Bad inputs raise
+    ``ValueError`` naming the argument.
+    """
+    dropout_seed = 0
+    if dropout_p > 0.0:
+        if not torch.is_grad_enabled():
+            raise invalid(
+                "dropout_p", "0.0 outside grad mode (dropout is training-only)", dropout_p
+            )
+        dropout_seed = int(torch.randint(0, 2**62, ()).item())
+    return _OP(
+        query,
+        key,
+        value,
+        attention_mask,
+        layout=layout,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        causal=causal,
+        scale=scale,
+        dropout_p=dropout_p,
+        dropout_seed=dropout_seed,
+    )

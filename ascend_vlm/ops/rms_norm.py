@@ -1,0 +1,80 @@
+"""``rms_norm``: ``y = x * rsqrt(mean(x^2, -1) + eps) * (offset + weight)`` in fp32, cast back.
+
+NPU: ``torch_npu.npu_rms_norm(x, gamma, epsilon)`` returns ``(y, rstd)``; we take ``[0]``. gamma
+may be fp32 for fp16/bf16 x (Ascend/op-plugin docs/zh/custom_APIs/torch_npu/
+（beta）torch_npu-npu_rms_norm.md), which keeps ``offset + weight`` exact.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
+from ascend_vlm.ops._registration import register_op
+from ascend_vlm.ops._spec import load_spec
+
+SPEC = load_spec("rms_norm")
+_X_DTYPES = SPEC.input_dtypes("x")
+_WEIGHT_DTYPES = SPEC.input_dtypes("weight")
+_NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    check_dtype("x", x, _X_DTYPES)
+    check_dtype("weight", weight, _WEIGHT_DTYPES)
+    if x.dim() == 0:
+        raise invalid("x", "at least 1-D [..., H]", "a 0-D tensor")
+    check_rank("weight", weight, 1, f"1-D [H={x.shape[-1]}]")
+    if weight.shape[0] != x.shape[-1]:
+        raise invalid(
+            "weight", f"shape ({x.shape[-1]},) matching x's last dim", tuple(weight.shape)
+        )
+    if not eps >= 0:
+        raise invalid("eps", "a float >= 0", eps)
+
+
+def _reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
+) -> torch.Tensor:
+    _check(x, weight, eps)
+    compute_dtype = torch.promote_types(x.dtype, torch.float32)
+    gamma = weight.to(compute_dtype)
+    if offset:
+        gamma = gamma + offset
+    y = F.rms_norm(x.to(compute_dtype), (x.shape[-1],), gamma, eps)
+    return y.to(x.dtype)
+
+
+def _npu(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
+) -> torch.Tensor:
+    _check(x, weight, eps)
+    if x.dtype not in _NPU_DTYPES or weight.dtype not in _NPU_DTYPES:
+        return _reference(x, weight, eps, offset=offset)
+    gamma = weight if (not offset and weight.dtype == x.dtype) else weight.float() + offset
+    torch_npu = importlib.import_module("torch_npu")
+    return torch_npu.npu_rms_norm(x, gamma, epsilon=eps)[0]
+
+
+def _fake(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
+) -> torch.Tensor:
+    _check(x, weight, eps)
+    return torch.empty_like(x)
+
+
+_OP = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
+) -> torch.Tensor:
+    """RMSNorm over the last dim: ``x * rsqrt(mean(x^2) + eps) * (offset + weight)``.
+
+    Computed in fp32 (fp64 for fp64 input) and returned in ``x.dtype``; ``offset=1.0`` is Gemma's
+    ``(1 + weight)`` convention. ``weight`` is 1-D of size ``x.shape[-1]``.
+    """
+    return _OP(x, weight, eps, offset=offset)

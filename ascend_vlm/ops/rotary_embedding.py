@@ -1,0 +1,162 @@
+"""``rotary_embedding``: ``out = x * cos + rotate(x) * sin`` on the first ``Dr`` dims of ``x``.
+
+``rotate`` is NeoX "half" (``cat(-x2, x1)`` of the two halves) or, with ``interleaved=True``,
+GPT-J pairs (``(-x[1::2], x[0::2])`` interleaved). ``Dr = cos.shape[-1]`` may be smaller than
+``x.shape[-1]`` (partial rotary); the remaining dims pass through. With ``mrope_section``
+(Qwen2-VL multimodal RoPE) cos/sin are ``[3, B, S, Dr]`` and chunk ``i`` of the D axis, split by
+``mrope_section * 2``, comes from component ``i % 3`` (temporal, height, width) — the rule of
+transformers' ``apply_multimodal_rotary_pos_emb``.
+
+NPU: ``torch_npu.npu_rotary_mul(x, r1, r2, rotary_mode="half"|"interleave")``; all inputs 4-D,
+D even and < 896; for BNSD x, r1/r2 are 11SD, B1SD or BNSD in half mode and only 11SD in
+interleave mode (Ascend/op-plugin docs/context/torch_npu-npu_rotary_mul.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
+from ascend_vlm.ops._registration import register_op
+from ascend_vlm.ops._spec import load_spec
+
+SPEC = load_spec("rotary_embedding")
+_X_DTYPES = SPEC.input_dtypes("x")
+_TABLE_DTYPES = SPEC.input_dtypes("cos")
+_NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+_NPU_MAX_HEAD_DIM = 896  # npu_rotary_mul: D < 896 (doc above)
+
+
+def _check(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mrope_section: list[int] | None
+) -> None:
+    check_dtype("x", x, _X_DTYPES)
+    check_dtype("cos", cos, _TABLE_DTYPES)
+    check_rank("x", x, 4, "4-D [B, N, S, D] (BNSD)")
+    if sin.shape != cos.shape or sin.dtype != cos.dtype:
+        raise invalid(
+            "sin",
+            f"shape {tuple(cos.shape)} and dtype {cos.dtype} like cos",
+            f"shape {tuple(sin.shape)} and dtype {sin.dtype}",
+        )
+    batch, _, seq, head_dim = x.shape
+    if mrope_section is not None:
+        check_rank("cos", cos, 4, "4-D [3, B, S, Dr] with mrope_section")
+        if cos.shape[0] != 3:
+            raise invalid("cos", "dim 0 of size 3 (temporal, height, width)", tuple(cos.shape))
+        if any(s <= 0 for s in mrope_section) or 2 * sum(mrope_section) != cos.shape[-1]:
+            raise invalid(
+                "mrope_section",
+                f"positive sizes summing to Dr/2={cos.shape[-1] / 2:g}",
+                list(mrope_section),
+            )
+        table_shape = tuple(cos.shape[1:])
+    else:
+        if cos.dim() not in (2, 3):
+            raise invalid("cos", "2-D [S, Dr] or 3-D [B|1, S, Dr]", f"shape {tuple(cos.shape)}")
+        table_shape = tuple(cos.shape) if cos.dim() == 3 else (1, *cos.shape)
+    table_batch, table_seq, rotary_dim = table_shape
+    if table_batch not in (1, batch) or table_seq != seq:
+        raise invalid(
+            "cos", f"[{batch} or 1, S={seq}, Dr] after mrope selection", f"shape {tuple(cos.shape)}"
+        )
+    if rotary_dim > head_dim or rotary_dim % 2:
+        raise invalid("cos", f"an even last dim Dr <= D={head_dim}", f"shape {tuple(cos.shape)}")
+
+
+def _select_tables(table: torch.Tensor, mrope_section: list[int] | None) -> torch.Tensor:
+    """cos/sin as ``[B|1, 1, S, Dr]`` (mrope components merged section-wise)."""
+    if mrope_section is not None:
+        chunks = table.split(list(mrope_section) * 2, dim=-1)
+        table = torch.cat([chunk[i % 3] for i, chunk in enumerate(chunks)], dim=-1)
+    if table.dim() == 2:
+        table = table.unsqueeze(0)
+    return table.unsqueeze(1)
+
+
+def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:
+        return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def _reference(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    mrope_section: list[int] | None = None,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    _check(x, cos, sin, mrope_section)
+    cos4, sin4 = _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
+    rotary_dim = cos4.shape[-1]
+    rotated_part = x[..., :rotary_dim]
+    rotated = rotated_part * cos4 + _rotate(rotated_part, interleaved) * sin4
+    rotated = rotated.to(x.dtype)
+    if rotary_dim == x.shape[-1]:
+        return rotated
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def _npu(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    mrope_section: list[int] | None = None,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    _check(x, cos, sin, mrope_section)
+    cos4, sin4 = _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
+    rotary_dim = cos4.shape[-1]
+    kernel_fits = (
+        x.dtype in _NPU_DTYPES
+        and rotary_dim < _NPU_MAX_HEAD_DIM
+        # interleave mode only takes 11SD tables
+        and not (interleaved and cos4.shape[0] != 1)
+    )
+    if not kernel_fits:
+        return _reference(x, cos, sin, mrope_section=mrope_section, interleaved=interleaved)
+    torch_npu = importlib.import_module("torch_npu")
+    rotated = torch_npu.npu_rotary_mul(
+        x[..., :rotary_dim].contiguous(),
+        cos4.to(x.dtype).contiguous(),
+        sin4.to(x.dtype).contiguous(),
+        rotary_mode="interleave" if interleaved else "half",
+    )
+    if rotary_dim == x.shape[-1]:
+        return rotated
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def _fake(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    mrope_section: list[int] | None = None,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    _check(x, cos, sin, mrope_section)
+    return torch.empty_like(x)
+
+
+_OP = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
+
+
+def rotary_embedding(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    mrope_section: list[int] | None = None,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    """Apply RoPE to ``x`` ``[B, N, S, D]``; cos/sin ``[B|1, S, Dr]``, ``[S, Dr]`` or, with
+    ``mrope_section``, ``[3, B, S, Dr]``. Returns ``x``'s shape and dtype (see module docstring
+    for the formula)."""
+    return _OP(x, cos, sin, mrope_section=mrope_section, interleaved=interleaved)

@@ -1,0 +1,66 @@
+"""``swiglu``: ``silu(a) * b`` with ``a, b = x.chunk(2, dim)`` (the first half is gated).
+
+NPU: ``torch_npu.npu_swiglu(x, dim)`` — same first-half convention, needs a contiguous input
+(Ascend/op-plugin docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_swiglu.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+from ascend_vlm.ops._checks import check_dtype, invalid
+from ascend_vlm.ops._registration import register_op
+from ascend_vlm.ops._spec import load_spec
+
+SPEC = load_spec("swiglu")
+_X_DTYPES = SPEC.input_dtypes("x")
+# The NPU kernel's documented dtypes; float64 stays on the reference.
+_NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+def _check(x: torch.Tensor, dim: int) -> int:
+    """Validate and return the size of each half along ``dim``."""
+    check_dtype("x", x, _X_DTYPES)
+    if x.dim() == 0:
+        raise invalid("x", "at least 1-D", "a 0-D tensor")
+    if not -x.dim() <= dim < x.dim():
+        raise invalid("dim", f"in [{-x.dim()}, {x.dim() - 1}] for x of shape {tuple(x.shape)}", dim)
+    if x.shape[dim] % 2:
+        raise invalid("x", f"an even size along dim {dim}", f"shape {tuple(x.shape)}")
+    return x.shape[dim] // 2
+
+
+def _reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    _check(x, dim)
+    gate, up = x.chunk(2, dim)
+    return F.silu(gate) * up
+
+
+def _npu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    _check(x, dim)
+    if x.dtype not in _NPU_DTYPES:
+        return _reference(x, dim)
+    torch_npu = importlib.import_module("torch_npu")
+    return torch_npu.npu_swiglu(x.contiguous(), dim=dim)
+
+
+def _fake(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    half = _check(x, dim)
+    shape = list(x.shape)
+    shape[dim] = half
+    return x.new_empty(shape)
+
+
+_OP = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
+
+
+def swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """SwiGLU: ``silu(a) * b`` where ``a, b = x.chunk(2, dim)``; the output halves ``dim``.
+
+    Raises ``ValueError`` for an odd size along ``dim``, an out-of-range ``dim`` or an
+    unsupported dtype.
+    """
+    return _OP(x, dim)

@@ -1,0 +1,218 @@
+"""``varlen_attention``: packed variable-length attention in TND layout.
+
+Segment ``i`` holds query rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]`` and key rows
+``cu_seqlens_k[i]:cu_seqlens_k[i+1]``; each segment attends only within itself, with the
+semantics of :func:`~ascend_vlm.ops.fused_attention` (GQA, bottom-right causal, 0 for rows with
+no visible key). This is Qwen2-VL's vision attention over many images packed in one sequence.
+
+NPU: ``torch_npu.npu_fusion_attention(input_layout="TND", actual_seq_qlen=cu_seqlens_q[1:],
+actual_seq_kvlen=cu_seqlens_k[1:])`` — host lists of cumulative lengths without the leading 0;
+in varlen no row may be entirely masked (Ascend/op-plugin
+docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md; npu_api.md §1).
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+
+import torch
+
+from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
+from ascend_vlm.ops._registration import register_op
+from ascend_vlm.ops._spec import load_spec
+from ascend_vlm.ops.fused_attention import (
+    NPU_DTYPES,
+    NPU_SPARSE_RIGHT_DOWN_CAUSAL,
+    attention_reference,
+    npu_causal_mask,
+)
+
+SPEC = load_spec("varlen_attention")
+_QKV_DTYPES = SPEC.input_dtypes("query")
+_CU_DTYPES = SPEC.input_dtypes("cu_seqlens_q")
+
+
+def _check_shapes(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float | None,
+) -> None:
+    check_dtype("query", query, _QKV_DTYPES)
+    check_same_dtype("key", key, "query", query.dtype)
+    check_same_dtype("value", value, "query", query.dtype)
+    check_rank("query", query, 3, "3-D [T, Nq, D] (TND)")
+    check_rank("key", key, 3, "3-D [Tk, Nkv, D] (TND)")
+    heads, head_dim = query.shape[1], query.shape[2]
+    kv_heads = key.shape[1]
+    if key.shape[2] != head_dim:
+        raise invalid("key", f"head dim D={head_dim} like query", f"shape {tuple(key.shape)}")
+    if heads % kv_heads:
+        raise invalid(
+            "key",
+            f"a head count dividing the {heads} query heads (GQA/MQA)",
+            f"shape {tuple(key.shape)}",
+        )
+    if value.shape != key.shape:
+        raise invalid("value", f"shape {tuple(key.shape)} like key", f"shape {tuple(value.shape)}")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_dtype(name, cu, _CU_DTYPES)
+        check_rank(name, cu, 1, "1-D [num_segments + 1]")
+        if cu.shape[0] < 1:
+            raise invalid(name, "at least one entry (the leading 0)", "an empty tensor")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise invalid(
+            "cu_seqlens_k",
+            f"shape {tuple(cu_seqlens_q.shape)} like cu_seqlens_q",
+            f"shape {tuple(cu_seqlens_k.shape)}",
+        )
+    if scale is not None and not math.isfinite(scale):
+        raise invalid("scale", "a finite float or None (1/sqrt(D))", scale)
+
+
+def _segment_lengths(
+    name: str, cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None
+) -> list[int]:
+    """Check the values of ``cu_seqlens`` (starts at 0, nondecreasing, ends at ``total``)."""
+    bounds = cu_seqlens.tolist()
+    lengths = [b - a for a, b in itertools.pairwise(bounds)]
+    if bounds[0] != 0 or bounds[-1] != total or any(n < 0 for n in lengths):
+        raise invalid(name, f"nondecreasing offsets from 0 to {total}", bounds)
+    if max_seqlen is not None and lengths and max(lengths) > max_seqlen:
+        max_name = name.replace("cu_seqlens", "max_seqlen")
+        raise invalid(max_name, f">= the longest segment ({max(lengths)})", max_seqlen)
+    return lengths
+
+
+def _reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    _check_shapes(query, key, value, cu_seqlens_q, cu_seqlens_k, scale)
+    q_lens = _segment_lengths("cu_seqlens_q", cu_seqlens_q, query.shape[0], max_seqlen_q)
+    k_lens = _segment_lengths("cu_seqlens_k", cu_seqlens_k, key.shape[0], max_seqlen_k)
+    attend = dict(causal=causal, scale=scale)
+    if q_lens and q_lens == k_lens and len(set(q_lens)) == 1 and q_lens[0] > 0:
+        # Equal segments (e.g. same-size images): one batched call, [n, S, N, D] -> BNSD.
+        n, seg = len(q_lens), q_lens[0]
+        q, k, v = (t.view(n, seg, *t.shape[1:]).transpose(1, 2) for t in (query, key, value))
+        out = attention_reference(q, k, v, **attend)
+        return out.transpose(1, 2).reshape(query.shape)
+    outputs = []
+    for q, k, v in zip(query.split(q_lens), key.split(k_lens), value.split(k_lens), strict=True):
+        if q.shape[0] == 0 or k.shape[0] == 0:  # nothing to attend to: rows are 0 by contract
+            outputs.append(q.new_zeros(q.shape))
+            continue
+        out = attention_reference(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], **attend
+        )
+        outputs.append(out[0].transpose(0, 1))
+    return torch.cat(outputs) if outputs else query.new_zeros(query.shape)
+
+
+def _npu(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    _check_shapes(query, key, value, cu_seqlens_q, cu_seqlens_k, scale)
+    q_lens = _segment_lengths("cu_seqlens_q", cu_seqlens_q, query.shape[0], max_seqlen_q)
+    k_lens = _segment_lengths("cu_seqlens_k", cu_seqlens_k, key.shape[0], max_seqlen_k)
+    # Varlen forbids fully masked rows: segments with queries but too few keys stay on the
+    # reference, which defines those rows as 0.
+    has_dead_rows = any(
+        q_len > 0 and (k_len == 0 or (causal and q_len > k_len))
+        for q_len, k_len in zip(q_lens, k_lens, strict=True)
+    )
+    if query.dtype not in NPU_DTYPES or has_dead_rows:
+        return _reference(
+            query,
+            key,
+            value,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            causal=causal,
+            scale=scale,
+        )
+    torch_npu = importlib.import_module("torch_npu")
+    return torch_npu.npu_fusion_attention(
+        query,
+        key,
+        value,
+        query.shape[1],
+        "TND",
+        atten_mask=npu_causal_mask(query.device) if causal else None,
+        scale=1.0 / math.sqrt(query.shape[2]) if scale is None else scale,
+        keep_prob=1.0,
+        actual_seq_qlen=cu_seqlens_q[1:].tolist(),
+        actual_seq_kvlen=cu_seqlens_k[1:].tolist(),
+        sparse_mode=NPU_SPARSE_RIGHT_DOWN_CAUSAL if causal else 0,
+    )[0]
+
+
+def _fake(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    _check_shapes(query, key, value, cu_seqlens_q, cu_seqlens_k, scale)
+    return torch.empty_like(query)
+
+
+_OP = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
+
+
+def varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention within packed segments: q ``[T, Nq, D]``, k/v ``[Tk, Nkv, D]``, cu_seqlens
+    int32/int64 ``[n + 1]`` from 0 to T (Tk). Returns ``[T, Nq, D]``. ``max_seqlen_*`` are
+    optional upper bounds (checked). Bad shapes or offsets raise ``ValueError``."""
+    return _OP(
+        query,
+        key,
+        value,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        causal=causal,
+        scale=scale,
+    )
