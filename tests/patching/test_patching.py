@@ -1,0 +1,157 @@
+"""The generic machinery of `ascend_vlm.patch`: per-instance, reversible, idempotent, honest."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+import ascend_vlm
+from ascend_vlm import PatchError
+from ascend_vlm._compat import check_transformers_version
+from ascend_vlm.models import supported_model_types
+from ascend_vlm.models.tiny import _TEXT, build_model, make_inputs
+from ascend_vlm.patching import ATTENTION_NAME, ascend_attention_forward, is_patched
+
+
+@pytest.fixture()
+def qwen():
+    return build_model("qwen2_vl")
+
+
+def _logits(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def test_patch_is_per_instance_and_leaves_other_models_and_classes_alone(qwen):
+    other = build_model("qwen2_vl", seed=1)
+    inputs = make_inputs("qwen2_vl", other, n_images=1)
+    before = _logits(other, inputs)
+    class_forward = type(qwen.model.language_model.norm).forward
+    ascend_vlm.patch(qwen)
+    assert is_patched(qwen) and not is_patched(other)
+    assert qwen.config.text_config._attn_implementation == ATTENTION_NAME
+    assert other.config.text_config._attn_implementation == "eager"
+    assert "forward" not in other.model.language_model.norm.__dict__
+    assert type(qwen.model.language_model.norm).forward is class_forward
+    assert torch.equal(_logits(other, inputs), before)
+
+
+def test_patch_keeps_parameters_and_repr_names_the_op(qwen):
+    parameters = {name: p for name, p in qwen.named_parameters()}
+    ascend_vlm.patch(qwen)
+    assert all(p is parameters[name] for name, p in qwen.named_parameters())
+    layer = qwen.model.language_model.layers[0]
+    assert "fused=ascend_vlm.ops.rms_norm" in repr(layer.input_layernorm)
+    assert "fused=ascend_vlm.ops.swiglu" in repr(layer.mlp)
+    ascend_vlm.unpatch(qwen)
+    assert "ascend_vlm" not in repr(qwen)
+
+
+def test_unpatch_restores_every_rebound_attribute_and_config(qwen):
+    instance_dicts = {id(m): set(m.__dict__) for m in qwen.modules()}
+    implementations = [c._attn_implementation for c in (qwen.config, qwen.config.vision_config)]
+    ascend_vlm.patch(qwen)
+    ascend_vlm.unpatch(qwen)
+    assert {id(m): set(m.__dict__) for m in qwen.modules()} == instance_dicts
+    assert [c._attn_implementation for c in (qwen.config, qwen.config.vision_config)] == (
+        implementations
+    )
+    ascend_vlm.unpatch(qwen)  # unpatching an unpatched model is harmless
+
+
+def test_patching_again_with_other_options_asks_for_unpatch(qwen):
+    ascend_vlm.patch(qwen)
+    with pytest.raises(PatchError, match="already patched"):
+        ascend_vlm.patch(qwen, mlp=False)
+
+
+def test_report_counts_kinds_and_reasons_and_renders(qwen):
+    report = ascend_vlm.patch(qwen, mlp=False, vision=False)
+    layers = qwen.config.text_config.num_hidden_layers
+    assert report.swapped_count("attention-text") == layers
+    assert report.swapped_count("attention-vision") == 0
+    assert report.swapped_count("norm") == 2 * layers + 1
+    assert report.swapped_count("mlp") == 0
+    data = report.as_dict()
+    assert data["totals"]["mlp"] == {"swapped": 0, "left_alone": layers + 1}
+    reasons = {row["reason"] for row in data["left_alone"]}
+    assert any("mlp=False" in reason for reason in reasons)
+    assert any("vision=False" in reason for reason in reasons)
+    assert qwen.config.vision_config._attn_implementation == "eager"
+    text = str(report)
+    assert "Qwen2VLRMSNorm" in text and "ops.rms_norm" in text and "kept:" in text
+
+
+def test_options_off_change_nothing_and_keep_outputs_bitwise(qwen):
+    inputs = make_inputs("qwen2_vl", qwen, n_images=1)
+    reference = _logits(qwen, inputs)
+    report = ascend_vlm.patch(qwen, attention=False, vision=False, norm=False, rope=False, mlp=False)
+    assert sum(report.swapped_count(kind) for kind in ("attention-text", "norm", "rope", "mlp")) == 0
+    assert torch.equal(_logits(qwen, inputs), reference)
+
+
+def test_peft_lora_patch_and_unpatch(qwen):
+    peft = pytest.importorskip("peft")
+    inputs = make_inputs("qwen2_vl", qwen, n_images=1)
+    lora = peft.get_peft_model(qwen, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    for name, parameter in lora.named_parameters():
+        if "lora_B" in name:
+            nn.init.normal_(parameter, std=0.1)  # make the adapters change the output
+    reference = _logits(lora, inputs)
+    report = ascend_vlm.patch(lora)
+    assert report.swapped_count("attention-text") == qwen.config.text_config.num_hidden_layers
+    torch.testing.assert_close(_logits(lora, inputs), reference, atol=1e-4, rtol=0)
+    ascend_vlm.unpatch(lora)
+    assert not is_patched(qwen)
+    assert torch.equal(_logits(lora, inputs), reference)
+
+
+def _tiny_llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**_TEXT, attn_implementation="eager")
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_unsupported_model_strict_raises_listing_supported_model_types():
+    with pytest.raises(PatchError) as error:
+        ascend_vlm.patch(_tiny_llama())
+    for model_type in supported_model_types():
+        assert model_type in str(error.value)
+
+
+def test_unsupported_model_lenient_patches_known_decoder_and_says_what_it_skipped():
+    model = _tiny_llama()
+    input_ids = torch.tensor([[1, 5, 9, 17, 33]])
+    reference = _logits(model, {"input_ids": input_ids})
+    report = ascend_vlm.patch(model, strict=False)
+    assert report.swapped_count("attention-text") == 2
+    assert any("not supported" in row["reason"] for row in report.as_dict()["left_alone"])
+    torch.testing.assert_close(_logits(model, {"input_ids": input_ids}), reference, atol=1e-4, rtol=0)
+
+
+def test_non_transformers_module_is_refused():
+    with pytest.raises(PatchError, match="config.model_type"):
+        ascend_vlm.patch(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("version", ["5.22.0", "5.24.0", "4.57.1"])
+def test_untested_transformers_version_is_refused(version):
+    with pytest.raises(PatchError, match=version):
+        check_transformers_version(version)
+
+
+def test_tested_transformers_version_is_accepted():
+    assert check_transformers_version("5.23.0.dev0") == "5.23.0.dev0"
+
+
+def test_attention_function_refuses_softcap_and_batched_varlen():
+    query = torch.zeros(2, 2, 3, 4)
+    module = nn.Module()
+    with pytest.raises(ValueError, match="softcap"):
+        ascend_attention_forward(module, query, query, query, None, softcap=30.0)
+    lengths = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="batch 1"):
+        ascend_attention_forward(module, query, query, query, None, cu_seq_lens_q=lengths)
