@@ -88,8 +88,12 @@ def test_report_counts_kinds_and_reasons_and_renders(qwen):
 def test_options_off_change_nothing_and_keep_outputs_bitwise(qwen):
     inputs = make_inputs("qwen2_vl", qwen, n_images=1)
     reference = _logits(qwen, inputs)
-    report = ascend_vlm.patch(qwen, attention=False, vision=False, norm=False, rope=False, mlp=False)
-    assert sum(report.swapped_count(kind) for kind in ("attention-text", "norm", "rope", "mlp")) == 0
+    report = ascend_vlm.patch(
+        qwen, attention=False, vision=False, norm=False, rope=False, mlp=False
+    )
+    assert (
+        sum(report.swapped_count(kind) for kind in ("attention-text", "norm", "rope", "mlp")) == 0
+    )
     assert torch.equal(_logits(qwen, inputs), reference)
 
 
@@ -129,11 +133,13 @@ def test_unsupported_model_lenient_patches_known_decoder_and_says_what_it_skippe
     report = ascend_vlm.patch(model, strict=False)
     assert report.swapped_count("attention-text") == 2
     assert any("not supported" in row["reason"] for row in report.as_dict()["left_alone"])
-    torch.testing.assert_close(_logits(model, {"input_ids": input_ids}), reference, atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        _logits(model, {"input_ids": input_ids}), reference, atol=1e-4, rtol=0
+    )
 
 
 def test_non_transformers_module_is_refused():
-    with pytest.raises(PatchError, match="config.model_type"):
+    with pytest.raises(PatchError, match=r"config\.model_type"):
         ascend_vlm.patch(nn.Linear(2, 2))
 
 
