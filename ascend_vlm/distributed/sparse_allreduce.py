@@ -1,0 +1,470 @@
+"""Sparse-mask all-reduce: a DDP communication hook that only sends gradient chunks in use.
+
+Each gradient bucket is cut into fixed-size chunks. The ranks agree, through one small int8
+all-reduce, on the union of chunks that are non-zero anywhere; only those chunks travel, packed
+into one contiguous buffer. In ``"exact"`` mode the result is the same as DDP's default
+``allreduce_hook``; in ``"topk"`` mode each rank keeps only its largest chunks and carries the
+rest over to the next step (error feedback, as in Deep Gradient Compression).
+
+Usage::
+
+    state = SparseAllReduceState(chunk_size=1024)
+    ddp_model.register_comm_hook(state, sparse_allreduce_hook)
+    ...
+    print(state.stats.summary())
+"""
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = [
+    "SparseAllReduceState",
+    "SparseAllReduceStats",
+    "register_sparse_allreduce",
+    "sparse_allreduce_hook",
+]
+
+# Bucket dtype -> same-width integer dtype. Chunks are tested on raw bits so that -0.0 and NaN
+# count as non-zero: a chunk is skipped only if it is all +0.0, and +0.0 / world_size summed over
+# ranks is +0.0, exactly what the dense hook produces there.
+# float64 is left out on purpose: HcclAllReduce on Atlas training products accepts int8, int32,
+# int64, float16, float32 (A2 adds bfp16) but not float64 (hiascend hcclapiref hcclcpp_07_0015).
+_BIT_VIEW_DTYPES = {
+    torch.float32: torch.int32,
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+}
+
+# The chunk mask travels as int8 with MAX: HCCL reduces int8 but not uint8 (same page as above),
+# and gloo supports int8 MAX too.
+_MASK_DTYPE = torch.int8
+
+MODES = ("exact", "topk")
+
+
+@dataclass(slots=True)
+class SparseAllReduceStats:
+    """Running counters of one :class:`SparseAllReduceState`, cheap enough to keep on.
+
+    ``bytes_*`` count the payload one rank hands to all-reduce (the ring or tree algorithm
+    multiplies both sides by the same factor); ``bytes_sent`` includes the chunk mask.
+    """
+
+    steps: int = 0
+    buckets: int = 0
+    dense_fallbacks: int = 0
+    warmup_buckets: int = 0
+    chunks_probed: int = 0
+    chunks_nonzero: int = 0
+    bytes_dense: int = 0
+    bytes_sent: int = 0
+    seconds: float = 0.0
+
+    @property
+    def chunk_density(self) -> float:
+        """Fraction of probed chunks that were non-zero on at least one rank."""
+        return self.chunks_nonzero / self.chunks_probed if self.chunks_probed else 0.0
+
+    @property
+    def bytes_ratio(self) -> float:
+        """``bytes_dense / bytes_sent``: how many times fewer bytes than the default hook."""
+        return self.bytes_dense / self.bytes_sent if self.bytes_sent else math.inf
+
+    @property
+    def seconds_per_bucket(self) -> float:
+        """Mean wall time from hook entry to the bucket's all-reduce completing."""
+        return self.seconds / self.buckets if self.buckets else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"steps={self.steps} buckets={self.buckets} dense_fallbacks={self.dense_fallbacks} "
+            f"warmup_buckets={self.warmup_buckets} chunk_density={self.chunk_density:.3f} "
+            f"bytes_ratio={self.bytes_ratio:.2f}x "
+            f"ms_per_bucket={1e3 * self.seconds_per_bucket:.2f}"
+        )
+
+
+def _check_fraction(name: str, value: float) -> float:
+    if not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+        raise ValueError(f"{name}: expected a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _check_count(name: str, value: int, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    return value
+
+
+class SparseAllReduceState:
+    r"""Hyperparameters and per-bucket memory of :func:`sparse_allreduce_hook`.
+
+    1. ``mode``: ``"exact"`` (default) sends every chunk that is non-zero on some rank, so the
+       averaged gradient equals the default hook's (bitwise for 2 ranks; for more ranks the
+       all-reduce may add in another order, a few ulp). ``"topk"`` additionally drops all but
+       the largest chunks per rank and feeds the dropped part back next step: fewer bytes, a
+       different (but unbiased over time) optimisation trajectory.
+
+    2. ``chunk_size`` (elements, default 1024): the sparsity granularity. Smaller chunks find
+       finer sparsity but make the mask (1 byte per chunk) and the gather/scatter index larger.
+       Match it to the natural unit of sparsity, e.g. one embedding row (hidden size).
+
+    3. ``density_threshold`` (default 0.5): if more than this fraction of a bucket's chunks is
+       non-zero on some rank, the bucket is all-reduced densely instead, since packing would
+       then cost more than it saves.
+
+    4. ``dense_recheck_steps`` (default 16): after a dense fallback the bucket stays dense,
+       without computing or exchanging a mask, for this many further steps and is probed again
+       afterwards. 0 probes every step. All ranks take the same decision because it depends
+       only on the all-reduced mask.
+
+    5. ``topk_ratio`` (``"topk"`` only, default 0.01): fraction of chunks each rank keeps per
+       bucket, ranked by L2 norm after adding its residual. The union over ranks is sent, so up
+       to ``world_size * topk_ratio`` of the bucket travels.
+
+    6. ``start_topk_iter`` (``"topk"`` only, default 10): plain all-reduce for the first steps.
+       Must be >= 2 because DDP rebuilds its buckets after the first iteration, which would
+       invalidate residuals memorised by bucket index (the same rule as PowerSGD's
+       ``start_powerSGD_iter``); residuals are also reset if a bucket's size changes.
+
+    ``process_group`` defaults to the world group, which must already be initialised.
+    Statistics accumulate in :attr:`stats` (:class:`SparseAllReduceStats`).
+    """
+
+    __slots__ = [  # noqa: RUF023 -- grouped by role, not sorted
+        "process_group",
+        # Hyperparameters.
+        "mode",
+        "chunk_size",
+        "density_threshold",
+        "dense_recheck_steps",
+        "topk_ratio",
+        "start_topk_iter",
+        # Internal state.
+        "iter",
+        "dense_until",
+        "residuals",
+        # Statistics.
+        "stats",
+        "stats_lock",
+    ]
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        mode: str = "exact",
+        chunk_size: int = 1024,
+        density_threshold: float = 0.5,
+        dense_recheck_steps: int = 16,
+        topk_ratio: float = 0.01,
+        start_topk_iter: int = 10,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        self.mode = mode
+        self.chunk_size = _check_count("chunk_size", chunk_size, 1)
+        self.density_threshold = _check_fraction("density_threshold", density_threshold)
+        self.dense_recheck_steps = _check_count("dense_recheck_steps", dense_recheck_steps, 0)
+        self.topk_ratio = _check_fraction("topk_ratio", topk_ratio)
+        self.start_topk_iter = _check_count("start_topk_iter", start_topk_iter, 2)
+        if process_group is None and not dist.is_initialized():
+            raise RuntimeError(
+                "process_group: none given and torch.distributed is not initialised; call "
+                "torch.distributed.init_process_group(...) before creating SparseAllReduceState"
+            )
+        self.process_group = process_group
+        self.iter = 0
+        # bucket index -> (bucket numel, first step at which the bucket is probed again).
+        self.dense_until: dict[int, tuple[int, int]] = {}
+        # bucket index -> float32 residual of the chunks not yet sent (top-k mode).
+        self.residuals: dict[int, torch.Tensor] = {}
+        self.stats = SparseAllReduceStats()
+        self.stats_lock = threading.Lock()
+
+    def reset_stats(self) -> None:
+        """Zero the counters in :attr:`stats` (the step count restarts too)."""
+        with self.stats_lock:
+            self.stats = SparseAllReduceStats()
+
+    def _group(self) -> dist.ProcessGroup:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    def _record_completion(self, started: float) -> None:
+        # Completions may run on the backend's worker threads.
+        with self.stats_lock:
+            self.stats.seconds += time.perf_counter() - started
+
+    def _end_bucket(self, is_last: bool) -> None:
+        # DDP reduces bucket 0 (``is_last``) last in each iteration.
+        if is_last:
+            self.iter += 1
+            self.stats.steps += 1
+
+
+class _Chunks:
+    """A flat tensor seen as ``num_full`` rows of ``chunk_size`` plus a shorter tail chunk."""
+
+    __slots__ = ("chunk_size", "flat", "num_full", "rows", "tail")
+
+    def __init__(self, flat: torch.Tensor, chunk_size: int) -> None:
+        self.flat = flat
+        self.chunk_size = chunk_size
+        self.num_full = flat.numel() // chunk_size
+        self.rows = flat[: self.num_full * chunk_size].view(self.num_full, chunk_size)
+        self.tail = flat[self.num_full * chunk_size :]
+
+    @property
+    def count(self) -> int:
+        return self.num_full + (1 if self.tail.numel() else 0)
+
+    def _per_chunk(self, rows_result: torch.Tensor, tail_result: torch.Tensor) -> torch.Tensor:
+        return torch.cat([rows_result, tail_result.view(1)]) if self.tail.numel() else rows_result
+
+    def nonzero_mask(self) -> torch.Tensor:
+        """int8 [count]: 1 where some element's bit pattern is not +0.0."""
+        bits = _Chunks(self.flat.view(_BIT_VIEW_DTYPES[self.flat.dtype]), self.chunk_size)
+        return bits._per_chunk(bits.rows.any(dim=1), bits.tail.any()).to(_MASK_DTYPE)
+
+    def norms(self) -> torch.Tensor:
+        """float32 [count]: L2 norm of each chunk."""
+        return self._per_chunk(
+            torch.linalg.vector_norm(self.rows, dim=1, dtype=torch.float32),
+            torch.linalg.vector_norm(self.tail, dtype=torch.float32),
+        )
+
+    def gather(self, row_ids: torch.Tensor, with_tail: bool) -> torch.Tensor:
+        """Concatenate the selected rows (and the tail) into one new flat tensor."""
+        tail_len = self.tail.numel() if with_tail else 0
+        packed = self.flat.new_empty(row_ids.numel() * self.chunk_size + tail_len)
+        rows_out = packed[: row_ids.numel() * self.chunk_size].view(-1, self.chunk_size)
+        torch.index_select(self.rows, 0, row_ids, out=rows_out)
+        if with_tail:
+            packed[-tail_len:].copy_(self.tail)
+        return packed
+
+    def scatter_(self, row_ids: torch.Tensor, with_tail: bool, packed: torch.Tensor) -> None:
+        """Inverse of :meth:`gather`: write ``packed`` back into the selected chunks."""
+        rows_in = packed[: row_ids.numel() * self.chunk_size].view(-1, self.chunk_size)
+        self.rows.index_copy_(0, row_ids, rows_in.to(self.rows.dtype))
+        if with_tail:
+            self.tail.copy_(packed[-self.tail.numel() :])
+
+
+def _agree_on_chunks(
+    local_mask: torch.Tensor, chunks: _Chunks, group: dist.ProcessGroup
+) -> tuple[torch.Tensor, bool, int, dist.Work]:
+    """All-reduce (MAX) the int8 chunk mask; return the union's row ids, tail flag and size.
+
+    Waits for the mask: packing needs it, and issuing every collective from the hook's thread
+    keeps their order identical on all ranks.
+    """
+    work = dist.all_reduce(local_mask, op=dist.ReduceOp.MAX, group=group, async_op=True)
+    work.wait()
+    union = local_mask.bool()
+    row_ids = union[: chunks.num_full].nonzero().view(-1)
+    with_tail = chunks.count > chunks.num_full and bool(union[-1])
+    return row_ids, with_tail, row_ids.numel() + int(with_tail), work
+
+
+def _dense_allreduce(
+    state: SparseAllReduceState, buffer: torch.Tensor, started: float
+) -> torch.futures.Future[torch.Tensor]:
+    """Default-hook semantics: divide by world size first (fp16 overflow), then sum."""
+    group = state._group()
+    buffer.div_(group.size())
+    state.stats.bytes_sent += buffer.numel() * buffer.element_size()
+
+    def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
+        fut.value()
+        state._record_completion(started)
+        return buffer
+
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(finish)
+
+
+def _exact_reduce(
+    state: SparseAllReduceState,
+    buffer: torch.Tensor,
+    bucket_index: int,
+    started: float,
+) -> torch.futures.Future[torch.Tensor]:
+    group = state._group()
+    stats = state.stats
+    numel_dense_until = state.dense_until.get(bucket_index)
+    if numel_dense_until is not None:
+        numel, until = numel_dense_until
+        if numel == buffer.numel() and state.iter < until:
+            stats.dense_fallbacks += 1
+            return _dense_allreduce(state, buffer, started)
+        del state.dense_until[bucket_index]
+
+    chunks = _Chunks(buffer, state.chunk_size)
+    mask = chunks.nonzero_mask()
+    row_ids, with_tail, num_sent, mask_work = _agree_on_chunks(mask, chunks, group)
+    stats.bytes_sent += mask.numel() * mask.element_size()
+    stats.chunks_probed += chunks.count
+    stats.chunks_nonzero += num_sent
+
+    if num_sent > state.density_threshold * chunks.count:
+        stats.dense_fallbacks += 1
+        if state.dense_recheck_steps:
+            state.dense_until[bucket_index] = (
+                buffer.numel(),
+                state.iter + 1 + state.dense_recheck_steps,
+            )
+        return _dense_allreduce(state, buffer, started)
+    packed = chunks.gather(row_ids, with_tail)
+    return _send_packed(state, packed, chunks, row_ids, with_tail, mask_work, started)
+
+
+def _send_packed(
+    state: SparseAllReduceState,
+    packed: torch.Tensor,
+    out_chunks: _Chunks,
+    row_ids: torch.Tensor,
+    with_tail: bool,
+    mask_work: dist.Work,
+    started: float,
+) -> torch.futures.Future[torch.Tensor]:
+    """Average ``packed`` (the agreed chunks) across ranks and scatter it into ``out_chunks``.
+
+    The future holds ``out_chunks.flat``, the bucket buffer, whose chunks outside the union
+    must already be +0.0 on every rank.
+    """
+    group = state._group()
+
+    def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
+        reduced = fut.value()[0]
+        if packed.numel():
+            out_chunks.scatter_(row_ids, with_tail, reduced)
+        state._record_completion(started)
+        return out_chunks.flat
+
+    if packed.numel() == 0:
+        # Nothing is non-zero anywhere; the mask's already-complete future carries the result.
+        return mask_work.get_future().then(finish)
+    packed.div_(group.size())
+    state.stats.bytes_sent += packed.numel() * packed.element_size()
+    return dist.all_reduce(packed, group=group, async_op=True).get_future().then(finish)
+
+
+def _topk_reduce(
+    state: SparseAllReduceState,
+    buffer: torch.Tensor,
+    bucket_index: int,
+    started: float,
+) -> torch.futures.Future[torch.Tensor]:
+    """Chunk-level DGC: send the union of each rank's top chunks, keep the rest as residual."""
+    if state.iter < state.start_topk_iter:
+        state.stats.warmup_buckets += 1
+        return _dense_allreduce(state, buffer, started)
+    residual = state.residuals.get(bucket_index)
+    if residual is None or residual.numel() != buffer.numel():
+        residual = torch.zeros(buffer.numel(), dtype=torch.float32, device=buffer.device)
+        state.residuals[bucket_index] = residual
+    accumulated = residual.add_(buffer)  # the residual tensor now holds residual + gradient
+    acc_chunks = _Chunks(accumulated, state.chunk_size)
+
+    norms = acc_chunks.norms()
+    keep = max(1, math.ceil(state.topk_ratio * acc_chunks.count))
+    mask = torch.zeros(acc_chunks.count, dtype=_MASK_DTYPE, device=buffer.device)
+    mask[norms.topk(min(keep, acc_chunks.count)).indices] = 1
+    mask.mul_(norms > 0)
+    row_ids, with_tail, num_sent, mask_work = _agree_on_chunks(mask, acc_chunks, state._group())
+    stats = state.stats
+    stats.bytes_sent += mask.numel() * mask.element_size()
+    stats.chunks_probed += acc_chunks.count
+    stats.chunks_nonzero += num_sent
+
+    # What is sent is the bucket-dtype rounding of the accumulated chunks; the residual keeps
+    # everything else, including that rounding error, so nothing is lost across steps.
+    accumulated_sent = acc_chunks.gather(row_ids, with_tail)
+    sent = accumulated_sent.to(buffer.dtype, copy=True)
+    acc_chunks.scatter_(row_ids, with_tail, accumulated_sent.sub_(sent))
+    buffer.zero_()
+    out_chunks = _Chunks(buffer, state.chunk_size)
+    return _send_packed(state, sent, out_chunks, row_ids, with_tail, mask_work, started)
+
+
+def sparse_allreduce_hook(
+    state: SparseAllReduceState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    r"""DDP communication hook that all-reduces only the chunks of a bucket that are in use.
+
+    Exact mode, per bucket of ``n`` elements split into ``ceil(n / chunk_size)`` chunks:
+
+    1. If the bucket fell back to dense within the last ``dense_recheck_steps`` steps, do what
+       the default hook does (``buffer /= world_size``; all-reduce SUM) and stop.
+    2. Local mask: chunk ``c`` is 1 if any element's bit pattern is not +0.0.
+    3. All-reduce the int8 mask with MAX: every rank now holds the union ``U``.
+    4. If ``|U| > density_threshold * num_chunks``, fall back to step 1's dense all-reduce.
+    5. Gather the chunks in ``U`` into one contiguous buffer, divide it by ``world_size``
+       (the same op the default hook applies, so the values match bit for bit), all-reduce it
+       with SUM, and scatter it back. Chunks outside ``U`` are +0.0 on every rank, which is
+       also what the dense average gives there.
+
+    Top-k mode adds before step 2: ``acc = residual + gradient``; the local mask keeps the
+    ``ceil(topk_ratio * num_chunks)`` chunks of largest L2 norm; every rank sends ``acc`` on
+    the union ``U``; ``residual = acc - sent`` (zero on ``U`` up to dtype rounding, ``acc``
+    elsewhere); the bucket result is the averaged ``U`` chunks and zero elsewhere. The first
+    ``start_topk_iter`` steps are plain dense all-reduces.
+
+    Returns a future holding the bucket buffer (same shape), reduced in place.
+
+    Raises:
+        TypeError: ``state`` is not a :class:`SparseAllReduceState`, ``bucket`` is not a
+            ``torch.distributed.GradBucket`` (the hook only works under
+            ``DistributedDataParallel.register_comm_hook``), or the bucket dtype is not
+            float32, bfloat16 or float16.
+
+    Example::
+        >>> state = SparseAllReduceState(chunk_size=4096)
+        >>> ddp_model.register_comm_hook(state, sparse_allreduce_hook)
+    """
+    if not isinstance(state, SparseAllReduceState):
+        raise TypeError(f"state: expected SparseAllReduceState, got {type(state).__name__}")
+    if not isinstance(bucket, dist.GradBucket):
+        raise TypeError(
+            "bucket: expected torch.distributed.GradBucket (register the hook with "
+            "DistributedDataParallel.register_comm_hook), got " + type(bucket).__name__
+        )
+    return _reduce_bucket(state, bucket.buffer(), bucket.index(), bucket.is_last())
+
+
+def _reduce_bucket(
+    state: SparseAllReduceState, buffer: torch.Tensor, bucket_index: int, is_last: bool
+) -> torch.futures.Future[torch.Tensor]:
+    """The hook on a bare flat buffer (used by the hook itself and by the benchmark)."""
+    if buffer.dtype not in _BIT_VIEW_DTYPES:
+        raise TypeError(
+            f"bucket: expected gradients of dtype float32, bfloat16 or float16, got {buffer.dtype}"
+        )
+    started = time.perf_counter()
+    state.stats.buckets += 1
+    state.stats.bytes_dense += buffer.numel() * buffer.element_size()
+    if state.mode == "exact":
+        future = _exact_reduce(state, buffer, bucket_index, started)
+    else:
+        future = _topk_reduce(state, buffer, bucket_index, started)
+    state._end_bucket(is_last)
+    return future
+
+
+def register_sparse_allreduce(
+    model: DistributedDataParallel, state: SparseAllReduceState
+) -> SparseAllReduceState:
+    """``model.register_comm_hook(state, sparse_allreduce_hook)`` with a type check; returns state."""
+    if not isinstance(model, DistributedDataParallel):
+        raise TypeError(
+            "model: expected torch.nn.parallel.DistributedDataParallel (the hook reduces DDP "
+            f"gradient buckets), got {type(model).__name__}"
+        )
+    model.register_comm_hook(state, sparse_allreduce_hook)
+    return state

@@ -1,0 +1,338 @@
+"""sparse_allreduce_hook against DDP's default allreduce_hook, in spawned gloo ranks.
+
+Spawning costs seconds, so each world size runs one job that loops over all cases: world
+sizes 1 and 2 share the 2-rank job (singleton subgroups), 3 and 4 share the 4-rank job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from _gloo_ranks import run_ranks
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ascend_vlm.distributed import (
+    SparseAllReduceState,
+    register_sparse_allreduce,
+    sparse_allreduce_hook,
+)
+
+CHUNK = 64
+# Neither size is a multiple of CHUNK; with a tiny bucket cap each parameter is its own bucket.
+SIZES = (64 * 37 + 13, 1000)
+TINY_BUCKET_MB = 0.001
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DENSITIES = (0.0, 0.01, 0.5, 1.0)
+PATTERNS = ("same", "uneven", "rank0_zero")
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+class GradientSource(nn.Module):
+    """Parameters whose gradients equal, bit for bit, the targets passed to ``forward``."""
+
+    def __init__(self, sizes: tuple[int, ...], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(n, dtype=dtype)) for n in sizes)
+
+    def forward(self, targets: list[torch.Tensor]) -> torch.Tensor:
+        return sum((w * t).sum() for w, t in zip(self.weights, targets, strict=True))
+
+
+def chunk_sparse(numel: int, density: float, generator: torch.Generator) -> torch.Tensor:
+    """fp32 values in ceil(density * chunks) random chunks (30% zeros inside them), +0.0 elsewhere."""
+    num_chunks = math.ceil(numel / CHUNK)
+    chosen = torch.zeros(num_chunks, dtype=torch.bool)
+    chosen[torch.randperm(num_chunks, generator=generator)[: math.ceil(density * num_chunks)]] = (
+        True
+    )
+    inside = chosen.repeat_interleave(CHUNK)[:numel] & (
+        torch.rand(numel, generator=generator) > 0.3
+    )
+    return torch.where(inside, torch.randn(numel, generator=generator), 0.0)
+
+
+def cases(group_rank: int, group_size: int) -> Iterator[tuple[str, list[torch.Tensor]]]:
+    """(label, fp32 targets per parameter) for every density and pattern, plus signed zeros."""
+    for case_index, (density, pattern) in enumerate(
+        (d, p) for d in DENSITIES for p in PATTERNS if not (d == 0.0 and p != "same")
+    ):
+        generator = torch.Generator().manual_seed(1000 * case_index + group_rank)
+        local = density
+        if pattern == "uneven":
+            local = density * (group_rank + 1) / group_size
+        elif pattern == "rank0_zero" and group_rank == 0:
+            local = 0.0
+        yield f"{pattern}@{density}", [chunk_sparse(n, local, generator) for n in SIZES]
+    signed_zero = [torch.zeros(n) for n in SIZES]
+    if group_rank == 0:
+        signed_zero[0][:CHUNK] = -0.0
+    yield "signed_zero", signed_zero
+
+
+def reduced_gradients(model: DDP, targets: list[torch.Tensor]) -> list[torch.Tensor]:
+    for weight in model.module.weights:
+        weight.grad = None
+    model(targets).backward()
+    return [weight.grad.clone() for weight in model.module.weights]
+
+
+def assert_matches_default(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    target: torch.Tensor,
+    group: dist.ProcessGroup,
+    label: str,
+) -> None:
+    """Bitwise for <= 2 ranks; else |got - want| <= world * eps * sum_i |x_i / world|."""
+    world = group.size()
+    if world <= 2:
+        same_bits = torch.equal(got.view(BITS[got.dtype]), want.view(BITS[want.dtype]))
+        assert same_bits, f"{label}: differs from allreduce_hook at {(got != want).nonzero()[:5]}"
+        return
+    abs_sum = target.double().abs().div_(world)
+    dist.all_reduce(abs_sum, group=group)
+    bound = world * torch.finfo(got.dtype).eps * abs_sum
+    error = (got.double() - want.double()).abs()
+    assert bool((error <= bound).all()), f"{label}: max error {error.max()} beyond ulp bound"
+
+
+def check_exact_cases(group: dist.ProcessGroup) -> None:
+    group_rank, group_size = dist.get_rank(group), group.size()
+    for dtype in DTYPES:
+        reference = DDP(
+            GradientSource(SIZES, dtype), process_group=group, bucket_cap_mb=TINY_BUCKET_MB
+        )
+        reference.register_comm_hook(group, allreduce_hook)
+        hooked = {}
+        # Always sparse; dense above half; dense above half and cached for 3 steps.
+        for threshold, recheck in ((1.0, 0), (0.5, 0), (0.5, 3)):
+            model = DDP(
+                GradientSource(SIZES, dtype), process_group=group, bucket_cap_mb=TINY_BUCKET_MB
+            )
+            state = SparseAllReduceState(
+                group, chunk_size=CHUNK, density_threshold=threshold, dense_recheck_steps=recheck
+            )
+            hooked[f"threshold={threshold},recheck={recheck}"] = (
+                register_sparse_allreduce(model, state),
+                model,
+            )
+        num_cases = 0
+        for label, targets in cases(group_rank, group_size):
+            num_cases += 1
+            targets = [t.to(dtype) for t in targets]
+            want = reduced_gradients(reference, targets)
+            for config, (_, model) in hooked.items():
+                got = reduced_gradients(model, targets)
+                for index, (g, w, t) in enumerate(zip(got, want, targets, strict=True)):
+                    name = f"world={group_size} {dtype} {label} {config} param {index}"
+                    assert_matches_default(g, w, t, group, name)
+        for config, (state, _) in hooked.items():
+            # DDP's first iteration uses one bucket; it rebuilds to one per parameter after.
+            assert state.stats.steps == num_cases, config
+            assert state.stats.buckets == 2 * num_cases - 1, config
+        assert hooked["threshold=1.0,recheck=0"][0].stats.dense_fallbacks == 0
+        assert hooked["threshold=0.5,recheck=0"][0].stats.dense_fallbacks > 0
+
+
+def check_stats_bookkeeping() -> None:
+    """One step with a known union: chunks {0, 1} on rank 0 and {1, 2} on rank 1."""
+    rank = dist.get_rank()
+    model = DDP(GradientSource(SIZES, torch.float32), bucket_cap_mb=TINY_BUCKET_MB)
+    state = register_sparse_allreduce(model, SparseAllReduceState(chunk_size=CHUNK))
+    targets = [torch.zeros(n) for n in SIZES]
+    reduced_gradients(model, targets)  # DDP rebuilds its buckets after this first step
+    state.reset_stats()
+    targets[0][rank * CHUNK + 1 : (rank + 2) * CHUNK - 1] = 1.0
+    reduced_gradients(model, targets)
+    stats = state.stats
+    num_chunks = sum(math.ceil(n / CHUNK) for n in SIZES)
+    assert (stats.buckets, stats.steps, stats.dense_fallbacks) == (2, 1, 0)
+    assert (stats.chunks_probed, stats.chunks_nonzero) == (num_chunks, 3)
+    assert stats.bytes_dense == 4 * sum(SIZES)
+    assert stats.bytes_sent == num_chunks + 3 * CHUNK * 4
+    assert stats.seconds > 0.0
+
+
+class TinyTagger(nn.Module):
+    """Embedding + linear classifier: rows of tokens absent from a step get no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 16)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens).mean(dim=1))
+
+
+def train_tagger(rank: int, state: SparseAllReduceState | None) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = DDP(TinyTagger())
+    if state is None:
+        model.register_comm_hook(None, allreduce_hook)
+    else:
+        register_sparse_allreduce(model, state)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    for step in range(20):
+        generator = torch.Generator().manual_seed(100 * step + rank)
+        # Rank r only sees tokens [20 r, 20 r + 28): rows 48-63 never get a gradient.
+        tokens = torch.randint(20 * rank, 20 * rank + 28, (4, 6), generator=generator)
+        labels = torch.randint(0, 5, (4,), generator=generator)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(tokens), labels).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def check_training_identical(rank: int) -> None:
+    state = SparseAllReduceState(chunk_size=16)
+    hooked = train_tagger(rank, state)
+    default = train_tagger(rank, None)
+    for got, want in zip(hooked, default, strict=True):
+        assert torch.equal(got, want), "20 DDP steps with the hook diverged from allreduce_hook"
+    assert state.stats.steps == 20
+    assert 0.0 < state.stats.chunk_density < 0.8, state.stats.summary()
+
+
+def train_regression(rank: int, state: SparseAllReduceState | None, steps: int) -> float:
+    """Full-batch least squares on per-rank data; returns the final loss averaged over ranks."""
+    data = torch.Generator().manual_seed(7)
+    true_weight = torch.randn(32, 64, generator=data)
+    local = torch.Generator().manual_seed(8 + rank)
+    inputs = torch.randn(256, 64, generator=local)
+    outputs = inputs @ true_weight.T + 0.1 * torch.randn(256, 32, generator=local)
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(64, 32, bias=False))
+    if state is not None:
+        register_sparse_allreduce(model, state)
+    optimizer = torch.optim.SGD(model.parameters(), lr=2.0)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(inputs), outputs).backward()
+        optimizer.step()
+    with torch.no_grad():
+        loss = nn.functional.mse_loss(model(inputs), outputs).reshape(1)
+    dist.all_reduce(loss)
+    return loss.item() / dist.get_world_size()
+
+
+def check_topk_converges(rank: int) -> None:
+    steps = 300
+    dense_loss = train_regression(rank, None, steps)
+    state = SparseAllReduceState(mode="topk", chunk_size=16, topk_ratio=0.1, start_topk_iter=5)
+    topk_loss = train_regression(rank, state, steps)
+    assert topk_loss <= 1.01 * dense_loss, (topk_loss, dense_loss)
+    assert state.stats.warmup_buckets == 5
+    assert state.stats.bytes_ratio > 3.0, state.stats.summary()
+
+
+def check_topk_loses_nothing(dtype: torch.dtype) -> None:
+    """Over steps: world * sum(averaged output) + sum_r residual_r == sum_r sum(gradients)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    (numel,) = sizes = (SIZES[0],)
+    model = DDP(GradientSource(sizes, dtype))
+    state = SparseAllReduceState(mode="topk", chunk_size=CHUNK, topk_ratio=0.1, start_topk_iter=2)
+    register_sparse_allreduce(model, state)
+    generator = torch.Generator().manual_seed(rank)
+    sent_total, gradient_total = torch.zeros(numel), torch.zeros(numel)
+    for _ in range(6):
+        target = torch.randn(numel, generator=generator).to(dtype)
+        gradient_total += target.float()
+        (reduced,) = reduced_gradients(model, [target])
+        sent_total += reduced.float()
+    # The output is averaged: multiply by world; the residual is per rank: sum it.
+    balance = gradient_total - state.residuals[0]
+    dist.all_reduce(balance)
+    tolerance = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(world * sent_total, balance, rtol=tolerance, atol=tolerance)
+    assert float(state.residuals[0].abs().sum()) > 0.0, "top-k sent everything"
+
+
+def two_rank_job(rank: int, world_size: int) -> None:
+    singleton_groups = [dist.new_group([r]) for r in range(world_size)]
+    check_exact_cases(singleton_groups[rank])
+    check_exact_cases(dist.group.WORLD)
+    check_stats_bookkeeping()
+    check_training_identical(rank)
+    check_topk_converges(rank)
+    for dtype in (torch.float32, torch.bfloat16):
+        check_topk_loses_nothing(dtype)
+
+
+def four_rank_job(rank: int, world_size: int) -> None:
+    first_three = dist.new_group([0, 1, 2])
+    check_exact_cases(dist.group.WORLD)
+    if rank < 3:
+        check_exact_cases(first_three)
+
+
+@pytest.mark.slow
+def test_one_and_two_ranks(tmp_path: Path) -> None:
+    run_ranks(2, tmp_path, two_rank_job)
+
+
+@pytest.mark.slow
+def test_three_and_four_ranks(tmp_path: Path) -> None:
+    run_ranks(4, tmp_path, four_rank_job)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chunk_size": 0}, "chunk_size: expected an int >= 1, got 0"),
+        ({"chunk_size": -4}, "chunk_size: expected an int >= 1, got -4"),
+        ({"chunk_size": 2.5}, "chunk_size: expected an int >= 1, got 2.5"),
+        ({"density_threshold": 0.0}, r"density_threshold: expected a number in \(0, 1\], got 0.0"),
+        ({"density_threshold": 1.5}, r"density_threshold: expected a number in \(0, 1\], got 1.5"),
+        ({"topk_ratio": 0}, r"topk_ratio: expected a number in \(0, 1\], got 0"),
+        ({"start_topk_iter": 1}, "start_topk_iter: expected an int >= 2, got 1"),
+        ({"dense_recheck_steps": -1}, "dense_recheck_steps: expected an int >= 0, got -1"),
+        ({"mode": "fast"}, "mode: expected one of"),
+    ],
+)
+def test_bad_configuration_is_rejected(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SparseAllReduceState(**kwargs)
+
+
+def test_state_needs_a_process_group() -> None:
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="process_group: none given"):
+        SparseAllReduceState()
+
+
+@pytest.fixture
+def single_rank_group(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_non_ddp_use_is_rejected(single_rank_group: None) -> None:
+    state = SparseAllReduceState()
+    with pytest.raises(TypeError, match=r"bucket: expected torch\.distributed\.GradBucket"):
+        sparse_allreduce_hook(state, torch.zeros(8))
+    with pytest.raises(TypeError, match="state: expected SparseAllReduceState, got dict"):
+        sparse_allreduce_hook({}, torch.zeros(8))
+    with pytest.raises(
+        TypeError, match=r"model: expected torch\.nn\.parallel\.DistributedDataParallel"
+    ):
+        register_sparse_allreduce(nn.Linear(2, 2), state)
+
+
+def test_unsupported_bucket_dtype_is_rejected(single_rank_group: None) -> None:
+    model = DDP(GradientSource((10,), torch.float64))
+    register_sparse_allreduce(model, SparseAllReduceState())
+    with pytest.raises((TypeError, RuntimeError), match="bucket: expected gradients of dtype"):
+        model([torch.ones(10, dtype=torch.float64)]).backward()
