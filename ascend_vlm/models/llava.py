@@ -1,5 +1,5 @@
-"""LLaVA, LLaVA-NeXT, LLaVA-OneVision, Mistral3, InternVL, Gemma 3, PaliGemma: a known vision
-tower (CLIP, SigLIP, Pixtral, InternViT) + a projector + a known decoder, each taken from the
+"""LLaVA, LLaVA-NeXT, LLaVA-OneVision, InternVL, Gemma 3, PaliGemma: a known vision
+tower (CLIP, SigLIP, InternViT) + a projector + a known decoder, each taken from the
 sub-config's own model_type."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ MODEL_TYPES = (
     "llava",
     "llava_next",
     "llava_onevision",
-    "mistral3",
     "internvl",
     "gemma3",
     "paligemma",
