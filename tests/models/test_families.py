@@ -112,3 +112,24 @@ def test_training_loss_and_every_gradient_match(reloaded, family):
     assert patched_grads.keys() == grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(patched_grads[name], grad, atol=ATOL, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("case", ["several_images", "padded_left", "padded_right"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_patched_logits_on_the_npu_path_match_eager(reloaded, family, case, mock_npu):
+    from ascend_vlm.device import backend
+
+    model = reloaded(family).to(mock_npu.device)
+    inputs = {
+        k: v.to(mock_npu.device) for k, v in make_inputs(family, model, **CASES[case]).items()
+    }
+    assert backend() in ("mock", "npu")
+    reference = _logits(model, inputs)
+    ascend_vlm.patch(model)
+    try:
+        patched = _logits(model, inputs)
+    finally:
+        ascend_vlm.unpatch(model)
+    torch.testing.assert_close(
+        _real_tokens(patched, inputs), _real_tokens(reference, inputs), atol=ATOL, rtol=0
+    )
