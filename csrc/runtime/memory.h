@@ -1,0 +1,64 @@
+// RAII owners of AscendCL memory: device memory, pinned host memory, and mapped (UVA) host
+// memory that the device addresses directly.
+#ifndef ASCEND_VLM_RUNTIME_MEMORY_H_
+#define ASCEND_VLM_RUNTIME_MEMORY_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "acl/acl.h"
+
+namespace ascend_vlm {
+
+enum class BufferKind {
+  kDevice,  // aclrtMalloc: device memory, not host-accessible
+  kPinned,  // aclrtMallocHost: page-locked host memory, fast DMA source/target
+  kMapped,  // aclrtMallocHost + aclrtHostRegister(MAPPED): host memory with a device address
+};
+
+const char* buffer_kind_name(BufferKind kind);
+
+class Buffer {
+ public:
+  // Allocates `nbytes` (> 0) of `kind` memory on the current device. A negative size raises
+  // AclError(ACL_ERROR_INVALID_PARAM) naming the allocating function; zero is rejected by
+  // AscendCL itself with the same code; a full device pool raises ACL_ERROR_RT_MEMORY_ALLOCATION.
+  Buffer(BufferKind kind, int64_t nbytes, aclrtMemMallocPolicy policy = ACL_MEM_MALLOC_HUGE_FIRST);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // Device memory is returned to the pool now. Host-visible memory may still be aliased by views
+  // the buffer cannot see, so free() only closes the handle and the memory goes back when the
+  // Buffer is destroyed. Idempotent.
+  void free();
+  bool closed() const { return closed_; }
+
+  BufferKind kind() const { return kind_; }
+  size_t nbytes() const { return nbytes_; }
+  int32_t device() const { return device_; }
+  // Address copies use: the device pointer of device memory, the host pointer otherwise.
+  void* ptr() const;
+  // Host address (pinned and mapped kinds).
+  void* host_ptr() const;
+  // Device address (device and mapped kinds). For mapped memory this is the address device code
+  // dereferences; CANN documents it as unusable for aclrtMemcpy unless the host memory was
+  // allocated with the VA flag (the simulator accepts it as a device-side source or target).
+  void* device_ptr() const;
+
+ private:
+  void require_open(const char* what) const;
+  void release() noexcept;
+
+  BufferKind kind_;
+  size_t nbytes_ = 0;
+  int32_t device_ = -1;
+  uint64_t session_ = 0;
+  void* host_ = nullptr;
+  void* device_address_ = nullptr;
+  bool closed_ = false;
+};
+
+}  // namespace ascend_vlm
+
+#endif  // ASCEND_VLM_RUNTIME_MEMORY_H_

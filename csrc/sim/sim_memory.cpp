@@ -1,0 +1,233 @@
+// Simulated AscendCL: device memory pool, pinned host memory, host registration (UVA) and copies.
+//
+// Error codes for misuse: CANN documents the preconditions (aclrtFree only takes aclrtMalloc
+// pointers, aclrtHostRegister needs a 4K-aligned pointer, ...) but not the exact code each
+// violation yields, so the sim follows the runtime's split between ACL-layer argument checks
+// (ACL_ERROR_INVALID_PARAM: null out-pointer, zero size, bad enum, count > destMax) and
+// runtime-layer address checks (ACL_ERROR_RT_PARAM_INVALID: unknown, freed or foreign address;
+// ACL_ERROR_RT_ADDR_UNALIGNED: unaligned registration; ACL_ERROR_RT_MEMORY_ALLOCATION: pool full).
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+
+#include "acl/acl.h"
+#include "sim_state.h"
+
+namespace ascend_vlm::sim {
+namespace {
+
+constexpr size_t kDeviceAlignment = 512;
+constexpr size_t kPageSize = 4096;
+
+size_t round_up(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+enum class Space { kHost, kDevice };
+
+struct Resolved {
+  Space space = Space::kHost;
+  char* address = nullptr;  // where the bytes really live
+  bool valid = true;        // false: inside a device range but the span overruns it
+};
+
+// Finds the map entry whose [base, base + size) contains `address`, or end().
+template <typename Map, typename SizeOf>
+typename Map::const_iterator containing(const Map& map, uintptr_t address, SizeOf size_of) {
+  auto it = map.upper_bound(address);
+  if (it == map.begin()) return map.end();
+  --it;
+  return address < it->first + size_of(it->second) ? it : map.end();
+}
+
+// Classifies `ptr .. ptr + count` as device memory (an aclrtMalloc block or the device alias of
+// a registered host range) or host memory, translating device aliases to their host bytes.
+Resolved resolve(const State& s, const void* ptr, size_t count) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  Resolved out;
+  out.address = reinterpret_cast<char*>(const_cast<void*>(ptr));
+  auto block =
+      containing(s.device_allocations, address, [](const DeviceAllocation& a) { return a.size; });
+  if (block != s.device_allocations.end()) {
+    out.space = Space::kDevice;
+    out.valid = address + count <= block->first + block->second.size;
+    return out;
+  }
+  auto alias = containing(s.mapped_alias_to_host, address,
+                          [&s](uintptr_t host) { return s.mapped_by_host.at(host).size; });
+  if (alias != s.mapped_alias_to_host.end()) {
+    const MappedRegion& region = s.mapped_by_host.at(alias->second);
+    out.space = Space::kDevice;
+    out.address = static_cast<char*>(region.host) + (address - alias->first);
+    out.valid = address + count <= alias->first + region.size;
+  }
+  return out;
+}
+
+std::atomic<uint64_t>& counter_for(State& s, aclrtMemcpyKind kind) {
+  switch (kind) {
+    case ACL_MEMCPY_HOST_TO_DEVICE:
+      return s.bytes_h2d;
+    case ACL_MEMCPY_DEVICE_TO_HOST:
+      return s.bytes_d2h;
+    case ACL_MEMCPY_DEVICE_TO_DEVICE:
+      return s.bytes_d2d;
+    default:
+      return s.bytes_h2h;
+  }
+}
+
+}  // namespace
+
+aclError copy_locked(void* dst, size_t dest_max, const void* src, size_t count,
+                     aclrtMemcpyKind kind, bool perform) {
+  if (dst == nullptr || src == nullptr || count > dest_max || kind < ACL_MEMCPY_HOST_TO_HOST ||
+      kind > ACL_MEMCPY_DEFAULT) {
+    return ACL_ERROR_INVALID_PARAM;
+  }
+  State& s = state();
+  const Resolved to = resolve(s, dst, count);
+  const Resolved from = resolve(s, src, count);
+  if (!to.valid || !from.valid) return ACL_ERROR_RT_PARAM_INVALID;
+  const bool to_device = to.space == Space::kDevice;
+  const bool from_device = from.space == Space::kDevice;
+  const aclrtMemcpyKind actual =
+      to_device ? (from_device ? ACL_MEMCPY_DEVICE_TO_DEVICE : ACL_MEMCPY_HOST_TO_DEVICE)
+                : (from_device ? ACL_MEMCPY_DEVICE_TO_HOST : ACL_MEMCPY_HOST_TO_HOST);
+  if (kind != ACL_MEMCPY_DEFAULT && kind != actual) return ACL_ERROR_RT_PARAM_INVALID;
+  if (perform && count > 0) {
+    std::memmove(to.address, from.address, count);
+    counter_for(s, actual).fetch_add(count);
+  }
+  return ACL_SUCCESS;
+}
+
+}  // namespace ascend_vlm::sim
+
+using ascend_vlm::sim::State;
+using ascend_vlm::sim::state;
+
+extern "C" {
+
+aclError aclrtMalloc(void** devPtr, size_t size, aclrtMemMallocPolicy policy) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (devPtr == nullptr || size == 0 || policy < ACL_MEM_MALLOC_HUGE_FIRST ||
+      policy > ACL_MEM_MALLOC_NORMAL_ONLY_P2P) {
+    return ACL_ERROR_INVALID_PARAM;
+  }
+  const int32_t device = ascend_vlm::sim::current_device();
+  if (device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  const size_t accounted = ascend_vlm::sim::round_up(size, 32) + 32;
+  if (accounted < size) return ACL_ERROR_RT_MEMORY_ALLOCATION;  // overflow: absurd size
+  State& s = state();
+  std::unique_lock lock(s.memory_mutex);
+  if (accounted > s.capacity[device] - s.used[device]) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  void* block = nullptr;
+  if (posix_memalign(&block, ascend_vlm::sim::kDeviceAlignment, size) != 0) {
+    return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  }
+  s.device_allocations[reinterpret_cast<uintptr_t>(block)] = {device, size, accounted};
+  s.used[device] += accounted;
+  *devPtr = block;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtFree(void* devPtr) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (devPtr == nullptr) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  std::unique_lock lock(s.memory_mutex);
+  auto it = s.device_allocations.find(reinterpret_cast<uintptr_t>(devPtr));
+  if (it == s.device_allocations.end()) return ACL_ERROR_RT_PARAM_INVALID;
+  s.used[it->second.device] -= it->second.accounted;
+  s.device_allocations.erase(it);
+  std::free(devPtr);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtMallocHost(void** hostPtr, size_t size) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (hostPtr == nullptr || size == 0) return ACL_ERROR_INVALID_PARAM;
+  void* block = nullptr;
+  // Page-aligned like real pinned memory, so it can be passed to aclrtHostRegister.
+  if (posix_memalign(&block, ascend_vlm::sim::kPageSize, size) != 0) return ACL_ERROR_BAD_ALLOC;
+  State& s = state();
+  std::unique_lock lock(s.memory_mutex);
+  s.host_allocations[reinterpret_cast<uintptr_t>(block)] = size;
+  *hostPtr = block;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtFreeHost(void* hostPtr) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (hostPtr == nullptr) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  std::unique_lock lock(s.memory_mutex);
+  const auto base = reinterpret_cast<uintptr_t>(hostPtr);
+  auto it = s.host_allocations.find(base);
+  // Freeing memory that is still registered would leave the device alias dangling.
+  if (it == s.host_allocations.end() || s.mapped_by_host.count(base) != 0) {
+    return ACL_ERROR_RT_PARAM_INVALID;
+  }
+  s.host_allocations.erase(it);
+  std::free(hostPtr);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegisterType type, void** devPtr) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (ptr == nullptr || devPtr == nullptr || size == 0 || type != ACL_HOST_REGISTER_MAPPED) {
+    return ACL_ERROR_INVALID_PARAM;
+  }
+  if (reinterpret_cast<uintptr_t>(ptr) % ascend_vlm::sim::kPageSize != 0) {
+    return ACL_ERROR_RT_ADDR_UNALIGNED;
+  }
+  State& s = state();
+  std::unique_lock lock(s.memory_mutex);
+  const auto base = reinterpret_cast<uintptr_t>(ptr);
+  if (ascend_vlm::sim::resolve(s, ptr, 0).space == ascend_vlm::sim::Space::kDevice) {
+    return ACL_ERROR_RT_PARAM_INVALID;  // device memory cannot be registered as host memory
+  }
+  // Overlap with an existing registration: the next one at or after base, or one before it
+  // reaching into [base, base + size).
+  auto next = s.mapped_by_host.lower_bound(base);
+  if (next != s.mapped_by_host.end() && next->first < base + size)
+    return ACL_ERROR_RT_PARAM_INVALID;
+  if (next != s.mapped_by_host.begin() &&
+      std::prev(next)->first + std::prev(next)->second.size > base) {
+    return ACL_ERROR_RT_PARAM_INVALID;
+  }
+  const size_t alias_bytes = ascend_vlm::sim::round_up(size, ascend_vlm::sim::kPageSize);
+  void* alias =
+      mmap(nullptr, alias_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (alias == MAP_FAILED) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  s.mapped_by_host[base] = {ptr, static_cast<size_t>(size), alias, alias_bytes};
+  s.mapped_alias_to_host[reinterpret_cast<uintptr_t>(alias)] = base;
+  *devPtr = alias;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtHostUnregister(void* ptr) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (ptr == nullptr) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  std::unique_lock lock(s.memory_mutex);
+  auto it = s.mapped_by_host.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == s.mapped_by_host.end()) return ACL_ERROR_RT_PARAM_INVALID;
+  s.mapped_alias_to_host.erase(reinterpret_cast<uintptr_t>(it->second.device_alias));
+  munmap(it->second.device_alias, it->second.alias_bytes);
+  s.mapped_by_host.erase(it);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
+                     aclrtMemcpyKind kind) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  State& s = state();
+  std::shared_lock lock(s.memory_mutex);
+  return ascend_vlm::sim::copy_locked(dst, destMax, src, count, kind, /*perform=*/true);
+}
+
+}  // extern "C"

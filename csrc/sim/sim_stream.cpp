@@ -1,0 +1,403 @@
+// Simulated AscendCL: streams (in-order worker queues), events, async copies and host callbacks.
+#include <pthread.h>
+
+#include <utility>
+
+#include "acl/acl.h"
+#include "sim_state.h"
+
+namespace ascend_vlm::sim {
+namespace {
+
+constexpr uint32_t kMaxStreamPriority = 7;  // aclrtCreateStreamWithConfig: priority 0~7
+constexpr uint32_t kKnownStreamFlags = ACL_STREAM_FAST_LAUNCH | ACL_STREAM_FAST_SYNC;
+constexpr uint32_t kEventCaptureStreamProgress = 0x2u;  // ACL_EVENT_CAPTURE_STREAM_PROGRESS
+constexpr uint32_t kKnownEventFlags =
+    ACL_EVENT_SYNC | kEventCaptureStreamProgress | ACL_EVENT_TIME_LINE;
+
+uint64_t this_thread_id() { return static_cast<uint64_t>(pthread_self()); }
+
+aclError find_event(aclrtEvent handle, std::shared_ptr<SimEvent>* out) {
+  if (handle == nullptr) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  std::lock_guard lock(s.handles_mutex);
+  auto it = s.events.find(handle);
+  if (it == s.events.end()) return ACL_ERROR_RT_INVALID_HANDLE;
+  *out = it->second;
+  return ACL_SUCCESS;
+}
+
+// Blocks until `event` has completed record sequence `target` (or the runtime shuts down).
+void wait_for_event(const SimEvent& event, uint64_t target) {
+  State& s = state();
+  std::unique_lock lock(s.progress_mutex);
+  s.progress.wait(lock, [&] { return event.completed_seq >= target || s.shutting_down; });
+}
+
+aclError create_stream(aclrtStream* stream, uint32_t priority, uint32_t flag) {
+  if (aclError rc = require_initialized()) return rc;
+  if (stream == nullptr || priority > kMaxStreamPriority || (flag & ~kKnownStreamFlags) != 0) {
+    return ACL_ERROR_INVALID_PARAM;
+  }
+  const int32_t device = current_device();
+  if (device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  auto created = std::make_shared<SimStream>(device, priority);
+  State& s = state();
+  std::lock_guard lock(s.handles_mutex);
+  s.streams[created.get()] = created;
+  *stream = created.get();
+  return ACL_SUCCESS;
+}
+
+aclError create_event(aclrtEvent* event, bool timing) {
+  if (aclError rc = require_initialized()) return rc;
+  if (event == nullptr) return ACL_ERROR_INVALID_PARAM;
+  auto created = std::make_shared<SimEvent>();
+  created->timing = timing;
+  State& s = state();
+  std::lock_guard lock(s.handles_mutex);
+  s.events[created.get()] = created;
+  *event = created.get();
+  return ACL_SUCCESS;
+}
+
+}  // namespace
+
+SimStream::SimStream(int32_t device, uint32_t priority)
+    : device_(device), priority_(priority), worker_([this] { run(); }) {}
+
+SimStream::~SimStream() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_ready_.notify_all();
+  worker_.join();
+}
+
+void SimStream::enqueue(std::function<aclError()> task) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(task));
+    ++submitted_;
+  }
+  work_ready_.notify_one();
+}
+
+aclError SimStream::synchronize() {
+  std::unique_lock lock(mutex_);
+  const uint64_t target = submitted_;
+  work_done_.wait(lock, [&] { return completed_ >= target || stopping_; });
+  return std::exchange(pending_error_, ACL_SUCCESS);
+}
+
+bool SimStream::idle() {
+  std::lock_guard lock(mutex_);
+  return completed_ == submitted_;
+}
+
+void SimStream::run() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) break;  // aclFinalize / destroy: queued work is discarded, as on reset
+    std::function<aclError()> task = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    const aclError rc = task();
+    lock.lock();
+    if (rc != ACL_SUCCESS && pending_error_ == ACL_SUCCESS) pending_error_ = rc;
+    ++completed_;
+    work_done_.notify_all();
+  }
+  work_done_.notify_all();
+}
+
+aclError find_stream(aclrtStream handle, std::shared_ptr<SimStream>* out) {
+  State& s = state();
+  if (handle == nullptr) {
+    const int32_t device = current_device();
+    if (device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+    std::lock_guard lock(s.handles_mutex);
+    auto& stream = s.default_streams.at(device);
+    if (!stream) stream = std::make_shared<SimStream>(device, 0);
+    *out = stream;
+    return ACL_SUCCESS;
+  }
+  std::lock_guard lock(s.handles_mutex);
+  auto it = s.streams.find(handle);
+  if (it == s.streams.end()) return ACL_ERROR_RT_INVALID_HANDLE;
+  *out = it->second;
+  return ACL_SUCCESS;
+}
+
+}  // namespace ascend_vlm::sim
+
+using ascend_vlm::sim::SimEvent;
+using ascend_vlm::sim::SimStream;
+using ascend_vlm::sim::State;
+using ascend_vlm::sim::state;
+
+extern "C" {
+
+aclError aclrtCreateStream(aclrtStream* stream) {
+  return ascend_vlm::sim::create_stream(stream, 0, 0);
+}
+
+aclError aclrtCreateStreamWithConfig(aclrtStream* stream, uint32_t priority, uint32_t flag) {
+  return ascend_vlm::sim::create_stream(stream, priority, flag);
+}
+
+aclError aclrtDestroyStream(aclrtStream stream) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (stream == nullptr) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  std::shared_ptr<SimStream> doomed;
+  {
+    std::lock_guard lock(s.handles_mutex);
+    auto it = s.streams.find(stream);
+    if (it == s.streams.end()) return ACL_ERROR_RT_INVALID_HANDLE;
+    // CANN requires aclrtSynchronizeStream before aclrtDestroyStream.
+    if (!it->second->idle()) return ACL_ERROR_RT_STREAM_NOT_COMPLETE;
+    doomed = std::move(it->second);
+    s.streams.erase(it);
+    auto subscriber = s.stream_subscriber.find(stream);
+    if (subscriber != s.stream_subscriber.end()) {
+      --s.thread_subscriptions[subscriber->second];
+      s.stream_subscriber.erase(subscriber);
+    }
+  }
+  return ACL_SUCCESS;  // `doomed` joins the idle worker here, outside the handle lock
+}
+
+aclError aclrtSynchronizeStream(aclrtStream stream) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  std::shared_ptr<SimStream> target;
+  if (aclError rc = ascend_vlm::sim::find_stream(stream, &target)) return rc;
+  return target->synchronize();
+}
+
+aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t count,
+                          aclrtMemcpyKind kind, aclrtStream stream) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  std::shared_ptr<SimStream> target;
+  if (aclError rc = ascend_vlm::sim::find_stream(stream, &target)) return rc;
+  State& s = state();
+  {
+    std::shared_lock lock(s.memory_mutex);
+    if (aclError rc = ascend_vlm::sim::copy_locked(dst, destMax, src, count, kind, false)) {
+      return rc;
+    }
+  }
+  // Re-validated when it runs: a block freed meanwhile yields a stream error, not a wild write.
+  target->enqueue([dst, destMax, src, count, kind] {
+    std::shared_lock lock(state().memory_mutex);
+    return ascend_vlm::sim::copy_locked(dst, destMax, src, count, kind, true);
+  });
+  return ACL_SUCCESS;
+}
+
+aclError aclrtCreateEvent(aclrtEvent* event) {
+  return ascend_vlm::sim::create_event(event, /*timing=*/true);
+}
+
+aclError aclrtCreateEventWithFlag(aclrtEvent* event, uint32_t flag) {
+  if ((flag & ~ascend_vlm::sim::kKnownEventFlags) != 0) return ACL_ERROR_INVALID_PARAM;
+  return ascend_vlm::sim::create_event(event, (flag & ACL_EVENT_TIME_LINE) != 0);
+}
+
+aclError aclrtDestroyEvent(aclrtEvent event) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (event == nullptr) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  std::lock_guard lock(s.handles_mutex);
+  // Tasks already queued keep their own reference, so destroying early is safe.
+  return s.events.erase(event) == 1 ? ACL_SUCCESS : ACL_ERROR_RT_INVALID_HANDLE;
+}
+
+aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  std::shared_ptr<SimEvent> target;
+  if (aclError rc = ascend_vlm::sim::find_event(event, &target)) return rc;
+  std::shared_ptr<SimStream> queue;
+  if (aclError rc = ascend_vlm::sim::find_stream(stream, &queue)) return rc;
+  State& s = state();
+  uint64_t seq = 0;
+  {
+    std::lock_guard lock(s.progress_mutex);
+    seq = ++target->recorded_seq;
+  }
+  queue->enqueue([target, seq] {
+    State& st = state();
+    {
+      std::lock_guard lock(st.progress_mutex);
+      if (seq > target->completed_seq) {
+        target->completed_seq = seq;
+        target->completed_at = ascend_vlm::sim::Clock::now();
+      }
+    }
+    st.progress.notify_all();
+    return ACL_SUCCESS;
+  });
+  return ACL_SUCCESS;
+}
+
+aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  std::shared_ptr<SimEvent> target;
+  if (aclError rc = ascend_vlm::sim::find_event(event, &target)) return rc;
+  std::shared_ptr<SimStream> queue;
+  if (aclError rc = ascend_vlm::sim::find_stream(stream, &queue)) return rc;
+  uint64_t seq = 0;
+  {
+    std::lock_guard lock(state().progress_mutex);
+    seq = target->recorded_seq;  // waits for the latest record issued before this call
+  }
+  if (seq == 0) return ACL_SUCCESS;  // never recorded: nothing to wait for
+  queue->enqueue([target, seq] {
+    ascend_vlm::sim::wait_for_event(*target, seq);
+    return ACL_SUCCESS;
+  });
+  return ACL_SUCCESS;
+}
+
+aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus* status) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (status == nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::shared_ptr<SimEvent> target;
+  if (aclError rc = ascend_vlm::sim::find_event(event, &target)) return rc;
+  std::lock_guard lock(state().progress_mutex);
+  *status = target->completed_seq >= target->recorded_seq ? ACL_EVENT_RECORDED_STATUS_COMPLETE
+                                                          : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtSynchronizeEvent(aclrtEvent event) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  std::shared_ptr<SimEvent> target;
+  if (aclError rc = ascend_vlm::sim::find_event(event, &target)) return rc;
+  uint64_t seq = 0;
+  {
+    std::lock_guard lock(state().progress_mutex);
+    seq = target->recorded_seq;
+  }
+  ascend_vlm::sim::wait_for_event(*target, seq);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtEventElapsedTime(float* ms, aclrtEvent startEvent, aclrtEvent endEvent) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (ms == nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::shared_ptr<SimEvent> start, end;
+  if (aclError rc = ascend_vlm::sim::find_event(startEvent, &start)) return rc;
+  if (aclError rc = ascend_vlm::sim::find_event(endEvent, &end)) return rc;
+  std::lock_guard lock(state().progress_mutex);
+  if (!start->timing || !end->timing || start->recorded_seq == 0 || end->recorded_seq == 0) {
+    return ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID;
+  }
+  if (start->completed_seq < start->recorded_seq || end->completed_seq < end->recorded_seq) {
+    return ACL_ERROR_RT_EVENT_NOT_COMPLETE;
+  }
+  const std::chrono::duration<double, std::milli> elapsed = end->completed_at - start->completed_at;
+  if (elapsed.count() < 0) return ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL;
+  *ms = static_cast<float>(elapsed.count());
+  return ACL_SUCCESS;
+}
+
+aclError aclrtSubscribeReport(uint64_t threadId, aclrtStream stream) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (stream == nullptr) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  std::lock_guard lock(s.handles_mutex);
+  if (s.streams.count(stream) == 0) return ACL_ERROR_RT_INVALID_HANDLE;
+  if (!s.stream_subscriber.emplace(stream, threadId).second) return ACL_ERROR_REPEAT_SUBSCRIBE;
+  ++s.thread_subscriptions[threadId];
+  return ACL_SUCCESS;
+}
+
+aclError aclrtUnSubscribeReport(uint64_t threadId, aclrtStream stream) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (stream == nullptr) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  std::lock_guard lock(s.handles_mutex);
+  auto it = s.stream_subscriber.find(stream);
+  if (it == s.stream_subscriber.end() || it->second != threadId) {
+    return ACL_ERROR_STREAM_NOT_SUBSCRIBE;
+  }
+  s.stream_subscriber.erase(it);
+  --s.thread_subscriptions[threadId];
+  return ACL_SUCCESS;
+}
+
+aclError aclrtLaunchCallback(aclrtCallback fn, void* userData, aclrtCallbackBlockType blockType,
+                             aclrtStream stream) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (fn == nullptr || (blockType != ACL_CALLBACK_NO_BLOCK && blockType != ACL_CALLBACK_BLOCK)) {
+    return ACL_ERROR_INVALID_PARAM;
+  }
+  std::shared_ptr<SimStream> queue;
+  if (aclError rc = ascend_vlm::sim::find_stream(stream, &queue)) return rc;
+  State& s = state();
+  uint64_t subscriber = 0;
+  {
+    std::lock_guard lock(s.handles_mutex);
+    auto it = s.stream_subscriber.find(stream);
+    if (it == s.stream_subscriber.end()) return ACL_ERROR_STREAM_NOT_SUBSCRIBE;
+    subscriber = it->second;
+  }
+  queue->enqueue([fn, userData, blockType, subscriber] {
+    State& st = state();
+    auto done = std::make_shared<bool>(false);
+    {
+      std::lock_guard lock(st.report_mutex);
+      st.reports[subscriber].push_back({fn, userData, done});
+    }
+    st.report_ready.notify_all();
+    if (blockType == ACL_CALLBACK_BLOCK) {
+      std::unique_lock lock(st.progress_mutex);
+      st.progress.wait(lock, [&] { return *done || st.shutting_down; });
+    }
+    return ACL_SUCCESS;
+  });
+  return ACL_SUCCESS;
+}
+
+aclError aclrtProcessReport(int32_t timeout) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  if (timeout < -1) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  const uint64_t self = ascend_vlm::sim::this_thread_id();
+  ascend_vlm::sim::Report report{};
+  {
+    std::unique_lock lock(s.report_mutex);
+    auto& queue = s.reports[self];
+    if (queue.empty()) {
+      {
+        std::lock_guard handles(s.handles_mutex);
+        auto it = s.thread_subscriptions.find(self);
+        if (it == s.thread_subscriptions.end() || it->second <= 0) {
+          return ACL_ERROR_THREAD_NOT_SUBSCRIBE;
+        }
+      }
+      auto ready = [&] { return !s.reports[self].empty() || !s.initialized; };
+      if (timeout == -1) {
+        s.report_ready.wait(lock, ready);
+      } else if (!s.report_ready.wait_for(lock, std::chrono::milliseconds(timeout), ready)) {
+        return ACL_ERROR_WAIT_CALLBACK_TIMEOUT;
+      }
+      if (!s.initialized) return ACL_ERROR_UNINITIALIZE;
+    }
+    auto& ready_queue = s.reports[self];
+    report = std::move(ready_queue.front());
+    ready_queue.pop_front();
+  }
+  report.fn(report.user_data);
+  {
+    std::lock_guard lock(s.progress_mutex);
+    *report.done = true;
+  }
+  s.progress.notify_all();
+  return ACL_SUCCESS;
+}
+
+}  // extern "C"
