@@ -58,19 +58,6 @@ VISION_BACKBONES: dict[str, PartSpec] = {
     "smolvlm_vision": _layer_norm_vit("SmolVLMVisionAttention", "SmolVLMVisionMLP"),
     "internvl_vision": _layer_norm_vit("InternVLVisionAttention", "InternVLVisionMLP")
     + PartSpec(norms=(RmsNorm(("InternVLVisionRMSNorm",)),)),
-    "pixtral": PartSpec(
-        attention=("PixtralAttention",),
-        norms=(RmsNorm(("PixtralRMSNorm",)),),
-        mlps=(SwigluMlp(("PixtralMLP",)),),
-        left_alone=(
-            LeaveAlone(
-                "rope",
-                ("PixtralAttention",),
-                "2-D axial RoPE applied with unsqueeze_dim=0; not the [B, N, S, D] layout of "
-                "ops.rotary_embedding",
-            ),
-        ),
-    ),
 }
 
 
