@@ -17,6 +17,7 @@ Usage::
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,16 +32,9 @@ __all__ = [
     "sparse_allreduce_hook",
 ]
 
-# Bucket dtype -> same-width integer dtype. Chunks are tested on raw bits so that -0.0 and NaN
-# count as non-zero: a chunk is skipped only if it is all +0.0, and +0.0 / world_size summed over
-# ranks is +0.0, exactly what the dense hook produces there.
 # float64 is left out on purpose: HcclAllReduce on Atlas training products accepts int8, int32,
 # int64, float16, float32 (A2 adds bfp16) but not float64 (hiascend hcclapiref hcclcpp_07_0015).
-_BIT_VIEW_DTYPES = {
-    torch.float32: torch.int32,
-    torch.bfloat16: torch.int16,
-    torch.float16: torch.int16,
-}
+_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # The chunk mask travels as int8 with MAX: HCCL reduces int8 but not uint8 (same page as above),
 # and gloo supports int8 MAX too.
@@ -224,19 +218,29 @@ class _Chunks:
     def count(self) -> int:
         return self.num_full + (1 if self.tail.numel() else 0)
 
-    def _per_chunk(self, rows_result: torch.Tensor, tail_result: torch.Tensor) -> torch.Tensor:
-        return torch.cat([rows_result, tail_result.view(1)]) if self.tail.numel() else rows_result
+    def _per_chunk(self, reduce_rows: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``reduce_rows`` maps [rows, width] to [rows]; applied to the full rows and the tail."""
+        result = reduce_rows(self.rows)
+        if self.tail.numel():
+            result = torch.cat([result, reduce_rows(self.tail.view(1, -1))])
+        return result
 
     def nonzero_mask(self) -> torch.Tensor:
-        """int8 [count]: 1 where some element's bit pattern is not +0.0."""
-        bits = _Chunks(self.flat.view(_BIT_VIEW_DTYPES[self.flat.dtype]), self.chunk_size)
-        return bits._per_chunk(bits.rows.any(dim=1), bits.tail.any()).to(_MASK_DTYPE)
+        """int8 [count]: 1 where some element's bit pattern is not +0.0, else 0.
+
+        Tested on raw bytes so that -0.0 and NaN count as non-zero: a chunk is skipped only if
+        it is all +0.0, and +0.0 / world_size summed over ranks is +0.0, exactly what the dense
+        hook produces there. A uint8 max over the bytes is one vectorised pass (on CPU ~4x
+        faster than integer max plus min, and much faster than ``any``).
+        """
+        width = self.chunk_size * self.flat.element_size()
+        raw = _Chunks(self.flat.view(torch.uint8), width)
+        return raw._per_chunk(lambda rows: rows.amax(dim=1).clamp_(max=1)).view(_MASK_DTYPE)
 
     def norms(self) -> torch.Tensor:
         """float32 [count]: L2 norm of each chunk."""
         return self._per_chunk(
-            torch.linalg.vector_norm(self.rows, dim=1, dtype=torch.float32),
-            torch.linalg.vector_norm(self.tail, dtype=torch.float32),
+            lambda rows: torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32)
         )
 
     def gather(self, row_ids: torch.Tensor, with_tail: bool) -> torch.Tensor:
@@ -442,7 +446,7 @@ def _reduce_bucket(
     state: SparseAllReduceState, buffer: torch.Tensor, bucket_index: int, is_last: bool
 ) -> torch.futures.Future[torch.Tensor]:
     """The hook on a bare flat buffer (used by the hook itself and by the benchmark)."""
-    if buffer.dtype not in _BIT_VIEW_DTYPES:
+    if buffer.dtype not in _SUPPORTED_DTYPES:
         raise TypeError(
             f"bucket: expected gradients of dtype float32, bfloat16 or float16, got {buffer.dtype}"
         )

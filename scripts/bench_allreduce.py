@@ -1,0 +1,153 @@
+"""Dense all-reduce vs sparse-mask all-reduce (exact and top-k) on gloo CPU ranks.
+
+For each world size, spawns that many gloo ranks; each holds a DDP-like bucket set (64 MiB of
+fp32 by default, cut at DDP's default 25 MiB bucket cap). At each chunk density, the same
+random fraction of chunks is non-zero on every rank (so the density is also the union's),
+with different values per rank. Per repetition the methods run back to back on fresh copies:
+
+- ``dense``: what DDP's default ``allreduce_hook`` does (divide by world size, all-reduce);
+- ``exact``: ``sparse_allreduce_hook`` in exact mode (dense fallback cached for 16 steps);
+- ``exact/probe``: exact mode with ``dense_recheck_steps=0`` (mask exchanged every step);
+- ``topk``: top-k mode, ``topk_ratio=0.01`` after ``start_topk_iter=2`` warm-up steps.
+
+Time is the slowest rank's wall time for the whole bucket set, median over repetitions;
+``speedup`` is dense time / method time and ``bytes`` is dense payload / sent payload per rank
+(mask included). Usage::
+
+    .venv/bin/python scripts/bench_allreduce.py [--world-sizes 2 4] [--total-mib 64] [--reps 5]
+"""
+
+import argparse
+import datetime
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
+
+from ascend_vlm.distributed import SparseAllReduceState
+from ascend_vlm.distributed.sparse_allreduce import _reduce_bucket
+
+DENSITIES = (0.01, 0.10, 0.50, 1.00)
+DDP_BUCKET_CAP_MIB = 25  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
+WARMUP_REPS = 2
+
+
+def bucket_sizes(total_mib: int) -> list[int]:
+    """fp32 element counts of DDP-style buckets: full 25 MiB buckets, then the remainder."""
+    full, rest = divmod(total_mib, DDP_BUCKET_CAP_MIB)
+    mibs = [DDP_BUCKET_CAP_MIB] * full + ([rest] if rest else [])
+    return [mib * 2**20 // 4 for mib in mibs]
+
+
+def chunk_sparse_buckets(
+    sizes: list[int], density: float, chunk_size: int, rank: int
+) -> list[torch.Tensor]:
+    """Same non-zero chunks on every rank (seeded alike), values differing per rank."""
+    buckets = []
+    for index, numel in enumerate(sizes):
+        num_chunks = math.ceil(numel / chunk_size)
+        chosen = torch.randperm(num_chunks, generator=torch.Generator().manual_seed(index))
+        keep = torch.zeros(num_chunks, dtype=torch.bool)
+        keep[chosen[: math.ceil(density * num_chunks)]] = True
+        values = torch.randn(numel, generator=torch.Generator().manual_seed(100 + rank))
+        buckets.append(torch.where(keep.repeat_interleave(chunk_size)[:numel], values, 0.0))
+    return buckets
+
+
+def dense_allreduce(buffer: torch.Tensor, index: int, is_last: bool) -> torch.futures.Future:
+    buffer.div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future()
+
+
+def timed(reduce_bucket, sources: list[torch.Tensor]) -> float:
+    """Slowest rank's seconds to reduce fresh copies of all buckets (copying not timed)."""
+    buffers = [source.clone() for source in sources]
+    dist.barrier()
+    started = time.perf_counter()
+    futures = [
+        reduce_bucket(buffer, index, index == 0)  # DDP reduces bucket 0 last
+        for index, buffer in reversed(list(enumerate(buffers)))
+    ]
+    torch.futures.wait_all(futures)
+    elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item()
+
+
+def rank_main(rank: int, world_size: int, store: str, args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=600),
+    )
+    sizes = bucket_sizes(args.total_mib)
+    for density in DENSITIES:
+        sources = chunk_sparse_buckets(sizes, density, args.chunk_size, rank)
+        states = {
+            "exact": SparseAllReduceState(chunk_size=args.chunk_size),
+            "exact/probe": SparseAllReduceState(chunk_size=args.chunk_size, dense_recheck_steps=0),
+            "topk": SparseAllReduceState(
+                mode="topk", chunk_size=args.chunk_size, start_topk_iter=WARMUP_REPS
+            ),
+        }
+        methods = {"dense": dense_allreduce} | {
+            name: (lambda b, i, last, s=state: _reduce_bucket(s, b, i, last))
+            for name, state in states.items()
+        }
+        seconds: dict[str, list[float]] = {name: [] for name in methods}
+        for rep in range(WARMUP_REPS + args.reps):
+            if rep == WARMUP_REPS:
+                for state in states.values():
+                    state.reset_stats()
+            for name, method in methods.items():
+                elapsed = timed(method, sources)
+                if rep >= WARMUP_REPS:
+                    seconds[name].append(elapsed)
+        if rank == 0:
+            dense_time = statistics.median(seconds["dense"])
+            for name in methods:
+                median = statistics.median(seconds[name])
+                bytes_ratio = states[name].stats.bytes_ratio if name in states else 1.0
+                print(
+                    f"| {world_size} | {100 * density:5.0f}% | {name:<11} | {1e3 * median:8.1f} "
+                    f"| {dense_time / median:6.2f}x | {bytes_ratio:8.1f}x |",
+                    flush=True,
+                )
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--total-mib", type=int, default=64)
+    parser.add_argument("--chunk-size", type=int, default=1024)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    print("command:", " ".join([os.path.relpath(sys.executable), *sys.argv]))
+    print(
+        f"torch {torch.__version__}, gloo on CPU, {os.cpu_count()} cores, "
+        f"buckets (MiB): {[n * 4 // 2**20 for n in bucket_sizes(args.total_mib)]}, "
+        f"chunk_size={args.chunk_size}, median of {args.reps} reps after {WARMUP_REPS} warm-up"
+    )
+    print("| ranks | density | method      |       ms | speedup |    bytes |")
+    print("|------:|--------:|:------------|---------:|--------:|---------:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for world_size in args.world_sizes:
+            store = os.path.join(tmp, f"store_{world_size}")
+            mp.spawn(rank_main, args=(world_size, store, args), nprocs=world_size)
+
+
+if __name__ == "__main__":
+    main()
