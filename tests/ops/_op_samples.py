@@ -1,0 +1,434 @@
+"""Shared sample inputs and independent naive formulas for the ops tests (OpInfo style).
+
+Each op has a hypothesis strategy drawing a *case* (shapes, dtype, masks, flags) and a case
+object that builds the op's inputs and the expected output from a naive float64 formula written
+here from the math — it shares no code with ``ascend_vlm.ops`` or the mock NPU. Forward,
+backward, mock-NPU and compile tests all draw from these generators.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import strategies as st
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def tolerance(dtype: torch.dtype) -> dict[str, float]:
+    """Comparison tolerances: fp32 1e-5, half precision 2e-2, fp64 1e-10."""
+    if dtype == torch.float64:
+        return {"atol": 1e-10, "rtol": 1e-10}
+    if dtype == torch.float32:
+        return {"atol": 1e-5, "rtol": 1e-5}
+    return {"atol": 2e-2, "rtol": 2e-2}
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(shape, generator=_generator(seed), dtype=torch.float64).to(dtype)
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+
+def naive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor | None,
+    additive: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """float64 ``softmax(q k^T * scale + additive, keep) v`` on BNSD tensors; GQA by repeating
+    kv heads; rows with no kept key are 0."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-1, -2) * scale
+    if additive is not None:
+        scores = scores + additive.double()
+    if keep is None:
+        keep = torch.ones(scores.shape, dtype=torch.bool)
+    keep = keep.expand(scores.shape)
+    scores = scores.masked_fill(~keep, -math.inf)
+    dead = ~keep.any(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1)
+    return (weights @ v).masked_fill(dead, 0.0)
+
+
+def bottom_right_causal_keep(q_len: int, kv_len: int) -> torch.Tensor:
+    """``keep[i, j] = j <= i + kv_len - q_len`` written out with index grids."""
+    rows = torch.arange(q_len)[:, None]
+    cols = torch.arange(kv_len)[None, :]
+    return cols <= rows + (kv_len - q_len)
+
+
+MASK_KINDS = ("none", "left_pad", "right_pad", "bool_4d", "additive")
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    layout: str
+    batch: int
+    kv_heads: int
+    group: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    mask_kind: str
+    causal: bool
+    scale: float | None
+    dtype: torch.dtype
+    seed: int
+    pad_counts: tuple[int, ...] = field(default=())
+
+    @property
+    def heads(self) -> int:
+        return self.kv_heads * self.group
+
+    def bnsd_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q = _randn((self.batch, self.heads, self.q_len, self.head_dim), self.seed, self.dtype)
+        kv_shape = (self.batch, self.kv_heads, self.kv_len, self.head_dim)
+        return (
+            q,
+            _randn(kv_shape, self.seed + 1, self.dtype),
+            _randn(kv_shape, self.seed + 2, self.dtype),
+        )
+
+    def mask(self) -> torch.Tensor | None:
+        """The ``attention_mask`` argument (SDPA polarity: True = attend)."""
+        if self.mask_kind in ("left_pad", "right_pad"):
+            positions = torch.arange(self.kv_len)[None, :]
+            pads = torch.tensor(self.pad_counts)[:, None]
+            if self.mask_kind == "left_pad":
+                return positions >= pads
+            return positions < self.kv_len - pads
+        gen = _generator(self.seed + 3)
+        shape = (self.batch, 1 if self.seed % 2 else self.heads, self.q_len, self.kv_len)
+        keep = torch.rand(shape, generator=gen) < 0.7
+        if self.mask_kind == "bool_4d":
+            return keep
+        if self.mask_kind == "additive":  # HF style: 0 where attended, dtype min elsewhere
+            return torch.zeros(shape, dtype=self.dtype).masked_fill(
+                ~keep, torch.finfo(self.dtype).min
+            )
+        return None
+
+    def expected_keep(self) -> torch.Tensor | None:
+        mask = self.mask()
+        keep = None
+        if mask is not None:
+            keep = mask[:, None, None, :] if mask.dim() == 2 else mask
+            if keep.dtype != torch.bool:
+                keep = keep == 0
+        if self.causal:
+            causal = bottom_right_causal_keep(self.q_len, self.kv_len)
+            keep = causal if keep is None else keep & causal
+        return keep
+
+    def op_args(self) -> tuple[tuple[torch.Tensor, ...], dict]:
+        q, k, v = self.bnsd_inputs()
+        kwargs = {
+            "layout": self.layout,
+            "attention_mask": self.mask(),
+            "causal": self.causal,
+            "scale": self.scale,
+        }
+        if self.layout == "BSH":
+            q, k, v = (to_bsh(t) for t in (q, k, v))
+            kwargs.update(num_heads=self.heads, num_kv_heads=self.kv_heads)
+        return (q, k, v), kwargs
+
+    def expected(self) -> torch.Tensor:
+        q, k, v = self.bnsd_inputs()
+        scale = 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
+        out = naive_attention(q, k, v, self.expected_keep(), None, scale)
+        return to_bsh(out) if self.layout == "BSH" else out
+
+
+def to_bsh(bnsd: torch.Tensor) -> torch.Tensor:
+    batch, heads, seq, dim = bnsd.shape
+    return bnsd.transpose(1, 2).reshape(batch, seq, heads * dim)
+
+
+@st.composite
+def attention_cases(
+    draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+) -> AttentionCase:
+    batch = draw(st.integers(1, 3))
+    q_len = draw(st.integers(1, 9))
+    kv_len = draw(st.one_of(st.just(q_len), st.integers(1, 9)))
+    mask_kind = draw(st.sampled_from(MASK_KINDS))
+    pad_counts = tuple(draw(st.integers(0, kv_len)) for _ in range(batch))
+    return AttentionCase(
+        layout=draw(st.sampled_from(("BNSD", "BSH"))),
+        batch=batch,
+        kv_heads=draw(st.integers(1, 3)),
+        group=draw(st.sampled_from((1, 2, 3))),
+        q_len=q_len,
+        kv_len=kv_len,
+        head_dim=draw(st.sampled_from((3, 8, 16))),
+        mask_kind=mask_kind,
+        causal=draw(st.booleans()),
+        scale=draw(st.sampled_from((None, 0.3))),
+        dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(st.integers(0, 2**16)),
+        pad_counts=pad_counts,
+    )
+
+
+@dataclass(frozen=True)
+class VarlenCase:
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    kv_heads: int
+    group: int
+    head_dim: int
+    causal: bool
+    scale: float | None
+    dtype: torch.dtype
+    cu_dtype: torch.dtype
+    seed: int
+
+    def op_args(self) -> tuple[tuple[torch.Tensor, ...], dict]:
+        heads = self.kv_heads * self.group
+        q = _randn((sum(self.q_lens), heads, self.head_dim), self.seed, self.dtype)
+        k = _randn((sum(self.kv_lens), self.kv_heads, self.head_dim), self.seed + 1, self.dtype)
+        v = _randn((sum(self.kv_lens), self.kv_heads, self.head_dim), self.seed + 2, self.dtype)
+        cu_q = torch.tensor([0, *itertools.accumulate(self.q_lens)], dtype=self.cu_dtype)
+        cu_k = torch.tensor([0, *itertools.accumulate(self.kv_lens)], dtype=self.cu_dtype)
+        return (q, k, v, cu_q, cu_k), {"causal": self.causal, "scale": self.scale}
+
+    def expected(self) -> torch.Tensor:
+        (q, k, v, _, _), _ = self.op_args()
+        scale = 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
+        pieces, q_at, k_at = [], 0, 0
+        for q_len, kv_len in zip(self.q_lens, self.kv_lens, strict=True):
+            q_seg = q[q_at : q_at + q_len].transpose(0, 1)[None]
+            k_seg = k[k_at : k_at + kv_len].transpose(0, 1)[None]
+            v_seg = v[k_at : k_at + kv_len].transpose(0, 1)[None]
+            q_at, k_at = q_at + q_len, k_at + kv_len
+            keep = bottom_right_causal_keep(q_len, kv_len) if self.causal else None
+            if kv_len == 0:
+                keep = torch.zeros(q_len, 0, dtype=torch.bool)
+            pieces.append(
+                naive_attention(q_seg, k_seg, v_seg, keep, None, scale)[0].transpose(0, 1)
+            )
+        return torch.cat(pieces)
+
+
+@st.composite
+def varlen_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> VarlenCase:
+    segments = draw(st.integers(1, 6))
+    q_lens = tuple(draw(st.integers(0, 7)) for _ in range(segments))
+    same = draw(st.booleans())
+    kv_lens = q_lens if same else tuple(draw(st.integers(0, 7)) for _ in range(segments))
+    if sum(q_lens) == 0:
+        q_lens = (*q_lens[:-1], 1)
+    return VarlenCase(
+        q_lens=q_lens,
+        kv_lens=kv_lens,
+        kv_heads=draw(st.integers(1, 2)),
+        group=draw(st.sampled_from((1, 2))),
+        head_dim=draw(st.sampled_from((4, 8))),
+        causal=draw(st.booleans()),
+        scale=draw(st.sampled_from((None, 0.5))),
+        dtype=draw(st.sampled_from(dtypes)),
+        cu_dtype=draw(st.sampled_from((torch.int32, torch.int64))),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+# --- rms_norm, rotary_embedding, swiglu --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RmsNormCase:
+    shape: tuple[int, ...]
+    eps: float
+    offset: float
+    dtype: torch.dtype
+    weight_dtype: torch.dtype
+    seed: int
+
+    def op_args(self) -> tuple[tuple[torch.Tensor, ...], dict]:
+        x = _randn(self.shape, self.seed, self.dtype)
+        weight = _randn(self.shape[-1:], self.seed + 1, self.weight_dtype)
+        return (x, weight, self.eps), {"offset": self.offset}
+
+    def expected(self) -> torch.Tensor:
+        (x, weight, eps), _ = self.op_args()
+        x64 = x.double()
+        rms = torch.sqrt((x64 * x64).sum(-1, keepdim=True) / x.shape[-1] + eps)
+        return x64 / rms * (self.offset + weight.double())
+
+
+@st.composite
+def rms_norm_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> RmsNormCase:
+    dtype = draw(st.sampled_from(dtypes))
+    rank = draw(st.integers(2, 4))
+    leading = [draw(st.integers(1, 5)) for _ in range(rank - 1)]
+    shape = (*leading, draw(st.integers(1, 33)))
+    return RmsNormCase(
+        shape=shape,
+        eps=draw(st.sampled_from((1e-6, 1e-5))),
+        offset=draw(st.sampled_from((0.0, 1.0))),
+        dtype=dtype,
+        weight_dtype=draw(st.sampled_from((dtype, torch.float32))),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def rotate_index_and_sign(rotary_dim: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotate(x)[j] = sign[j] * x[index[j]]`` for the NeoX-half or GPT-J pairing."""
+    half = rotary_dim // 2
+    if interleaved:
+        index = torch.tensor([j + 1 if j % 2 == 0 else j - 1 for j in range(rotary_dim)])
+        sign = torch.tensor([-1.0 if j % 2 == 0 else 1.0 for j in range(rotary_dim)])
+    else:
+        index = torch.tensor([j + half if j < half else j - half for j in range(rotary_dim)])
+        sign = torch.tensor([-1.0 if j < half else 1.0 for j in range(rotary_dim)])
+    return index, sign.double()
+
+
+@dataclass(frozen=True)
+class RotaryCase:
+    batch: int
+    heads: int
+    seq: int
+    head_dim: int
+    rotary_dim: int
+    table_form: str  # "S", "1S", "BS" or "mrope"
+    mrope_section: tuple[int, ...] | None
+    interleaved: bool
+    dtype: torch.dtype
+    seed: int
+
+    def op_args(self) -> tuple[tuple[torch.Tensor, ...], dict]:
+        x = _randn((self.batch, self.heads, self.seq, self.head_dim), self.seed, self.dtype)
+        lead = {"S": (), "1S": (1,), "BS": (self.batch,), "mrope": (3, self.batch)}
+        angles = (
+            _randn(
+                (*lead[self.table_form], self.seq, self.rotary_dim), self.seed + 1, torch.float64
+            )
+            * 3.0
+        )
+        kwargs = {"interleaved": self.interleaved}
+        if self.mrope_section is not None:
+            kwargs["mrope_section"] = list(self.mrope_section)
+        return (x, angles.cos().to(self.dtype), angles.sin().to(self.dtype)), kwargs
+
+    def selected_tables(self, table: torch.Tensor) -> torch.Tensor:
+        """cos/sin as ``[B|1, 1, S, Dr]``; mrope picks component (chunk index % 3) per dim."""
+        if self.mrope_section is not None:
+            bounds = list(itertools.accumulate(self.mrope_section * 2))
+            component = [
+                next(i for i, b in enumerate(bounds) if j < b) % 3 for j in range(self.rotary_dim)
+            ]
+            table = torch.stack([table[component[j], ..., j] for j in range(self.rotary_dim)], -1)
+        while table.dim() < 3:
+            table = table[None]
+        return table[:, None]
+
+    def expected(self) -> torch.Tensor:
+        (x, cos, sin), _ = self.op_args()
+        x64 = x.double()
+        cos4, sin4 = self.selected_tables(cos.double()), self.selected_tables(sin.double())
+        index, sign = rotate_index_and_sign(self.rotary_dim, self.interleaved)
+        part = x64[..., : self.rotary_dim]
+        rotated = part * cos4 + part[..., index] * sign * sin4
+        return torch.cat((rotated, x64[..., self.rotary_dim :]), dim=-1)
+
+
+@st.composite
+def rotary_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> RotaryCase:
+    head_dim = draw(st.sampled_from((4, 8, 12, 16)))
+    table_form = draw(st.sampled_from(("S", "1S", "BS", "mrope")))
+    mrope_section = None
+    if table_form == "mrope":
+        mrope_section = draw(st.sampled_from(((1, 1, 2), (2, 1, 1), (1, 2, 3), (2, 3, 3))))
+        rotary_dim = 2 * sum(mrope_section)
+        head_dim = max(head_dim, rotary_dim)
+    else:
+        rotary_dim = draw(st.sampled_from(sorted({head_dim, head_dim // 2 + head_dim // 2 % 2})))
+    return RotaryCase(
+        batch=draw(st.integers(1, 3)),
+        heads=draw(st.integers(1, 3)),
+        seq=draw(st.integers(1, 7)),
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        table_form=table_form,
+        mrope_section=mrope_section,
+        interleaved=draw(st.booleans()),
+        dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@dataclass(frozen=True)
+class SwigluCase:
+    shape: tuple[int, ...]
+    dim: int
+    dtype: torch.dtype
+    seed: int
+
+    def op_args(self) -> tuple[tuple[torch.Tensor, ...], dict]:
+        return (_randn(self.shape, self.seed, self.dtype), self.dim), {}
+
+    def expected(self) -> torch.Tensor:
+        (x, dim), _ = self.op_args()
+        half = x.shape[dim] // 2
+        gate = x.double().narrow(dim, 0, half)
+        up = x.double().narrow(dim, half, half)
+        return gate / (1.0 + torch.exp(-gate)) * up
+
+
+@st.composite
+def swiglu_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> SwigluCase:
+    rank = draw(st.integers(1, 4))
+    dim = draw(st.integers(-rank, rank - 1))
+    shape = [draw(st.integers(1, 5)) for _ in range(rank)]
+    shape[dim] = 2 * draw(st.integers(1, 9))
+    return SwigluCase(tuple(shape), dim, draw(st.sampled_from(dtypes)), draw(st.integers(0, 2**16)))
+
+
+# --- helpers shared by the op tests -----------------------------------------------------------
+
+
+def on_device(args: tuple, kwargs: dict, device: torch.device) -> tuple[tuple, dict]:
+    """Move every tensor argument to ``device`` (the mock runs on CPU, real NPU on npu:0)."""
+
+    def move(value):
+        return value.to(device) if isinstance(value, torch.Tensor) else value
+
+    return tuple(move(a) for a in args), {name: move(v) for name, v in kwargs.items()}
+
+
+def assert_matches_naive(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == dtype, f"output dtype {out.dtype}, expected {dtype}"
+    assert out.shape == expected.shape, (
+        f"output shape {tuple(out.shape)} vs {tuple(expected.shape)}"
+    )
+    torch.testing.assert_close(out.cpu().double(), expected, **tolerance(dtype))
+
+
+class KernelSpy:
+    """Counts calls of one torch_npu function (wrapped in place with pytest's monkeypatch)."""
+
+    def __init__(self, monkeypatch, module, name: str) -> None:
+        self.calls = 0
+        original = getattr(module, name)
+
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counting)

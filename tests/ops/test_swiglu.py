@@ -1,0 +1,43 @@
+"""swiglu specifics: gradients, first-half gating, input errors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ascend_vlm import ops
+
+
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_gradcheck_fp64(dim: int) -> None:
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ops.swiglu(t, dim), (x,))
+
+
+def test_first_half_is_gated() -> None:
+    gate, up = torch.randn(3, 4), torch.randn(3, 4)
+    out = ops.swiglu(torch.cat((gate, up), dim=-1))
+    torch.testing.assert_close(out, F.silu(gate) * up)
+    assert not torch.allclose(out, F.silu(up) * gate)
+
+
+X = torch.randn(2, 6)
+BAD_CALLS = {
+    "odd": (
+        lambda: ops.swiglu(X[:, :5]),
+        "x: expected an even size along dim -1, got shape (2, 5)",
+    ),
+    "dim": (lambda: ops.swiglu(X, 2), "dim: expected in [-2, 1]"),
+    "dtype": (lambda: ops.swiglu(X.int()), "x: expected dtype in"),
+    "scalar": (lambda: ops.swiglu(torch.tensor(1.0)), "x: expected at least 1-D"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CALLS))
+def test_bad_inputs_raise_value_error_naming_argument(name: str) -> None:
+    call, message = BAD_CALLS[name]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()

@@ -1,0 +1,105 @@
+"""varlen_attention specifics: gradients, segment isolation, offsets validation."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from _op_samples import VarlenCase
+
+from ascend_vlm import ops
+
+
+def _case(**overrides) -> VarlenCase:
+    base = dict(
+        q_lens=(2, 0, 3),
+        kv_lens=(2, 0, 3),
+        kv_heads=1,
+        group=2,
+        head_dim=3,
+        causal=True,
+        scale=None,
+        dtype=torch.float64,
+        cu_dtype=torch.int32,
+        seed=5,
+    )
+    return VarlenCase(**{**base, **overrides})
+
+
+@pytest.mark.parametrize(
+    "case",
+    [_case(), _case(q_lens=(1, 3), kv_lens=(2, 2), causal=False, cu_dtype=torch.int64)],
+    ids=["causal-self", "cross"],
+)
+def test_gradcheck_fp64(case: VarlenCase) -> None:
+    (q, k, v, cu_q, cu_k), kwargs = case.op_args()
+    inputs = tuple(t.requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda *t: ops.varlen_attention(*t, cu_q, cu_k, **kwargs), inputs
+    )
+
+
+def test_segments_do_not_see_each_other() -> None:
+    (q, k, v, cu_q, cu_k), _ = _case(dtype=torch.float32, causal=False).op_args()
+    out = ops.varlen_attention(q, k, v, cu_q, cu_k)
+    v_changed = v.clone()
+    v_changed[:2] += 100.0  # only the first segment's values
+    changed = ops.varlen_attention(q, k, v_changed, cu_q, cu_k)
+    assert not torch.allclose(out[:2], changed[:2])
+    torch.testing.assert_close(out[2:], changed[2:])
+
+
+def test_many_equal_segments_match_one_segment_at_a_time() -> None:
+    (q, k, v, cu, _), kwargs = _case(
+        q_lens=(4,) * 6, kv_lens=(4,) * 6, dtype=torch.float32
+    ).op_args()
+    batched = ops.varlen_attention(q, k, v, cu, cu, **kwargs)
+    for start in range(0, 24, 4):
+        one = torch.tensor([0, 4])
+        piece = ops.varlen_attention(
+            q[start : start + 4], k[start : start + 4], v[start : start + 4], one, one, **kwargs
+        )
+        torch.testing.assert_close(batched[start : start + 4], piece)
+
+
+Q = torch.randn(6, 4, 8)
+KV = torch.randn(6, 2, 8)
+CU = torch.tensor([0, 2, 6])
+BAD_CALLS = {
+    "rank": (lambda: ops.varlen_attention(Q[None], KV, KV, CU, CU), "query: expected 3-D"),
+    "gqa": (lambda: ops.varlen_attention(Q[:, :3], KV, KV, CU, CU), "key: expected a head count"),
+    "cu_dtype": (
+        lambda: ops.varlen_attention(Q, KV, KV, CU.float(), CU),
+        "cu_seqlens_q: expected dtype",
+    ),
+    "cu_rank": (
+        lambda: ops.varlen_attention(Q, KV, KV, CU[None], CU),
+        "cu_seqlens_q: expected 1-D",
+    ),
+    "cu_len": (
+        lambda: ops.varlen_attention(Q, KV, KV, CU, torch.tensor([0, 6])),
+        "cu_seqlens_k: expected shape (3,)",
+    ),
+    "cu_end": (
+        lambda: ops.varlen_attention(Q, KV, KV, torch.tensor([0, 2, 5]), CU),
+        "cu_seqlens_q: expected nondecreasing offsets from 0 to 6, got [0, 2, 5]",
+    ),
+    "cu_order": (
+        lambda: ops.varlen_attention(
+            Q, KV, KV, torch.tensor([0, 4, 2, 6]), torch.tensor([0, 2, 4, 6])
+        ),
+        "cu_seqlens_q: expected nondecreasing offsets",
+    ),
+    "max_seqlen": (
+        lambda: ops.varlen_attention(Q, KV, KV, CU, CU, max_seqlen_q=3),
+        "max_seqlen_q: expected >= the longest segment (4), got 3",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CALLS))
+def test_bad_inputs_raise_value_error_naming_argument(name: str) -> None:
+    call, message = BAD_CALLS[name]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
