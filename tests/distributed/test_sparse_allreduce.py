@@ -172,9 +172,11 @@ class TinyTagger(nn.Module):
         return self.head(self.embed(tokens).mean(dim=1))
 
 
-def train_tagger(rank: int, state: SparseAllReduceState | None) -> list[torch.Tensor]:
+def train_tagger(
+    rank: int, state: SparseAllReduceState | None, grads_are_bucket_views: bool = False
+) -> list[torch.Tensor]:
     torch.manual_seed(0)
-    model = DDP(TinyTagger())
+    model = DDP(TinyTagger(), gradient_as_bucket_view=grads_are_bucket_views)
     if state is None:
         model.register_comm_hook(None, allreduce_hook)
     else:
@@ -192,11 +194,12 @@ def train_tagger(rank: int, state: SparseAllReduceState | None) -> list[torch.Te
 
 
 def check_training_identical(rank: int) -> None:
-    state = SparseAllReduceState(chunk_size=16)
-    hooked = train_tagger(rank, state)
     default = train_tagger(rank, None)
-    for got, want in zip(hooked, default, strict=True):
-        assert torch.equal(got, want), "20 DDP steps with the hook diverged from allreduce_hook"
+    for grads_are_bucket_views in (False, True):
+        state = SparseAllReduceState(chunk_size=16)
+        hooked = train_tagger(rank, state, grads_are_bucket_views)
+        for got, want in zip(hooked, default, strict=True):
+            assert torch.equal(got, want), f"20 steps diverged ({grads_are_bucket_views=})"
     assert state.stats.steps == 20
     assert 0.0 < state.stats.chunk_density < 0.8, state.stats.summary()
 
