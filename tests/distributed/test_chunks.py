@@ -11,6 +11,12 @@ from ascend_vlm.distributed.sparse_allreduce import _Chunks
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SPECIALS = (0.0, -0.0, float("nan"), float("inf"), 1e-40, -3.5)
+CHUNK_CASES = {
+    "numel": st.integers(1, 300),
+    "chunk_size": st.integers(1, 40),
+    "dtype": st.sampled_from(DTYPES),
+    "seed": st.integers(0, 2**16),
+}
 
 
 def chunk_tensor(numel: int, chunk_size: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -34,13 +40,7 @@ def expected_mask(flat: torch.Tensor, chunk_size: int) -> list[int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    numel=st.integers(1, 300),
-    chunk_size=st.integers(1, 40),
-    dtype=st.sampled_from(DTYPES),
-    seed=st.integers(0, 2**16),
-    via_bytes=st.booleans(),
-)
+@given(**CHUNK_CASES, via_bytes=st.booleans())
 def test_nonzero_mask_flags_every_chunk_that_is_not_all_positive_zero(
     numel: int, chunk_size: int, dtype: torch.dtype, seed: int, via_bytes: bool
 ) -> None:
@@ -53,12 +53,7 @@ def test_nonzero_mask_flags_every_chunk_that_is_not_all_positive_zero(
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    numel=st.integers(1, 300),
-    chunk_size=st.integers(1, 40),
-    dtype=st.sampled_from(DTYPES),
-    seed=st.integers(0, 2**16),
-)
+@given(**CHUNK_CASES)
 def test_gather_then_scatter_moves_exactly_the_selected_chunks(
     numel: int, chunk_size: int, dtype: torch.dtype, seed: int
 ) -> None:
