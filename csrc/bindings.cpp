@@ -200,6 +200,42 @@ PYBIND11_MODULE(_C, m) {
 #endif
   });
 
+  // Raw, unchecked AscendCL calls for tests that must provoke the runtime's own misuse errors
+  // (double free, foreign handles, ...) which the RAII classes above make impossible.
+  py::module_ acl = m.def_submodule("acl", "Raw AscendCL calls for tests; no safety net.");
+  acl.def("malloc", [](size_t nbytes) {
+    Runtime::instance().enter();
+    void* ptr = nullptr;
+    ASCEND_VLM_ACL_CALL(aclrtMalloc, &ptr, nbytes, ACL_MEM_MALLOC_HUGE_FIRST);
+    return address(ptr);
+  });
+  acl.def("free", [](uintptr_t ptr) {
+    Runtime::instance().enter();
+    ASCEND_VLM_ACL_CALL(aclrtFree, pointer(ptr));
+  });
+  acl.def("free_host", [](uintptr_t ptr) {
+    Runtime::instance().enter();
+    ASCEND_VLM_ACL_CALL(aclrtFreeHost, pointer(ptr));
+  });
+  acl.def("host_register", [](uintptr_t ptr, uint64_t nbytes) {
+    Runtime::instance().enter();
+    void* device = nullptr;
+    ASCEND_VLM_ACL_CALL(aclrtHostRegister, pointer(ptr), nbytes, ACL_HOST_REGISTER_MAPPED, &device);
+    return address(device);
+  });
+  acl.def("host_unregister", [](uintptr_t ptr) {
+    Runtime::instance().enter();
+    ASCEND_VLM_ACL_CALL(aclrtHostUnregister, pointer(ptr));
+  });
+  acl.def("destroy_stream", [](uintptr_t handle) {
+    Runtime::instance().enter();
+    ASCEND_VLM_ACL_CALL(aclrtDestroyStream, pointer(handle));
+  });
+  acl.def("destroy_event", [](uintptr_t handle) {
+    Runtime::instance().enter();
+    ASCEND_VLM_ACL_CALL(aclrtDestroyEvent, pointer(handle));
+  });
+
   using ascend_vlm::AttrSpec;
   using ascend_vlm::OpDescriptor;
   using ascend_vlm::OpRegistry;

@@ -119,7 +119,7 @@ void validate_op_descriptor(const OpDescriptor& op) {
     }
     if (attr.default_value && !default_matches(attr.type, *attr.default_value)) {
       reject(op, field + ".default",
-             "expected a value of type " + quoted(attr.type) + ", got a " +
+             "expected a value of type " + quoted(attr.type) + ", got " +
                  value_kind(*attr.default_value));
     }
   }

@@ -1,0 +1,225 @@
+"""Streams and events: in-order execution, cross-stream ordering, timing, host callbacks."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+from _runtime_helpers import (
+    ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID,
+    ACL_ERROR_RT_INVALID_HANDLE,
+    ACL_ERROR_RT_STREAM_NOT_COMPLETE,
+    requires_sim,
+)
+
+import ascend_vlm
+from ascend_vlm import _C, runtime
+
+SLOT = 8  # bytes per value: one uint64
+
+
+def test_pipeline_of_8_streams_x_1000_ops_keeps_event_order():
+    """Stage i copies slot r from stage i-1's buffer after waiting for stage i-1's event.
+
+    Each stage's buffer starts as all-ones sentinels, so a copy that ran before the copy it
+    depends on would carry a sentinel to the output instead of the round's value.
+    """
+    stages, rounds = 8, 1000
+    nbytes = rounds * SLOT
+    source = runtime.PinnedBuffer(nbytes)
+    np.frombuffer(source, dtype=np.uint64)[:] = np.arange(rounds, dtype=np.uint64) * 7 + 1
+    output = runtime.PinnedBuffer(nbytes)
+    sentinel = runtime.PinnedBuffer(nbytes)
+    np.frombuffer(sentinel, dtype=np.uint64)[:] = np.iinfo(np.uint64).max
+    buffers = [runtime.DeviceBuffer(nbytes) for _ in range(stages)]
+    for buffer in buffers:
+        runtime.memcpy(buffer, sentinel, nbytes)
+    streams = [runtime.Stream() for _ in range(stages)]
+    done = [runtime.Event(timing=False) for _ in range(stages)]
+
+    for r in range(rounds):
+        offset = r * SLOT
+        streams[0].memcpy_async(buffers[0].ptr + offset, source.ptr + offset, SLOT, kind="h2d")
+        done[0].record(streams[0])
+        for i in range(1, stages):
+            streams[i].wait_event(done[i - 1])
+            streams[i].memcpy_async(
+                buffers[i].ptr + offset, buffers[i - 1].ptr + offset, SLOT, kind="d2d"
+            )
+            done[i].record(streams[i])
+        streams[-1].memcpy_async(output.ptr + offset, buffers[-1].ptr + offset, SLOT, kind="d2h")
+    streams[-1].synchronize()
+
+    assert np.array_equal(
+        np.frombuffer(output, dtype=np.uint64), np.frombuffer(source, dtype=np.uint64)
+    )
+    assert all(event.query() for event in done)
+
+
+def test_elapsed_time_is_non_negative_and_ordered():
+    stream = runtime.Stream()
+    device = runtime.DeviceBuffer(1 << 22)
+    host = runtime.PinnedBuffer(1 << 22)
+    marks = [runtime.Event() for _ in range(4)]
+    marks[0].record(stream)
+    for mark in marks[1:]:
+        stream.memcpy_async(device, host, 1 << 22)
+        mark.record(stream)
+    marks[-1].synchronize()
+    times = [marks[0].elapsed_time(mark) for mark in marks]
+    assert times[0] == 0.0
+    assert all(t >= 0.0 for t in times)
+    assert times == sorted(times)
+    assert isinstance(times[1], float)
+
+
+def test_elapsed_time_needs_recorded_timing_events():
+    stream = runtime.Stream()
+    plain, timed, never = runtime.Event(timing=False), runtime.Event(), runtime.Event()
+    plain.record(stream)
+    timed.record(stream)
+    stream.synchronize()
+    for start, end in [(plain, timed), (timed, never)]:
+        with pytest.raises(ascend_vlm.AclError) as raised:
+            start.elapsed_time(end)
+        assert raised.value.code == ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID
+    assert never.query()  # never recorded: nothing pending
+
+
+def test_host_callbacks_run_in_stream_order_and_block_later_work():
+    stream = runtime.Stream()
+    host = runtime.PinnedBuffer(SLOT)
+    device = runtime.DeviceBuffer(SLOT)
+    result = runtime.PinnedBuffer(SLOT)
+    values = np.frombuffer(host, dtype=np.uint64)
+    seen: list[tuple[int, int]] = []
+
+    def writer(step: int):
+        def callback() -> None:
+            seen.append((step, int(values[0])))
+            values[0] = step * 10  # later copies must observe this write
+
+        return callback
+
+    values[0] = 0
+    for step in range(1, 6):
+        stream.launch_host_func(writer(step))
+        stream.memcpy_async(device, host, SLOT)
+    stream.memcpy_async(result, device, SLOT)
+    stream.synchronize()
+    assert seen == [(1, 0), (2, 10), (3, 20), (4, 30), (5, 40)]
+    assert int(np.frombuffer(result, dtype=np.uint64)[0]) == 50
+
+
+def test_raising_callback_is_reported_and_stream_continues(monkeypatch):
+    stream = runtime.Stream()
+    reported: list[BaseException] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: reported.append(info.exc_value))
+    after: list[int] = []
+    stream.launch_host_func(lambda: 1 / 0)
+    stream.launch_host_func(lambda: after.append(1))
+    stream.synchronize()
+    assert after == [1]
+    assert len(reported) == 1 and isinstance(reported[0], ZeroDivisionError)
+
+
+def test_wait_event_orders_across_streams_behind_a_slow_callback():
+    producer, consumer = runtime.Stream(), runtime.Stream()
+    host = runtime.PinnedBuffer(SLOT)
+    device = runtime.DeviceBuffer(SLOT)
+    out = runtime.PinnedBuffer(SLOT)
+    values = np.frombuffer(host, dtype=np.uint64)
+    values[0] = 1
+    gate = threading.Event()
+    ready = runtime.Event(timing=False)
+
+    producer.launch_host_func(lambda: gate.wait(10))
+    producer.memcpy_async(device, host, SLOT)
+    ready.record(producer)
+    consumer.wait_event(ready)
+    consumer.memcpy_async(out, device, SLOT)
+    assert not ready.query()
+    values[0] = 42  # still in time: the producer's copy waits behind the callback
+    gate.set()
+    consumer.synchronize()
+    assert int(np.frombuffer(out, dtype=np.uint64)[0]) == 42
+
+
+@requires_sim
+def test_destroy_with_queued_work_is_refused_then_succeeds_after_sync():
+    stream = runtime.Stream()
+    gate = threading.Event()
+    stream.launch_host_func(lambda: gate.wait(10))
+    with pytest.raises(ascend_vlm.AclError) as raised:
+        stream.destroy()
+    assert raised.value.code == ACL_ERROR_RT_STREAM_NOT_COMPLETE
+    gate.set()
+    stream.synchronize()
+    handle = stream.handle
+    stream.destroy()
+    assert stream.destroyed
+    with pytest.raises(ascend_vlm.AclError) as raised:
+        _C.acl.destroy_stream(handle)  # destroyed handle
+    assert raised.value.code == ACL_ERROR_RT_INVALID_HANDLE
+    with pytest.raises(ascend_vlm.AclError) as raised:
+        stream.synchronize()
+    assert raised.value.code == ACL_ERROR_RT_INVALID_HANDLE
+
+
+@requires_sim
+def test_foreign_and_destroyed_event_handles_are_invalid():
+    event = runtime.Event()
+    with pytest.raises(ascend_vlm.AclError) as raised:
+        _C.acl.destroy_event(event.handle + 8)
+    assert raised.value.code == ACL_ERROR_RT_INVALID_HANDLE
+    with pytest.raises(ascend_vlm.AclError) as raised:
+        _C.acl.destroy_stream(event.handle)  # an event is not a stream
+    assert raised.value.code == ACL_ERROR_RT_INVALID_HANDLE
+
+
+def test_argument_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"priority: expected 0\.\.7, got 9"):
+        runtime.Stream(priority=9)
+    stream = runtime.Stream(priority=3)
+    assert stream.priority == 3
+    with pytest.raises(TypeError, match="fn: expected a callable"):
+        stream.launch_host_func(42)
+    with pytest.raises(TypeError, match="event: expected an Event"):
+        stream.wait_event(stream)
+    with pytest.raises(TypeError, match="stream: expected a Stream"):
+        runtime.memcpy_async(runtime.DeviceBuffer(8), runtime.PinnedBuffer(8), 8, stream=None)
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        stream.memcpy_async(runtime.DeviceBuffer(8), runtime.PinnedBuffer(8), 8, kind="up")
+
+
+def test_threads_issue_work_concurrently():
+    errors: list[BaseException] = []
+    results: dict[int, np.ndarray] = {}
+
+    def worker(index: int) -> None:
+        try:
+            stream = runtime.Stream()
+            n = 4096
+            host = runtime.PinnedBuffer(n)
+            device = runtime.DeviceBuffer(n)
+            back = runtime.PinnedBuffer(n)
+            values = np.frombuffer(host, dtype=np.uint32)
+            for step in range(100):
+                values[:] = index * 1000 + step
+                stream.memcpy_async(device, host, n)
+                stream.memcpy_async(back, device, n)
+                stream.synchronize()
+            results[index] = np.frombuffer(back, dtype=np.uint32).copy()
+        except BaseException as error:  # surfaced by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for index in range(6):
+        assert np.all(results[index] == index * 1000 + 99)
