@@ -134,7 +134,9 @@ class SparseAllReduceState:
        ``start_powerSGD_iter``); residuals are also reset if a bucket's size changes.
 
     ``process_group`` defaults to the world group, which must already be initialised.
-    Statistics accumulate in :attr:`stats` (:class:`SparseAllReduceStats`).
+    Statistics accumulate in :attr:`stats` (:class:`SparseAllReduceStats`). The state pickles
+    (for checkpoints, keeping top-k residuals) without its process group, which comes back as
+    the default group.
     """
 
     __slots__ = [  # noqa: RUF023 -- grouped by role, not sorted
@@ -185,6 +187,18 @@ class SparseAllReduceState:
         # bucket index -> float32 residual of the chunks not yet sent (top-k mode).
         self.residuals: dict[int, torch.Tensor] = {}
         self.stats = SparseAllReduceStats()
+        self.stats_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """For checkpoints: everything but the process group and the lock (not picklable)."""
+        unpicklable = ("process_group", "stats_lock")
+        return {slot: getattr(self, slot) for slot in self.__slots__ if slot not in unpicklable}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        """Restore from :meth:`__getstate__`; the process group becomes the default group."""
+        for slot, value in saved.items():
+            setattr(self, slot, value)
+        self.process_group = None
         self.stats_lock = threading.Lock()
 
     def reset_stats(self) -> None:
@@ -289,20 +303,30 @@ def _agree_on_chunks(
     return row_ids, with_tail, row_ids.numel() + int(with_tail), work
 
 
-def _dense_allreduce(
-    state: SparseAllReduceState, buffer: torch.Tensor, started: float
+def _average(
+    state: SparseAllReduceState,
+    tensor: torch.Tensor,
+    result: torch.Tensor,
+    started: float,
+    unpack: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.futures.Future[torch.Tensor]:
-    """Default-hook semantics: divide by world size first (fp16 overflow), then sum."""
+    """Average ``tensor`` over ranks as the default hook does, then resolve to ``result``.
+
+    Divides by world size first (the default hook's order, which avoids fp16 overflow), sums
+    with an async all-reduce and, once done, calls ``unpack(averaged)`` if given.
+    """
     group = state._group()
-    buffer.div_(group.size())
-    state.stats.bytes_sent += buffer.numel() * buffer.element_size()
+    tensor.div_(group.size())
+    state.stats.bytes_sent += tensor.numel() * tensor.element_size()
 
     def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
-        fut.value()
+        averaged = fut.value()[0]
+        if unpack is not None:
+            unpack(averaged)
         state._record_completion(started)
-        return buffer
+        return result
 
-    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(finish)
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(finish)
 
 
 def _exact_reduce(
@@ -318,7 +342,7 @@ def _exact_reduce(
         numel, until = numel_dense_until
         if numel == buffer.numel() and state.iter < until:
             stats.dense_fallbacks += 1
-            return _dense_allreduce(state, buffer, started)
+            return _average(state, buffer, buffer, started)
         del state.dense_until[bucket_index]
 
     chunks = _Chunks(buffer, state.chunk_size)
@@ -335,7 +359,7 @@ def _exact_reduce(
                 buffer.numel(),
                 state.iter + 1 + state.dense_recheck_steps,
             )
-        return _dense_allreduce(state, buffer, started)
+        return _average(state, buffer, buffer, started)
     packed = chunks.gather(row_ids, with_tail)
     return _send_packed(state, packed, chunks, row_ids, with_tail, mask_work, started)
 
@@ -349,26 +373,25 @@ def _send_packed(
     mask_work: dist.Work,
     started: float,
 ) -> torch.futures.Future[torch.Tensor]:
-    """Average ``packed`` (the agreed chunks) across ranks and scatter it into ``out_chunks``.
+    """Average ``packed`` (the agreed chunks) and scatter it into ``out_chunks``.
 
     The future holds ``out_chunks.flat``, the bucket buffer, whose chunks outside the union
     must already be +0.0 on every rank.
     """
-    group = state._group()
-
-    def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
-        reduced = fut.value()[0]
-        if packed.numel():
-            out_chunks.scatter_(row_ids, with_tail, reduced)
-        state._record_completion(started)
-        return out_chunks.flat
-
     if packed.numel() == 0:
-        # Nothing is non-zero anywhere; the mask's already-complete future carries the result.
-        return mask_work.get_future().then(finish)
-    packed.div_(group.size())
-    state.stats.bytes_sent += packed.numel() * packed.element_size()
-    return dist.all_reduce(packed, group=group, async_op=True).get_future().then(finish)
+        # Nothing is non-zero anywhere: resolve through the mask's completed collective.
+        def unchanged(fut: torch.futures.Future[Any]) -> torch.Tensor:
+            state._record_completion(started)
+            return out_chunks.flat
+
+        return mask_work.get_future().then(unchanged)
+    return _average(
+        state,
+        packed,
+        out_chunks.flat,
+        started,
+        unpack=lambda averaged: out_chunks.scatter_(row_ids, with_tail, averaged),
+    )
 
 
 def _topk_reduce(
@@ -380,7 +403,7 @@ def _topk_reduce(
     """Chunk-level DGC: send the union of each rank's top chunks, keep the rest as residual."""
     if state.iter < state.start_topk_iter:
         state.stats.warmup_buckets += 1
-        return _dense_allreduce(state, buffer, started)
+        return _average(state, buffer, buffer, started)
     residual = state.residuals.get(bucket_index)
     if residual is None or residual.numel() != buffer.numel():
         residual = torch.zeros(buffer.numel(), dtype=torch.float32, device=buffer.device)

@@ -7,6 +7,7 @@ sizes 1 and 2 share the 2-rank job (singleton subgroups), 3 and 4 share the 4-ra
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -332,6 +333,19 @@ def test_non_ddp_use_is_rejected(single_rank_group: None) -> None:
         TypeError, match=r"model: expected torch\.nn\.parallel\.DistributedDataParallel"
     ):
         register_sparse_allreduce(nn.Linear(2, 2), state)
+
+
+def test_state_pickles_without_its_process_group(single_rank_group: None) -> None:
+    state = SparseAllReduceState(dist.new_group([0]), mode="topk", chunk_size=8, topk_ratio=0.5)
+    state.residuals[3] = torch.arange(5.0)
+    state.stats.buckets = 7
+    restored = pickle.loads(pickle.dumps(state))
+    assert restored.process_group is None
+    assert (restored.mode, restored.chunk_size, restored.topk_ratio) == ("topk", 8, 0.5)
+    assert torch.equal(restored.residuals[3], torch.arange(5.0))
+    assert restored.stats.buckets == 7
+    restored.reset_stats()
+    assert restored.stats.buckets == 0
 
 
 def test_unsupported_bucket_dtype_is_rejected(single_rank_group: None) -> None:
