@@ -445,9 +445,10 @@ def npu_rotary_mul(
             f"leading dims within the {rotary_mode} limit ({ROPE_MAX_BN})",
             tuple(input.shape),
         )
-    kept = {i for i in range(4) if r1.shape[i] != 1}
-    fits = all(r1.shape[i] == input.shape[i] for i in kept) and any(
-        kept <= allowed for allowed in ROPE_TABLE_DIMS[rotary_mode]
+    # Each documented pattern lists the dims r1 shares with x; all other dims must be 1.
+    fits = any(
+        all(r1.shape[i] == (input.shape[i] if i in pattern else 1) for i in range(4))
+        for pattern in ROPE_TABLE_DIMS[rotary_mode]
     )
     if not fits:
         patterns = (

@@ -1,0 +1,127 @@
+"""op_plugins/<op>/spec.json is the single source of schema, registry descriptor and docs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ascend_vlm import ops
+from ascend_vlm.ops import _spec
+
+OP_NAMES = sorted(ops.__all__)
+
+
+def test_every_public_op_has_a_spec_and_the_registered_schema_comes_from_it() -> None:
+    assert [spec.name for spec in _spec.available_specs()] == OP_NAMES
+    for name in OP_NAMES:
+        spec = _spec.load_spec(name)
+        registered = getattr(torch.ops.ascend_vlm, name).default._schema
+        reparsed = torch._C.parse_schema(f"ascend_vlm::{name}{spec.schema()}")
+        assert str(registered) == str(reparsed)
+
+
+def test_schema_marks_optional_and_keyword_only_arguments() -> None:
+    schema = _spec.load_spec("rms_norm").schema()
+    assert schema == "(Tensor x, Tensor weight, float eps=1e-06, *, float offset=0.0) -> Tensor"
+    attention = _spec.load_spec("fused_attention").schema()
+    assert "Tensor? attention_mask=None, *, str layout='BNSD', int? num_heads=None" in attention
+
+
+def test_descriptor_holds_only_registry_keys() -> None:
+    descriptor = _spec.load_spec("fused_attention").descriptor()
+    assert set(descriptor) == {"name", "summary", "npu_kernel", "inputs", "outputs", "attrs"}
+    assert all("kwarg_only" not in entry for entry in descriptor["attrs"])
+    assert descriptor["npu_kernel"] == "torch_npu.npu_fusion_attention"
+
+
+def test_markdown_table_lists_every_op() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ascend_vlm.ops", "--markdown"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| `ascend_vlm.ops.")]
+    assert [re.search(r"ops\.(\w+)", row).group(1) for row in rows] == OP_NAMES
+
+
+def _write_spec(root: Path, name: str, **changes) -> Path:
+    raw = copy.deepcopy(_spec.load_spec("swiglu").raw)
+    raw.update(name=name, **changes)
+    path = root / name / "spec.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(raw))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "dtypes": ["float8"],
+                        "formats": ["ND"],
+                        "rank": 2,
+                        "dynamic_dims": [0],
+                        "optional": False,
+                    }
+                ]
+            },
+            "inputs.x.dtypes: expected one of",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "dtypes": ["float32"],
+                        "formats": ["NCDHW"],
+                        "rank": 2,
+                        "dynamic_dims": [0],
+                        "optional": False,
+                    }
+                ]
+            },
+            "inputs.x.formats: expected one of",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "dtypes": ["float32"],
+                        "formats": ["ND"],
+                        "rank": 2,
+                        "dynamic_dims": [2],
+                        "optional": False,
+                    }
+                ]
+            },
+            "inputs.x.dynamic_dims: expected dims < rank 2",
+        ),
+        (
+            {"attrs": [{"name": "x", "type": "int", "default": 0}]},
+            "inputs/attrs: expected unique argument names",
+        ),
+    ],
+    ids=["dtype", "format", "dynamic-dim", "duplicate"],
+)
+def test_malformed_specs_are_rejected_naming_the_field(tmp_path, monkeypatch, changes, message):
+    _write_spec(tmp_path, "broken_op", **changes)
+    monkeypatch.setattr(_spec, "spec_roots", lambda: [tmp_path])
+    _spec.load_spec.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _spec.load_spec("broken_op")
+    finally:
+        _spec.load_spec.cache_clear()

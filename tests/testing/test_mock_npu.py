@@ -1,0 +1,367 @@
+"""The mock torch_npu is strict: it reproduces each kernel's documented contract and rejects or
+mis-computes what the real kernel would, so tests of the NPU path cannot pass by accident.
+Oracle: torch SDPA / plain torch formulas, independent of the mock."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ascend_vlm.testing import install_mock_npu, mock_npu, uninstall_mock_npu
+
+# The module shares its name with the context manager that ascend_vlm.testing re-exports.
+mock = importlib.import_module("ascend_vlm.testing.mock_npu")
+
+COMPRESSED_CAUSAL = torch.ones(2048, 2048, dtype=torch.bool).triu(diagonal=1)
+
+
+def _qkv(batch=2, heads=4, kv_heads=2, q_len=3, kv_len=5, dim=8, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, heads, q_len, dim, generator=gen).to(dtype)
+    k = torch.randn(batch, kv_heads, kv_len, dim, generator=gen).to(dtype)
+    v = torch.randn(batch, kv_heads, kv_len, dim, generator=gen).to(dtype)
+    return q, k, v
+
+
+def _sdpa(q, k, v, keep=None, scale=None):
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=keep, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+def _raises(error, message):
+    return pytest.raises(error, match=re.escape(message))
+
+
+# --- npu_fusion_attention ---------------------------------------------------------------------
+
+
+def test_atten_mask_true_means_not_computed_and_inverting_it_changes_the_result() -> None:
+    q, k, v = _qkv()
+    drop = torch.rand(2, 1, 3, 5, generator=torch.Generator().manual_seed(1)) < 0.3
+    drop[..., 0] = False  # keep every row alive
+    expected = _sdpa(q, k, v, keep=~drop, scale=0.5)
+    out = mock.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=drop, scale=0.5)[0]
+    torch.testing.assert_close(out, expected)
+    inverted = mock.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=~drop, scale=0.5)[0]
+    assert not torch.allclose(inverted, expected, atol=1e-3)
+
+
+def test_scale_defaults_to_one_not_inverse_sqrt_d() -> None:
+    q, k, v = _qkv()
+    out = mock.npu_fusion_attention(q, k, v, 4, "BNSD")[0]
+    torch.testing.assert_close(out, _sdpa(q, k, v, scale=1.0))
+    assert not torch.allclose(out, _sdpa(q, k, v), atol=1e-3)
+
+
+def test_sparse_modes_2_and_3_align_causality_top_left_and_bottom_right() -> None:
+    q, k, v = _qkv(q_len=3, kv_len=5)
+    rows, cols = torch.arange(3)[:, None], torch.arange(5)[None, :]
+    top_left = mock.npu_fusion_attention(
+        q, k, v, 4, "BNSD", atten_mask=COMPRESSED_CAUSAL, sparse_mode=2, scale=0.3
+    )[0]
+    bottom_right = mock.npu_fusion_attention(
+        q, k, v, 4, "BNSD", atten_mask=COMPRESSED_CAUSAL, sparse_mode=3, scale=0.3
+    )[0]
+    torch.testing.assert_close(top_left, _sdpa(q, k, v, keep=cols <= rows, scale=0.3))
+    torch.testing.assert_close(bottom_right, _sdpa(q, k, v, keep=cols <= rows + 2, scale=0.3))
+
+
+def test_sparse_mode_without_mask_computes_full_attention() -> None:
+    q, k, v = _qkv()
+    out = mock.npu_fusion_attention(q, k, v, 4, "BNSD", sparse_mode=3, scale=0.3)[0]
+    torch.testing.assert_close(out, _sdpa(q, k, v, scale=0.3))
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [torch.ones(2048, 2048, dtype=torch.bool).tril(), torch.ones(3, 5, dtype=torch.bool).triu(1)],
+    ids=["sdpa-polarity", "uncompressed"],
+)
+def test_causal_modes_demand_the_compressed_triu_mask(mask: torch.Tensor) -> None:
+    q, k, v = _qkv()
+    with _raises(ValueError, "atten_mask: expected the compressed 2048x2048 triu(diagonal=1)"):
+        mock.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=mask, sparse_mode=3)
+
+
+@pytest.mark.parametrize("mode", [1, 4, 5, 6, 7, 8])
+def test_other_sparse_modes_are_not_implemented(mode: int) -> None:
+    q, k, v = _qkv()
+    with _raises(NotImplementedError, f"sparse_mode={mode} is not implemented"):
+        mock.npu_fusion_attention(
+            q, k, v, 4, "BNSD", atten_mask=COMPRESSED_CAUSAL, sparse_mode=mode
+        )
+
+
+def _to_layout(bnsd: torch.Tensor, layout: str) -> torch.Tensor:
+    bsnd = bnsd.transpose(1, 2)
+    bsh = bsnd.reshape(bsnd.shape[0], bsnd.shape[1], -1)
+    return {"BNSD": bnsd, "BSND": bsnd, "BSH": bsh, "SBH": bsh.transpose(0, 1)}[layout]
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSND", "BSH", "SBH"])
+def test_layouts_agree_and_output_keeps_the_layout(layout: str) -> None:
+    q, k, v = _qkv()
+    out = mock.npu_fusion_attention(
+        *(_to_layout(t, layout) for t in (q, k, v)), 4, layout, scale=0.3
+    )[0]
+    torch.testing.assert_close(out, _to_layout(_sdpa(q, k, v, scale=0.3), layout))
+
+
+def test_wrong_layout_is_rejected_or_changes_the_result() -> None:
+    q, k, v = _qkv()
+    with _raises(ValueError, "query: expected 3-D for input_layout 'BSH'"):
+        mock.npu_fusion_attention(q, k, v, 4, "BSH")
+    square_q, square_k, square_v = _qkv(heads=4, kv_heads=4, q_len=4, kv_len=4)
+    as_bnsd = mock.npu_fusion_attention(square_q, square_k, square_v, 4, "BNSD", scale=0.3)[0]
+    as_bsnd = mock.npu_fusion_attention(square_q, square_k, square_v, 4, "BSND", scale=0.3)[0]
+    assert not torch.allclose(as_bnsd, as_bsnd, atol=1e-3)
+
+
+BAD_ATTENTION_CALLS = {
+    "head_num": (
+        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 2, "BNSD"),
+        ValueError,
+        "head_num: expected the query head count 4, got 2",
+    ),
+    "gqa": (
+        lambda q, k, v: mock.npu_fusion_attention(q[:, :3], k, v, 3, "BNSD"),
+        ValueError,
+        "key: expected a head count dividing Nq=3",
+    ),
+    "fp64": (
+        lambda q, k, v: mock.npu_fusion_attention(q.double(), k.double(), v.double(), 4, "BNSD"),
+        ValueError,
+        "query: expected dtype in (float16, bfloat16, float32), got torch.float64",
+    ),
+    "mixed": (
+        lambda q, k, v: mock.npu_fusion_attention(q, k.half(), v, 4, "BNSD"),
+        ValueError,
+        "key/value: expected dtype torch.float32 like query",
+    ),
+    "layout": (
+        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "NSD"),
+        ValueError,
+        "input_layout: expected one of",
+    ),
+    "mask_dtype": (
+        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=torch.zeros(3, 5)),
+        ValueError,
+        "atten_mask: expected dtype bool or uint8",
+    ),
+    "mask_shape": (
+        lambda q, k, v: mock.npu_fusion_attention(
+            q, k, v, 4, "BNSD", atten_mask=torch.zeros(2, 5, dtype=torch.bool)
+        ),
+        ValueError,
+        "atten_mask: expected one of the shapes",
+    ),
+    "keep_prob": (
+        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "BNSD", keep_prob=0.0),
+        ValueError,
+        "keep_prob: expected a float in (0, 1]",
+    ),
+    "dropout": (
+        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "BNSD", keep_prob=0.9),
+        NotImplementedError,
+        "dropout (keep_prob < 1) is not implemented",
+    ),
+    "padding_mask": (
+        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "BNSD", padding_mask=q),
+        NotImplementedError,
+        "padding_mask is not implemented",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ATTENTION_CALLS))
+def test_fusion_attention_rejects_what_the_kernel_rejects(name: str) -> None:
+    call, error, message = BAD_ATTENTION_CALLS[name]
+    with _raises(error, message):
+        call(*_qkv())
+
+
+def test_returns_the_documented_seven_tuple() -> None:
+    result = mock.npu_fusion_attention(*_qkv(), 4, "BNSD")
+    assert len(result) == 7
+    assert all(isinstance(t, torch.Tensor) for t in result[:4])
+    assert all(isinstance(n, int) for n in result[4:])
+    assert result[1].dtype == result[2].dtype == torch.float32
+
+
+def _tnd(lengths: list[int], heads: int = 2, dim: int = 4) -> torch.Tensor:
+    return torch.randn(sum(lengths), heads, dim, generator=torch.Generator().manual_seed(3))
+
+
+def test_tnd_attends_within_cumulative_segments() -> None:
+    lengths = [2, 0, 3]
+    q = k = v = _tnd(lengths)
+    out = mock.npu_fusion_attention(
+        q, k, v, 2, "TND", scale=0.5, actual_seq_qlen=[2, 2, 5], actual_seq_kvlen=[2, 2, 5]
+    )[0]
+    for start, stop in ((0, 2), (2, 5)):
+        seg = q[start:stop].transpose(0, 1)[None]
+        expected = _sdpa(seg, seg, seg, scale=0.5)[0].transpose(0, 1)
+        torch.testing.assert_close(out[start:stop], expected)
+    trailing = mock.npu_fusion_attention(
+        q, k, v, 2, "TND", scale=0.5, actual_seq_qlen=[2, 5, 0], actual_seq_kvlen=[2, 5, 0]
+    )[0]
+    torch.testing.assert_close(trailing, out)
+
+
+BAD_TND_CALLS = {
+    "tensor": (
+        {"actual_seq_qlen": torch.tensor([2, 5]), "actual_seq_kvlen": [2, 5]},
+        "actual_seq_qlen: expected a host list of ints",
+    ),
+    "missing": ({"actual_seq_kvlen": [2, 5]}, "actual_seq_qlen/actual_seq_kvlen: expected both"),
+    "short": (
+        {"actual_seq_qlen": [2, 4], "actual_seq_kvlen": [2, 5]},
+        "actual_seq_qlen: expected nondecreasing cumulative lengths ending at T=5",
+    ),
+    "mask_shape": (
+        {
+            "actual_seq_qlen": [2, 5],
+            "actual_seq_kvlen": [2, 5],
+            "atten_mask": torch.zeros(1, 1, 3, 3, dtype=torch.bool),
+        },
+        "atten_mask: expected one of the shapes [(3, 3)] (varlen takes only SS)",
+    ),
+    "dead_row": (
+        {
+            "actual_seq_qlen": [2, 5],
+            "actual_seq_kvlen": [2, 5],
+            "atten_mask": torch.ones(3, 3, dtype=torch.bool),
+        },
+        "atten_mask: expected no fully masked row in varlen (TND) mode",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TND_CALLS))
+def test_tnd_rejects_bad_lengths_and_masks(name: str) -> None:
+    kwargs, message = BAD_TND_CALLS[name]
+    q = _tnd([2, 3])
+    with _raises(ValueError, message):
+        mock.npu_fusion_attention(q, q, q, 2, "TND", **kwargs)
+
+
+# --- npu_rms_norm, npu_rotary_mul, npu_swiglu -------------------------------------------------
+
+
+def test_rms_norm_returns_y_and_fp32_rstd() -> None:
+    x = torch.randn(2, 3, 8, dtype=torch.bfloat16)
+    gamma = torch.randn(8)
+    y, rstd = mock.npu_rms_norm(x, gamma, epsilon=1e-5)
+    x32 = x.float()
+    expected_rstd = 1.0 / torch.sqrt(x32.square().mean(-1, keepdim=True) + 1e-5)
+    assert y.dtype == torch.bfloat16 and rstd.dtype == torch.float32
+    torch.testing.assert_close(rstd, expected_rstd)
+    torch.testing.assert_close(y, (x32 * expected_rstd * gamma).bfloat16())
+
+
+@pytest.mark.parametrize(
+    ("x", "gamma", "message"),
+    [
+        (
+            torch.randn(2, 8),
+            torch.randn(8, dtype=torch.bfloat16),
+            "self/gamma: expected a dtype pair",
+        ),
+        (torch.randn(8), torch.randn(8), "self: expected 2 to 8 dims"),
+        (torch.randn(2, 8), torch.randn(4), "gamma: expected the trailing dims of self"),
+    ],
+    ids=["fp32-x-bf16-gamma", "1-D", "gamma-shape"],
+)
+def test_rms_norm_rejects_what_the_kernel_rejects(x, gamma, message) -> None:
+    with _raises(ValueError, message):
+        mock.npu_rms_norm(x, gamma)
+
+
+def _angles(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(4)) * 3
+
+
+def test_rotary_modes_differ_and_follow_their_formulas() -> None:
+    x = torch.randn(2, 3, 5, 8)
+    angle = _angles(1, 1, 5, 8)
+    cos, sin = angle.cos(), angle.sin()
+    half = mock.npu_rotary_mul(x, cos, sin)
+    interleave = mock.npu_rotary_mul(x, cos, sin, rotary_mode="interleave")
+    x1, x2 = x[..., :4], x[..., 4:]
+    torch.testing.assert_close(half, x * cos + torch.cat((-x2, x1), -1) * sin)
+    pairs = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    torch.testing.assert_close(interleave, x * cos + pairs * sin)
+    assert not torch.allclose(half, interleave, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("table_shape", "mode", "message"),
+    [
+        ((2, 1, 5, 8), "interleave", "r1: expected a 11SD/1S1D/S11D table"),
+        ((1, 3, 5, 8), "half", "r1: expected a 11SD, B1SD, BNSD"),
+        ((5, 8), "half", "r1: expected a 4-D tensor"),
+    ],
+    ids=["B1SD-interleave", "1NSD", "2-D"],
+)
+def test_rotary_rejects_undocumented_table_shapes(table_shape, mode, message) -> None:
+    angle = _angles(*table_shape)
+    with _raises(ValueError, message):
+        mock.npu_rotary_mul(torch.randn(2, 3, 5, 8), angle.cos(), angle.sin(), rotary_mode=mode)
+
+
+def test_rotary_rejects_tables_outside_unit_range_and_mixed_dtypes() -> None:
+    x = torch.randn(1, 2, 5, 8)
+    table = torch.full((1, 1, 5, 8), 2.0)
+    with _raises(ValueError, "r1: expected values in [-1, 1] (cos/sin)"):
+        mock.npu_rotary_mul(x, table, table)
+    with _raises(ValueError, "r1/r2: expected dtype torch.float32 like input"):
+        mock.npu_rotary_mul(x, table.half().clamp(-1, 1), table.half().clamp(-1, 1))
+
+
+def test_swiglu_gates_the_first_half_and_needs_contiguous_input() -> None:
+    gate, up = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(mock.npu_swiglu(torch.cat((gate, up), -1)), F.silu(gate) * up)
+    with _raises(ValueError, "input: expected a contiguous tensor"):
+        mock.npu_swiglu(torch.randn(8, 3).t())
+    with _raises(ValueError, "dim: expected a dim of (3, 5) with an even size"):
+        mock.npu_swiglu(torch.randn(3, 5))
+
+
+# --- install / uninstall ----------------------------------------------------------------------
+
+
+def test_install_and_uninstall_restore_everything_exactly() -> None:
+    before = (
+        sys.modules.get("torch_npu"),
+        sys.modules.get("torch_npu.npu"),
+        torch.__dict__.get("npu", "absent"),
+    )
+    with mock_npu() as outer:
+        assert sys.modules["torch_npu"] is outer
+        assert torch.npu.is_available() and torch.npu.device_count() == 1
+        with mock_npu(device_count=2) as inner:
+            assert sys.modules["torch_npu"] is inner and torch.npu.device_count() == 2
+        assert sys.modules["torch_npu"] is outer and torch.npu.device_count() == 1
+    after = (
+        sys.modules.get("torch_npu"),
+        sys.modules.get("torch_npu.npu"),
+        torch.__dict__.get("npu", "absent"),
+    )
+    assert after == before
+
+
+def test_never_shadows_a_real_torch_npu(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch_npu", type(sys)("torch_npu"))
+    with _raises(RuntimeError, "a real torch_npu is imported"):
+        install_mock_npu()
+
+
+def test_uninstall_without_install_raises() -> None:
+    with _raises(RuntimeError, "the mock NPU is not installed"):
+        uninstall_mock_npu()

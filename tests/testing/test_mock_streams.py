@@ -1,0 +1,61 @@
+"""The mock torch.npu namespace: devices, streams, events, the pytest fixture and marker."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from ascend_vlm.device import backend
+
+
+def test_devices(mock_npu) -> None:
+    if not mock_npu.is_mock:
+        pytest.skip("checks the mock's own device bookkeeping")
+    assert torch.npu.is_available()
+    assert torch.npu.device_count() == 1
+    assert torch.npu.current_device() == 0
+    torch.npu.set_device("npu:0")
+    with pytest.raises(ValueError, match=re.escape("device: expected an index in [0, 1), got 1")):
+        torch.npu.set_device(1)
+    with pytest.raises(ValueError, match=re.escape("device: expected an int or 'npu[:N]'")):
+        torch.npu.set_device("cuda:0")
+
+
+def test_stream_context_switches_the_current_stream(mock_npu) -> None:
+    main = torch.npu.current_stream()
+    side = torch.npu.Stream()
+    with torch.npu.stream(side):
+        assert torch.npu.current_stream() is side
+    assert torch.npu.current_stream() is main
+
+
+def test_events_order_and_time_work(mock_npu) -> None:
+    main, side = torch.npu.current_stream(), torch.npu.Stream()
+    start = torch.npu.Event(enable_timing=True)
+    end = torch.npu.Event(enable_timing=True)
+    start.record(main)
+    side.wait_event(start)
+    side.wait_stream(main)
+    end.record(side)
+    end.synchronize()
+    torch.npu.synchronize()
+    assert end.query() and side.query()
+    assert start.elapsed_time(end) >= 0.0
+    untimed = main.record_event()
+    with pytest.raises(ValueError, match="elapsed_time: expected two events made with"):
+        untimed.elapsed_time(end)
+
+
+def test_fixture_selects_the_npu_backend(mock_npu) -> None:
+    assert backend() == ("mock" if mock_npu.is_mock else "npu")
+
+
+@pytest.mark.mock_npu
+def test_marker_installs_the_mock_without_naming_the_fixture() -> None:
+    assert backend() in ("mock", "npu")
+
+
+def test_without_the_fixture_the_backend_is_cpu() -> None:
+    assert backend() == "cpu"
