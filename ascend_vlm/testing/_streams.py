@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +37,7 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
     """Build the functions and classes of one mock ``torch.npu`` namespace."""
     runtime = _native_runtime()
     state = {"device": 0}
+    live_streams: weakref.WeakSet = weakref.WeakSet()  # what synchronize() waits for
 
     def _device_index(device: Any) -> int:
         if isinstance(device, str):
@@ -95,6 +97,7 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
             self.device_index = state["device"] if device is None else _device_index(device)
             self.priority = priority
             self._native = runtime.Stream(priority=priority) if runtime else None
+            live_streams.add(self)
 
         def wait_event(self, event: Event) -> None:
             if self._native is not None and event._native is not None:
@@ -109,6 +112,7 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
             return event
 
         def query(self) -> bool:
+            """Whether all work queued so far has completed (non-blocking)."""
             return self.record_event().query()
 
         def synchronize(self) -> None:
@@ -148,9 +152,11 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
         state["device"] = _device_index(device)
 
     def synchronize(device: Any = None) -> None:
+        """Wait for every stream of the device (like ``torch.npu.synchronize``)."""
         index = state["device"] if device is None else _device_index(device)
-        for known in {default_streams.get(index), current.get(index)} - {None}:
-            known.synchronize()
+        for known in list(live_streams):
+            if known.device_index == index:
+                known.synchronize()
 
     return {
         "is_available": lambda: True,
