@@ -37,3 +37,22 @@ format: $(STAMP)
 
 clean:
 	rm -rf build ascend_vlm/_C*.so *.egg-info
+
+# ASan+UBSan build of the extension and the C++ driver (all checks), then a TSan build of the
+# driver's stream stress. Separate build trees under build-sanitize/; any report fails the run.
+SANITIZE_DIR := build-sanitize
+SANITIZE_CMAKE := cmake -S . -DCMAKE_BUILD_TYPE=Debug -DASCEND_VLM_FORCE_SIM=ON \
+	-DASCEND_VLM_BUILD_TESTS=ON
+
+sanitize: $(STAMP)
+	$(SANITIZE_CMAKE) -B $(SANITIZE_DIR)/asan -DASCEND_VLM_SANITIZE=address,undefined \
+		-DPython_EXECUTABLE=$(abspath $(PY)) \
+		-Dpybind11_DIR="$$($(PY) -c 'import pybind11; print(pybind11.get_cmake_dir())')"
+	cmake --build $(SANITIZE_DIR)/asan --parallel 2 --target runtime_stress _C
+	ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		$(SANITIZE_DIR)/asan/runtime_stress all
+	$(SANITIZE_CMAKE) -B $(SANITIZE_DIR)/tsan -DASCEND_VLM_SANITIZE=thread \
+		-DASCEND_VLM_BUILD_EXTENSION=OFF
+	cmake --build $(SANITIZE_DIR)/tsan --parallel 2 --target runtime_stress
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(SANITIZE_DIR)/tsan/runtime_stress stress

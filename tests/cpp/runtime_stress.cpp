@@ -1,0 +1,227 @@
+// Sanitizer driver for the simulated AscendCL and the C++ runtime layer (`make sanitize`).
+//
+// `runtime_stress all` runs every check (ASan + UBSan build); `runtime_stress stress` runs only
+// the multi-threaded stream checks (TSan build). Exit status 0 means every expectation held.
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "acl/acl.h"
+#include "acl_sim_ext.h"
+#include "runtime/acl_error.h"
+#include "runtime/context.h"
+#include "runtime/memory.h"
+#include "runtime/stream.h"
+
+namespace {
+
+using ascend_vlm::AclError;
+using ascend_vlm::Buffer;
+using ascend_vlm::BufferKind;
+using ascend_vlm::Event;
+using ascend_vlm::Runtime;
+using ascend_vlm::Stream;
+
+std::atomic<int> failures{0};
+
+void expect(bool condition, const char* what, int line) {
+  if (!condition) {
+    ++failures;
+    std::fprintf(stderr, "runtime_stress:%d: expectation failed: %s\n", line, what);
+  }
+}
+#define EXPECT(condition) expect((condition), #condition, __LINE__)
+#define EXPECT_CODE(call, code) expect((call) == (code), #call " == " #code, __LINE__)
+
+template <typename Fn>
+aclError acl_code_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const AclError& error) {
+    return error.code();
+  }
+  return ACL_SUCCESS;
+}
+
+// Copies `rounds` values through a pipeline of `stages` streams ordered by events; stage i's
+// copy of slot r waits for stage i-1's event, so sentinels reaching the output mean a broken
+// ordering.
+void check_event_pipeline(int stages, int rounds) {
+  const size_t slot = sizeof(uint64_t);
+  const size_t nbytes = slot * rounds;
+  Buffer source(BufferKind::kPinned, nbytes);
+  Buffer output(BufferKind::kPinned, nbytes);
+  auto* in = static_cast<uint64_t*>(source.host_ptr());
+  for (int r = 0; r < rounds; ++r) in[r] = 7u * r + 1u;
+  std::memset(output.host_ptr(), 0xFF, nbytes);
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<Event>> done;
+  for (int i = 0; i < stages; ++i) {
+    buffers.push_back(std::make_unique<Buffer>(BufferKind::kDevice, nbytes));
+    ascend_vlm::memcpy_sync(buffers.back()->ptr(), nbytes, output.host_ptr(), nbytes,
+                            ACL_MEMCPY_HOST_TO_DEVICE);
+    streams.push_back(std::make_unique<Stream>(i % 8));
+    done.push_back(std::make_unique<Event>(false));
+  }
+  auto at = [slot](const Buffer& b, int r) { return static_cast<char*>(b.ptr()) + r * slot; };
+  for (int r = 0; r < rounds; ++r) {
+    streams[0]->memcpy_async(at(*buffers[0], r), slot, at(source, r), slot,
+                             ACL_MEMCPY_HOST_TO_DEVICE);
+    done[0]->record(*streams[0]);
+    for (int i = 1; i < stages; ++i) {
+      streams[i]->wait_event(*done[i - 1]);
+      streams[i]->memcpy_async(at(*buffers[i], r), slot, at(*buffers[i - 1], r), slot,
+                               ACL_MEMCPY_DEVICE_TO_DEVICE);
+      done[i]->record(*streams[i]);
+    }
+    streams.back()->memcpy_async(at(output, r), slot, at(*buffers.back(), r), slot,
+                                 ACL_MEMCPY_DEVICE_TO_HOST);
+  }
+  streams.back()->synchronize();
+  EXPECT(std::memcmp(source.host_ptr(), output.host_ptr(), nbytes) == 0);
+}
+
+// Several threads, each with its own stream, copying and running host callbacks concurrently.
+void check_threads(int threads, int iterations) {
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([t, iterations] {
+      Stream stream;
+      Buffer host(BufferKind::kPinned, 4096);
+      Buffer device(BufferKind::kDevice, 4096);
+      Buffer back(BufferKind::kPinned, 4096);
+      std::atomic<int> callbacks{0};
+      auto* values = static_cast<uint32_t*>(host.host_ptr());
+      for (int step = 0; step < iterations; ++step) {
+        for (int k = 0; k < 1024; ++k) values[k] = t * 100000u + step;
+        stream.memcpy_async(device.ptr(), 4096, host.ptr(), 4096, ACL_MEMCPY_HOST_TO_DEVICE);
+        stream.memcpy_async(back.ptr(), 4096, device.ptr(), 4096, ACL_MEMCPY_DEVICE_TO_HOST);
+        stream.launch_host_func([&callbacks] { ++callbacks; });
+        stream.synchronize();
+        EXPECT(static_cast<uint32_t*>(back.host_ptr())[1023] == t * 100000u + step);
+      }
+      EXPECT(callbacks.load() == iterations);
+    });
+  }
+  for (auto& worker : workers) worker.join();
+}
+
+void check_misuse_codes() {
+  void* ptr = nullptr;
+  EXPECT_CODE(aclrtMalloc(&ptr, 0, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_INVALID_PARAM);
+  EXPECT_CODE(aclrtMalloc(nullptr, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_INVALID_PARAM);
+  EXPECT_CODE(aclrtMalloc(&ptr, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  EXPECT_CODE(aclrtFree(ptr), ACL_SUCCESS);
+  EXPECT_CODE(aclrtFree(ptr), ACL_ERROR_RT_PARAM_INVALID);  // double free
+  int local = 0;
+  EXPECT_CODE(aclrtFree(&local), ACL_ERROR_RT_PARAM_INVALID);  // foreign pointer
+  EXPECT_CODE(aclrtFreeHost(&local), ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT_CODE(aclrtHostUnregister(&local), ACL_ERROR_RT_PARAM_INVALID);  // never registered
+  void* host = nullptr;
+  void* alias = nullptr;
+  EXPECT_CODE(aclrtMallocHost(&host, 8192), ACL_SUCCESS);
+  EXPECT_CODE(aclrtHostRegister(static_cast<char*>(host) + 8, 64, ACL_HOST_REGISTER_MAPPED, &alias),
+              ACL_ERROR_RT_ADDR_UNALIGNED);
+  EXPECT_CODE(aclrtHostRegister(host, 8192, ACL_HOST_REGISTER_MAPPED, &alias), ACL_SUCCESS);
+  EXPECT_CODE(aclrtHostRegister(host, 4096, ACL_HOST_REGISTER_MAPPED, &alias),
+              ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT_CODE(aclrtHostUnregister(host), ACL_SUCCESS);
+  EXPECT_CODE(aclrtFreeHost(host), ACL_SUCCESS);
+  EXPECT_CODE(aclrtFreeHost(host), ACL_ERROR_RT_PARAM_INVALID);
+
+  aclrtStream bogus_stream = &local;
+  EXPECT_CODE(aclrtSynchronizeStream(bogus_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_CODE(aclrtDestroyEvent(&local), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_CODE(aclrtCreateStreamWithConfig(&bogus_stream, 8, 0), ACL_ERROR_INVALID_PARAM);
+
+  // Destroying a stream with queued work is refused until it drains.
+  Stream stream;
+  std::atomic<bool> release{false};
+  stream.launch_host_func([&release] {
+    while (!release) std::this_thread::yield();
+  });
+  EXPECT(acl_code_of([&] { stream.destroy(); }) == ACL_ERROR_RT_STREAM_NOT_COMPLETE);
+  release = true;
+  stream.synchronize();
+  EXPECT(acl_code_of([&] { stream.destroy(); }) == ACL_SUCCESS);
+
+  Event never;
+  Event recorded;
+  Stream other;
+  recorded.record(other);
+  other.synchronize();
+  EXPECT(acl_code_of([&] { recorded.elapsed_ms(never); }) == ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID);
+}
+
+void check_out_of_memory() {
+  size_t free_bytes = 0;
+  size_t total = 0;
+  EXPECT_CODE(aclrtGetMemInfo(ACL_HBM_MEM, &free_bytes, &total), ACL_SUCCESS);
+  EXPECT_CODE(aclsimSetDeviceMemoryCapacity(Runtime::instance().current_device(), 1 << 20),
+              ACL_SUCCESS);
+  {
+    Buffer half(BufferKind::kDevice, 1 << 19);
+    EXPECT(acl_code_of([] { Buffer again(BufferKind::kDevice, 1 << 19); }) ==
+           ACL_ERROR_RT_MEMORY_ALLOCATION);
+  }
+  EXPECT(acl_code_of([] { Buffer fits(BufferKind::kDevice, 1 << 19); }) == ACL_SUCCESS);
+  EXPECT_CODE(aclsimSetDeviceMemoryCapacity(Runtime::instance().current_device(), total),
+              ACL_SUCCESS);
+}
+
+void check_zero_copy() {
+  Buffer mapped(BufferKind::kMapped, 8192);
+  Buffer device(BufferKind::kDevice, 8192);
+  std::memset(mapped.host_ptr(), 0x5A, 8192);
+  EXPECT_CODE(aclsimResetCopyStats(), ACL_SUCCESS);
+  ascend_vlm::memcpy_sync(device.ptr(), 8192, mapped.device_ptr(), 8192,
+                          ACL_MEMCPY_DEVICE_TO_DEVICE);
+  std::vector<unsigned char> back(8192);
+  ascend_vlm::memcpy_sync(back.data(), back.size(), device.ptr(), 8192, ACL_MEMCPY_DEVICE_TO_HOST);
+  aclsimCopyStats stats{};
+  EXPECT_CODE(aclsimGetCopyStats(&stats), ACL_SUCCESS);
+  EXPECT(stats.hostToDevice == 0 && stats.hostToHost == 0 && stats.deviceToDevice == 8192);
+  EXPECT(back[0] == 0x5A && back[8191] == 0x5A);
+}
+
+void check_reentrancy() {
+  Runtime& runtime = Runtime::instance();
+  runtime.init();
+  runtime.init();
+  auto stale = std::make_unique<Stream>();
+  runtime.finalize();
+  EXPECT(runtime.initialized());
+  runtime.finalize();
+  while (runtime.initialized()) runtime.finalize();  // drop the implicit reference as well
+  runtime.finalize();
+  EXPECT(acl_code_of([&] { stale->synchronize(); }) == ACL_ERROR_UNINITIALIZE);
+  stale.reset();                          // must not touch the next session
+  Buffer fresh(BufferKind::kDevice, 64);  // implicit re-initialisation
+  EXPECT(runtime.initialized());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "all";
+  if (mode != "all" && mode != "stress") {
+    std::fprintf(stderr, "usage: runtime_stress [all|stress]\n");
+    return 2;
+  }
+  check_event_pipeline(8, 1000);
+  check_threads(4, 200);
+  if (mode == "all") {
+    check_misuse_codes();
+    check_out_of_memory();
+    check_zero_copy();
+    check_reentrancy();
+  }
+  Runtime::instance().shutdown();
+  std::printf("runtime_stress %s: %d failure(s)\n", mode.c_str(), failures.load());
+  return failures.load() == 0 ? 0 : 1;
+}
