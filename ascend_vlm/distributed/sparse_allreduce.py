@@ -12,6 +12,22 @@ Usage::
     ddp_model.register_comm_hook(state, sparse_allreduce_hook)
     ...
     print(state.stats.summary())
+
+Where VLM fine-tuning gradients are chunk-sparse (frozen weights never enter DDP buckets; only
+``requires_grad`` parameters do):
+
+- Trainable token embeddings (added special tokens, ``modules_to_save=["embed_tokens"]``):
+  the embedding backward only writes the rows of tokens present in the local batch, so most
+  rows are +0.0. Choose ``chunk_size`` dividing the hidden size; a row may still straddle two
+  chunks because a parameter's offset in its bucket is not chunk-aligned. A *tied* or trained
+  ``lm_head`` is dense (the softmax touches every vocabulary row).
+- Modality-specific parameters (LoRA on the vision tower, the projector/merger) on ranks whose
+  micro-batch has no images: DDP (``find_unused_parameters=True``) hands their bucket slots
+  over as zeros. Only if no rank saw an image is nothing sent; else the union travels.
+- Mixture-of-experts layers: experts that no local token was routed to get no gradient.
+- Not sparse: LoRA A/B matrices of layers every token passes through. Exact mode falls back to
+  the dense all-reduce for such buckets (one mask probe per ``dense_recheck_steps`` steps);
+  ``mode="topk"`` is the option that compresses them.
 """
 
 import math

@@ -205,6 +205,48 @@ def check_training_identical(rank: int) -> None:
     assert 0.0 < state.stats.chunk_density < 0.8, state.stats.summary()
 
 
+class TwoModalityModel(nn.Module):
+    """A text layer every sample uses and an image adapter only samples with images use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text = nn.Linear(8, 8)
+        self.image_adapter = nn.Linear(8, 8)
+
+    def forward(self, text: torch.Tensor, image: torch.Tensor | None) -> torch.Tensor:
+        hidden = self.text(text)
+        return hidden if image is None else hidden + self.image_adapter(image)
+
+
+def train_two_modalities(rank: int, state: SparseAllReduceState | None) -> list[torch.Tensor]:
+    """Rank 0 never sees images; rank 1 sees them on even steps only."""
+    torch.manual_seed(0)
+    model = DDP(TwoModalityModel(), find_unused_parameters=True)
+    if state is None:
+        model.register_comm_hook(None, allreduce_hook)
+    else:
+        register_sparse_allreduce(model, state)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        generator = torch.Generator().manual_seed(10 * step + rank)
+        text = torch.randn(4, 8, generator=generator)
+        image = torch.randn(4, 8, generator=generator) if rank == 1 and step % 2 == 0 else None
+        optimizer.zero_grad()
+        model(text, image).square().mean().backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def check_image_adapter_unused_on_some_ranks(rank: int) -> None:
+    state = SparseAllReduceState(chunk_size=8, density_threshold=1.0)
+    for got, want in zip(
+        train_two_modalities(rank, state), train_two_modalities(rank, None), strict=True
+    ):
+        assert torch.equal(got, want), "hook diverged when a modality adapter was unused"
+    # Odd steps: no rank used the adapter, so about half of the gradient chunks stayed zero.
+    assert 0.5 < state.stats.chunk_density < 1.0, state.stats.summary()
+
+
 def train_regression(rank: int, state: SparseAllReduceState | None, steps: int) -> float:
     """Full-batch least squares on per-rank data; returns the final loss averaged over ranks."""
     data = torch.Generator().manual_seed(7)
@@ -265,6 +307,7 @@ def two_rank_job(rank: int, world_size: int) -> None:
     check_exact_cases(dist.group.WORLD)
     check_stats_bookkeeping()
     check_training_identical(rank)
+    check_image_adapter_unused_on_some_ranks(rank)
     check_topk_converges(rank)
     for dtype in (torch.float32, torch.bfloat16):
         check_topk_loses_nothing(dtype)
