@@ -159,7 +159,7 @@ def _keep_mask(
             keep = attention_mask if attention_mask.dim() == 4 else attention_mask[:, None, None]
         else:
             keep = attention_mask > MASKED_ADDITIVE_BELOW
-    if causal:
+    if causal and shape.q_len > 1:  # a single (last) query sees every key: nothing to mask
         causal_keep = _causal_keep(shape.q_len, shape.kv_len, device)
         keep = causal_keep[None, None] if keep is None else keep & causal_keep
     return keep

@@ -1,0 +1,166 @@
+"""Benchmark: each ascend_vlm op (registered custom op, CPU reference path) against the eager
+composite transformers runs for the same math, plus the cost of the custom-op boundary itself.
+
+Prints a table of times and ratios (ours / transformers; < 1 is faster). A benchmark, not a test:
+numbers depend on the machine and its load. Usage::
+
+    python scripts/bench_ops.py [--threads N] [--repeats R] [--dtype float32|bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
+
+import torch
+import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+from ascend_vlm import ops
+
+# ascend_vlm.ops re-exports functions under their modules' names; fetch the modules themselves.
+fused_attention_module = importlib.import_module("ascend_vlm.ops.fused_attention")
+rms_norm_module = importlib.import_module("ascend_vlm.ops.rms_norm")
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of ``fn()`` in milliseconds after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def attention_cases(dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]:
+    """(label, ours, transformers) for prefill and decode, GQA 16/2 heads, D=64."""
+    cases = []
+    for label, q_len, kv_len in (("prefill S=512", 512, 512), ("decode 1x1024", 1, 1024)):
+        q = torch.randn(1, 16, q_len, 64, dtype=dtype)
+        k = torch.randn(1, 2, kv_len, 64, dtype=dtype)
+        v = torch.randn(1, 2, kv_len, 64, dtype=dtype)
+        module = SimpleNamespace(num_key_value_groups=8, is_causal=True)
+        cases.append(
+            (
+                f"fused_attention {label}",
+                lambda q=q, k=k, v=v: ops.fused_attention(q, k, v, causal=True),
+                lambda q=q, k=k, v=v, m=module: sdpa_attention_forward(m, q, k, v, None),
+            )
+        )
+    return cases
+
+
+def varlen_case(dtype: torch.dtype) -> tuple[str, Callable, Callable]:
+    """Qwen2-VL vision attention: 4 images of 256 patches, 16 heads, D=80."""
+    lengths = [256] * 4
+    cu = torch.tensor([0, 256, 512, 768, 1024], dtype=torch.int32)
+    q, k, v = (torch.randn(1024, 16, 80, dtype=dtype) for _ in range(3))
+    module = SimpleNamespace(num_key_value_groups=1, is_causal=False)
+
+    def transformers_split_loop() -> torch.Tensor:
+        # transformers' Qwen2-VL VisionAttention (non-flash): split by cu_seqlens, attend per chunk
+        splits = [torch.split(t.transpose(0, 1)[None], lengths, dim=2) for t in (q, k, v)]
+        outs = [
+            sdpa_attention_forward(module, *chunk, None, is_causal=False)[0]
+            for chunk in zip(*splits, strict=True)
+        ]
+        return torch.cat(outs, dim=1)
+
+    return (
+        "varlen_attention 4x256 ViT",
+        lambda: ops.varlen_attention(q, k, v, cu, cu),
+        transformers_split_loop,
+    )
+
+
+def small_op_cases(dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]:
+    hidden = torch.randn(4, 512, 2048, dtype=dtype)
+    norm = Qwen2RMSNorm(2048, eps=1e-6).to(dtype)
+    weight = norm.weight.detach()
+    q = torch.randn(4, 16, 512, 128, dtype=dtype)
+    k = torch.randn(4, 2, 512, 128, dtype=dtype)
+    cos, sin = torch.randn(4, 512, 128, dtype=dtype), torch.randn(4, 512, 128, dtype=dtype)
+    gate_up = torch.randn(4, 512, 2 * 5632, dtype=dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    with torch.no_grad():
+        return [
+            ("rms_norm 4x512x2048", lambda: ops.rms_norm(hidden, weight), lambda: norm(hidden)),
+            (
+                "rotary_embedding q+k",
+                lambda: (ops.rotary_embedding(q, cos, sin), ops.rotary_embedding(k, cos, sin)),
+                lambda: apply_rotary_pos_emb(q, k, cos, sin),
+            ),
+            ("swiglu 4x512x5632", lambda: ops.swiglu(gate_up), lambda: F.silu(gate) * up),
+        ]
+
+
+def dispatch_overhead(repeats: int) -> list[tuple[str, float, float]]:
+    """Per-call cost of the custom-op boundary on tiny inputs: op vs its reference function."""
+    x, w = torch.randn(1, 8), torch.randn(8)
+    q = torch.randn(1, 1, 1, 8)
+    reference_rms = rms_norm_module._reference
+    reference_attention = fused_attention_module.attention_reference
+    rows = []
+    for label, op_call, direct_call in (
+        ("rms_norm [1, 8]", lambda: ops.rms_norm(x, w), lambda: reference_rms(x, w)),
+        (
+            "fused_attention [1,1,1,8]",
+            lambda: ops.fused_attention(q, q, q),
+            lambda: reference_attention(q, q, q),
+        ),
+    ):
+        op_us = median_ms(lambda f=op_call: [f() for _ in range(100)], repeats) * 10
+        direct_us = median_ms(lambda f=direct_call: [f() for _ in range(100)], repeats) * 10
+        rows.append((label, op_us, direct_us))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    print("$ python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]))
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), {args.dtype}, "
+        f"median of {args.repeats}, backend=cpu reference\n"
+    )
+    print(f"| {'op / shape':<30} | {'ours ms':>9} | {'transformers ms':>15} | {'ratio':>6} |")
+    print(f"|{'-' * 32}|{'-' * 11}:|{'-' * 17}:|{'-' * 8}:|")
+    with torch.no_grad():
+        cases = [*attention_cases(dtype), varlen_case(dtype), *small_op_cases(dtype)]
+        for label, ours, theirs in cases:
+            ours_ms = median_ms(ours, args.repeats)
+            theirs_ms = median_ms(theirs, args.repeats)
+            print(
+                f"| {label:<30} | {ours_ms:>9.3f} | {theirs_ms:>15.3f} | "
+                f"{ours_ms / theirs_ms:>6.2f} |"
+            )
+        print("\nCustom-op boundary (torch.ops dispatch + autograd wrapper + checks), per call:\n")
+        print(f"| {'op / shape':<30} | {'op us':>9} | {'reference fn us':>15} | {'extra us':>8} |")
+        print(f"|{'-' * 32}|{'-' * 11}:|{'-' * 17}:|{'-' * 10}:|")
+        for label, op_us, direct_us in dispatch_overhead(args.repeats):
+            print(
+                f"| {label:<30} | {op_us:>9.1f} | {direct_us:>15.1f} | {op_us - direct_us:>8.1f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
