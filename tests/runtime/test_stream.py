@@ -147,6 +147,17 @@ def test_wait_event_orders_across_streams_behind_a_slow_callback():
     assert int(np.frombuffer(out, dtype=np.uint64)[0]) == 42
 
 
+def test_dropping_a_stream_waits_for_its_callbacks():
+    ran: list[int] = []
+    stream = runtime.Stream()
+    gate = threading.Event()
+    stream.launch_host_func(lambda: gate.wait(10))
+    stream.launch_host_func(lambda: ran.append(1))
+    threading.Timer(0.05, gate.set).start()
+    del stream  # releases the GIL while the callbacks (which need it) finish
+    assert ran == [1]
+
+
 @requires_sim
 def test_destroy_with_queued_work_is_refused_then_succeeds_after_sync():
     stream = runtime.Stream()
