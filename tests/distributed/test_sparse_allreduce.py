@@ -161,6 +161,16 @@ def check_stats_bookkeeping() -> None:
     assert stats.seconds > 0.0
 
 
+def ddp_with_hook(module: nn.Module, state: SparseAllReduceState | None, **ddp_options) -> DDP:
+    """DDP over the world group with the sparse hook, or with allreduce_hook if no state."""
+    model = DDP(module, **ddp_options)
+    if state is None:
+        model.register_comm_hook(None, allreduce_hook)
+    else:
+        register_sparse_allreduce(model, state)
+    return model
+
+
 class TinyTagger(nn.Module):
     """Embedding + linear classifier: rows of tokens absent from a step get no gradient."""
 
@@ -177,11 +187,7 @@ def train_tagger(
     rank: int, state: SparseAllReduceState | None, grads_are_bucket_views: bool = False
 ) -> list[torch.Tensor]:
     torch.manual_seed(0)
-    model = DDP(TinyTagger(), gradient_as_bucket_view=grads_are_bucket_views)
-    if state is None:
-        model.register_comm_hook(None, allreduce_hook)
-    else:
-        register_sparse_allreduce(model, state)
+    model = ddp_with_hook(TinyTagger(), state, gradient_as_bucket_view=grads_are_bucket_views)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     for step in range(20):
         generator = torch.Generator().manual_seed(100 * step + rank)
@@ -221,11 +227,7 @@ class TwoModalityModel(nn.Module):
 def train_two_modalities(rank: int, state: SparseAllReduceState | None) -> list[torch.Tensor]:
     """Rank 0 never sees images; rank 1 sees them on even steps only."""
     torch.manual_seed(0)
-    model = DDP(TwoModalityModel(), find_unused_parameters=True)
-    if state is None:
-        model.register_comm_hook(None, allreduce_hook)
-    else:
-        register_sparse_allreduce(model, state)
+    model = ddp_with_hook(TwoModalityModel(), state, find_unused_parameters=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(6):
         generator = torch.Generator().manual_seed(10 * step + rank)
@@ -255,9 +257,7 @@ def train_regression(rank: int, state: SparseAllReduceState | None, steps: int) 
     inputs = torch.randn(256, 64, generator=local)
     outputs = inputs @ true_weight.T + 0.1 * torch.randn(256, 32, generator=local)
     torch.manual_seed(0)
-    model = DDP(nn.Linear(64, 32, bias=False))
-    if state is not None:
-        register_sparse_allreduce(model, state)
+    model = ddp_with_hook(nn.Linear(64, 32, bias=False), state)
     optimizer = torch.optim.SGD(model.parameters(), lr=2.0)
     for _ in range(steps):
         optimizer.zero_grad()
@@ -270,7 +270,7 @@ def train_regression(rank: int, state: SparseAllReduceState | None, steps: int) 
 
 
 def check_topk_converges(rank: int) -> None:
-    steps = 300
+    steps = 200
     dense_loss = train_regression(rank, None, steps)
     state = SparseAllReduceState(mode="topk", chunk_size=16, topk_ratio=0.1, start_topk_iter=5)
     topk_loss = train_regression(rank, state, steps)
