@@ -29,10 +29,11 @@ namespace ascend_vlm::sim {
 
 using Clock = std::chrono::steady_clock;
 
-// One in-order queue of device work with its own worker thread.
+// One in-order queue of device work with its own worker thread. Stream priorities are
+// validated but not modelled: every stream's worker is an ordinary OS thread.
 class SimStream {
  public:
-  SimStream(int32_t device, uint32_t priority);
+  SimStream();
   ~SimStream();
   SimStream(const SimStream&) = delete;
   SimStream& operator=(const SimStream&) = delete;
@@ -42,13 +43,10 @@ class SimStream {
   // Blocks until every task enqueued so far has run; returns and clears the pending error.
   aclError synchronize();
   bool idle();
-  int32_t device() const { return device_; }
 
  private:
   void run();
 
-  const int32_t device_;
-  const uint32_t priority_;
   std::mutex mutex_;
   std::condition_variable work_ready_;
   std::condition_variable work_done_;

@@ -1,6 +1,7 @@
 // Simulated AscendCL: streams (in-order worker queues), events, async copies and host callbacks.
 #include <pthread.h>
 
+#include <exception>
 #include <utility>
 
 #include "acl/acl.h"
@@ -16,6 +17,17 @@ constexpr uint32_t kKnownEventFlags =
     ACL_EVENT_SYNC | kEventCaptureStreamProgress | ACL_EVENT_TIME_LINE;
 
 uint64_t this_thread_id() { return static_cast<uint64_t>(pthread_self()); }
+
+// Creates a stream and its worker thread; a failure is an error code, never an exception
+// escaping into C callers.
+aclError new_stream(std::shared_ptr<SimStream>* out) {
+  try {
+    *out = std::make_shared<SimStream>();
+  } catch (const std::exception&) {
+    return ACL_ERROR_RT_RESOURCE_ALLOC_FAIL;
+  }
+  return ACL_SUCCESS;
+}
 
 aclError find_event(aclrtEvent handle, std::shared_ptr<SimEvent>* out) {
   if (handle == nullptr) return ACL_ERROR_INVALID_PARAM;
@@ -41,7 +53,8 @@ aclError create_stream(aclrtStream* stream, uint32_t priority, uint32_t flag) {
   }
   const int32_t device = current_device();
   if (device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
-  auto created = std::make_shared<SimStream>(device, priority);
+  std::shared_ptr<SimStream> created;
+  if (aclError rc = new_stream(&created)) return rc;
   State& s = state();
   std::lock_guard lock(s.handles_mutex);
   s.streams[created.get()] = created;
@@ -63,8 +76,7 @@ aclError create_event(aclrtEvent* event, bool timing) {
 
 }  // namespace
 
-SimStream::SimStream(int32_t device, uint32_t priority)
-    : device_(device), priority_(priority), worker_([this] { run(); }) {}
+SimStream::SimStream() : worker_([this] { run(); }) {}
 
 SimStream::~SimStream() {
   {
@@ -120,7 +132,9 @@ aclError find_stream(aclrtStream handle, std::shared_ptr<SimStream>* out) {
     if (device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
     std::lock_guard lock(s.handles_mutex);
     auto& stream = s.default_streams.at(device);
-    if (!stream) stream = std::make_shared<SimStream>(device, 0);
+    if (!stream) {
+      if (aclError rc = new_stream(&stream)) return rc;
+    }
     *out = stream;
     return ACL_SUCCESS;
   }
