@@ -37,6 +37,9 @@ MASKED_ADDITIVE_BELOW = -1e4
 # npu_fusion_attention sparse modes 2/3/4 take this compressed causal mask (npu_api.md §1).
 NPU_CAUSAL_MASK_SIZE = 2048
 NPU_SPARSE_RIGHT_DOWN_CAUSAL = 3
+# npu_fusion_attention limits (doc "约束说明"): Nq in 1..256, D in 1..768, S >= 1.
+NPU_MAX_QUERY_HEADS = 256
+NPU_MAX_HEAD_DIM = 768
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,16 @@ def npu_causal_mask(device: torch.device) -> torch.Tensor:
     return _NPU_CAUSAL_MASKS[device]
 
 
+def _fits_npu_kernel(shape: AttentionShape) -> bool:
+    """Whether the geometry is within npu_fusion_attention's documented limits."""
+    return (
+        shape.num_heads <= NPU_MAX_QUERY_HEADS
+        and shape.head_dim <= NPU_MAX_HEAD_DIM
+        and shape.q_len >= 1
+        and shape.kv_len >= 1
+    )
+
+
 def _has_additive_bias(mask: torch.Tensor) -> bool:
     """Whether a float mask carries values other than 0 and "masked" (npu needs pure masks)."""
     return bool(((mask > MASKED_ADDITIVE_BELOW) & (mask != 0)).any())
@@ -279,6 +292,7 @@ def _npu(
     if (
         query.dtype not in NPU_DTYPES
         or dropout_p > 0.0  # the reference's seeded dropout keeps backward exact
+        or not _fits_npu_kernel(shape)
         or (float_mask and _has_additive_bias(attention_mask))
     ):
         return attention_reference(

@@ -20,6 +20,7 @@ SPEC = load_spec("rms_norm")
 _X_DTYPES = SPEC.input_dtypes("x")
 _WEIGHT_DTYPES = SPEC.input_dtypes("weight")
 _NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+_NPU_MIN_RANK, _NPU_MAX_RANK = 2, 8  # npu_rms_norm: self has 2-8 dims
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
@@ -56,7 +57,10 @@ def _npu(
         return _reference(x, weight, eps, offset=offset)
     gamma = weight if (not offset and weight.dtype == x.dtype) else weight.float() + offset
     torch_npu = importlib.import_module("torch_npu")
-    return torch_npu.npu_rms_norm(x, gamma, epsilon=eps)[0]
+    if _NPU_MIN_RANK <= x.dim() <= _NPU_MAX_RANK:
+        return torch_npu.npu_rms_norm(x, gamma, epsilon=eps)[0]
+    rows = x.reshape(-1, x.shape[-1])  # the kernel takes 2-8 dims; the norm is per row anyway
+    return torch_npu.npu_rms_norm(rows, gamma, epsilon=eps)[0].reshape(x.shape)
 
 
 def _fake(

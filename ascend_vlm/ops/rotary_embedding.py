@@ -27,6 +27,7 @@ _X_DTYPES = SPEC.input_dtypes("x")
 _TABLE_DTYPES = SPEC.input_dtypes("cos")
 _NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 _NPU_MAX_HEAD_DIM = 896  # npu_rotary_mul: D < 896 (doc above)
+_NPU_MAX_BN = 1000  # half mode: B, N < 1000; interleave mode: B * N < 1000
 
 
 def _check(
@@ -113,9 +114,11 @@ def _npu(
     _check(x, cos, sin, mrope_section)
     cos4, sin4 = _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
     rotary_dim = cos4.shape[-1]
+    batch, heads = x.shape[0], x.shape[1]
     kernel_fits = (
         x.dtype in _NPU_DTYPES
         and rotary_dim < _NPU_MAX_HEAD_DIM
+        and (batch * heads if interleaved else max(batch, heads)) < _NPU_MAX_BN
         # interleave mode only takes 11SD tables
         and not (interleaved and cos4.shape[0] != 1)
     )

@@ -24,12 +24,17 @@ from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
 from ascend_vlm.ops.fused_attention import (
     NPU_DTYPES,
+    NPU_MAX_HEAD_DIM,
+    NPU_MAX_QUERY_HEADS,
     NPU_SPARSE_RIGHT_DOWN_CAUSAL,
     attention_reference,
     npu_causal_mask,
 )
 
 SPEC = load_spec("varlen_attention")
+# npu_fusion_attention TND limits (doc "约束说明"): at most 1K segments, T up to 1M.
+NPU_MAX_SEGMENTS = 1024
+NPU_MAX_TOKENS = 1 << 20
 _QKV_DTYPES = SPEC.input_dtypes("query")
 _CU_DTYPES = SPEC.input_dtypes("cu_seqlens_q")
 
@@ -143,7 +148,14 @@ def _npu(
         q_len > 0 and (k_len == 0 or (causal and q_len > k_len))
         for q_len, k_len in zip(q_lens, k_lens, strict=True)
     )
-    if query.dtype not in NPU_DTYPES or has_dead_rows:
+    fits_kernel = (
+        query.dtype in NPU_DTYPES
+        and query.shape[1] <= NPU_MAX_QUERY_HEADS
+        and query.shape[2] <= NPU_MAX_HEAD_DIM
+        and len(q_lens) <= NPU_MAX_SEGMENTS
+        and max(query.shape[0], key.shape[0]) <= NPU_MAX_TOKENS
+    )
+    if not fits_kernel or has_dead_rows:
         return _reference(
             query,
             key,

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from _op_samples import AttentionCase, on_device
+from _op_samples import AttentionCase, KernelSpy, on_device
 
 from ascend_vlm import ops
 
@@ -132,3 +132,19 @@ def test_bad_inputs_raise_value_error_naming_argument(name: str) -> None:
     call, message = BAD_CALLS[name]
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((1, 257, 2, 4), torch.float32), ((1, 2, 2, 4), torch.float64)],
+    ids=["257-heads", "fp64"],
+)
+def test_npu_path_keeps_what_the_kernel_cannot_take_on_the_reference(
+    shape, dtype, mock_npu, monkeypatch
+) -> None:
+    spy = KernelSpy(monkeypatch, mock_npu.torch_npu, "npu_fusion_attention")
+    q = torch.randn(shape, dtype=dtype, device=mock_npu.device)
+    out = ops.fused_attention(q, q, q, causal=True)
+    assert spy.calls == 0
+    monkeypatch.setenv("ASCEND_VLM_BACKEND", "cpu")
+    torch.testing.assert_close(out, ops.fused_attention(q, q, q, causal=True))

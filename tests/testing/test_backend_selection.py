@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -10,6 +11,11 @@ import torch
 from ascend_vlm import ops
 from ascend_vlm.device import backend, mock_installed, use_npu_kernels
 from ascend_vlm.testing import mock_npu, uninstall_mock_npu
+
+# These check detection on a machine without Ascend hardware (CI and development boxes).
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch_npu") is not None, reason="a real torch_npu is installed"
+)
 
 
 def test_cpu_when_no_npu_and_no_mock(monkeypatch) -> None:
