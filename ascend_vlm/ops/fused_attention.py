@@ -204,6 +204,8 @@ def attention_reference(
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
 ) -> torch.Tensor:
+    """Plain-torch fused_attention (also what backward differentiates): one SDPA call with GQA
+    via ``enable_gqa``, masks merged into one SDPA mask, dead rows zeroed afterwards."""
     shape = _check(
         query, key, value, attention_mask, layout, num_heads, num_kv_heads, scale, dropout_p
     )
