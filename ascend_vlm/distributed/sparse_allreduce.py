@@ -124,21 +124,21 @@ class SparseAllReduceState:
     1. ``mode``: ``"exact"`` (default) sends every chunk that is non-zero on some rank, so the
        averaged gradient equals the default hook's (bitwise for 2 ranks; for more ranks the
        all-reduce may add in another order, a few ulp). ``"topk"`` additionally drops all but
-       the largest chunks per rank and feeds the dropped part back next step: fewer bytes, a
-       different (but unbiased over time) optimisation trajectory.
+       the largest chunks per rank and feeds the rest back into the next step (delayed, never
+       dropped): far fewer bytes for dense gradients, a different optimisation trajectory.
 
     2. ``chunk_size`` (elements, default 1024): the sparsity granularity. Smaller chunks find
        finer sparsity but make the mask (1 byte per chunk) and the gather/scatter index larger.
        Match it to the natural unit of sparsity, e.g. one embedding row (hidden size).
 
-    3. ``density_threshold`` (default 0.5): if more than this fraction of a bucket's chunks is
-       non-zero on some rank, the bucket is all-reduced densely instead, since packing would
-       then cost more than it saves.
+    3. ``density_threshold`` (``"exact"`` only, default 0.5): if more than this fraction of a
+       bucket's chunks is non-zero on some rank, the bucket is all-reduced densely instead,
+       since packing would then cost more than it saves.
 
-    4. ``dense_recheck_steps`` (default 16): after a dense fallback the bucket stays dense,
-       without computing or exchanging a mask, for this many further steps and is probed again
-       afterwards. 0 probes every step. All ranks take the same decision because it depends
-       only on the all-reduced mask.
+    4. ``dense_recheck_steps`` (``"exact"`` only, default 16): after a dense fallback the
+       bucket stays dense, without computing or exchanging a mask, for this many further steps
+       and is probed again afterwards. 0 probes every step. All ranks take the same decision
+       because it depends only on the all-reduced mask.
 
     5. ``topk_ratio`` (``"topk"`` only, default 0.01): fraction of chunks each rank keeps per
        bucket, ranked by L2 norm after adding its residual. The union over ranks is sent, so up
