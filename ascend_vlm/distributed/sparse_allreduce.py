@@ -515,7 +515,7 @@ def _reduce_bucket(
 def register_sparse_allreduce(
     model: DistributedDataParallel, state: SparseAllReduceState
 ) -> SparseAllReduceState:
-    """``model.register_comm_hook(state, sparse_allreduce_hook)`` with a type check; returns state."""
+    """``model.register_comm_hook(state, sparse_allreduce_hook)``, type-checked; returns state."""
     if not isinstance(model, DistributedDataParallel):
         raise TypeError(
             "model: expected torch.nn.parallel.DistributedDataParallel (the hook reduces DDP "

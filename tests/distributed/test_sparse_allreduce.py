@@ -47,7 +47,7 @@ class GradientSource(nn.Module):
 
 
 def chunk_sparse(numel: int, density: float, generator: torch.Generator) -> torch.Tensor:
-    """fp32 values in ceil(density * chunks) random chunks (30% zeros inside them), +0.0 elsewhere."""
+    """fp32 values in ceil(density * chunks) random chunks (30% zeros in them), +0.0 elsewhere."""
     num_chunks = math.ceil(numel / CHUNK)
     chosen = torch.zeros(num_chunks, dtype=torch.bool)
     chosen[torch.randperm(num_chunks, generator=generator)[: math.ceil(density * num_chunks)]] = (
