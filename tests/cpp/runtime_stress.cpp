@@ -47,6 +47,13 @@ aclError acl_code_of(Fn&& fn) {
   return ACL_SUCCESS;
 }
 
+// Queues a host callback that keeps `stream` busy until `gate_open` becomes true.
+void hold_until(Stream& stream, std::atomic<bool>& gate_open) {
+  stream.launch_host_func([&gate_open] {
+    while (!gate_open) std::this_thread::yield();
+  });
+}
+
 // Copies `rounds` values through a pipeline of `stages` streams ordered by events; stage i's
 // copy of slot r waits for stage i-1's event, so sentinels reaching the output mean a broken
 // ordering.
@@ -142,13 +149,24 @@ void check_misuse_codes() {
   // Destroying a stream with queued work is refused until it drains.
   Stream stream;
   std::atomic<bool> release{false};
-  stream.launch_host_func([&release] {
-    while (!release) std::this_thread::yield();
-  });
+  hold_until(stream, release);
   EXPECT(acl_code_of([&] { stream.destroy(); }) == ACL_ERROR_RT_STREAM_NOT_COMPLETE);
   release = true;
   stream.synchronize();
   EXPECT(acl_code_of([&] { stream.destroy(); }) == ACL_SUCCESS);
+
+  // A copy whose target is freed while it waits in the queue fails at synchronize, once.
+  Stream gated;
+  std::atomic<bool> gate_open{false};
+  hold_until(gated, gate_open);
+  void* doomed = nullptr;
+  char source[64] = {};
+  EXPECT_CODE(aclrtMalloc(&doomed, sizeof source, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  gated.memcpy_async(doomed, sizeof source, source, sizeof source, ACL_MEMCPY_HOST_TO_DEVICE);
+  EXPECT_CODE(aclrtFree(doomed), ACL_SUCCESS);
+  gate_open = true;
+  EXPECT(acl_code_of([&] { gated.synchronize(); }) == ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT(acl_code_of([&] { gated.synchronize(); }) == ACL_SUCCESS);
 
   Event never;
   Event recorded;

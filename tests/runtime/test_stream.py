@@ -10,6 +10,7 @@ import pytest
 from _runtime_helpers import (
     ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID,
     ACL_ERROR_RT_INVALID_HANDLE,
+    ACL_ERROR_RT_PARAM_INVALID,
     ACL_ERROR_RT_STREAM_NOT_COMPLETE,
     requires_sim,
 )
@@ -177,6 +178,25 @@ def test_destroy_with_queued_work_is_refused_then_succeeds_after_sync():
     with pytest.raises(ascend_vlm.AclError) as raised:
         stream.synchronize()
     assert raised.value.code == ACL_ERROR_RT_INVALID_HANDLE
+
+
+@requires_sim
+def test_copy_into_memory_freed_while_queued_fails_at_synchronize():
+    stream = runtime.Stream()
+    gate = threading.Event()
+    device_ptr = _C.acl.malloc(64)
+    host = runtime.PinnedBuffer(64)
+    stream.launch_host_func(lambda: gate.wait(10))
+    stream.memcpy_async(device_ptr, host, 64, kind="h2d")  # valid when issued
+    _C.acl.free(device_ptr)  # freed before the copy runs
+    gate.set()
+    with pytest.raises(ascend_vlm.AclError) as raised:
+        stream.synchronize()
+    assert (raised.value.code, raised.value.function) == (
+        ACL_ERROR_RT_PARAM_INVALID,
+        "aclrtSynchronizeStream",
+    )
+    stream.synchronize()  # the error is reported once
 
 
 @requires_sim
