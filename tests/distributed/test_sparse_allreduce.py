@@ -50,12 +50,10 @@ def chunk_sparse(numel: int, density: float, generator: torch.Generator) -> torc
     """fp32 values in ceil(density * chunks) random chunks (30% zeros in them), +0.0 elsewhere."""
     num_chunks = math.ceil(numel / CHUNK)
     chosen = torch.zeros(num_chunks, dtype=torch.bool)
-    chosen[torch.randperm(num_chunks, generator=generator)[: math.ceil(density * num_chunks)]] = (
-        True
-    )
-    inside = chosen.repeat_interleave(CHUNK)[:numel] & (
-        torch.rand(numel, generator=generator) > 0.3
-    )
+    picked = torch.randperm(num_chunks, generator=generator)[: math.ceil(density * num_chunks)]
+    chosen[picked] = True
+    kept = torch.rand(numel, generator=generator) > 0.3
+    inside = chosen.repeat_interleave(CHUNK)[:numel] & kept
     return torch.where(inside, torch.randn(numel, generator=generator), 0.0)
 
 
