@@ -430,7 +430,7 @@ def _topk_reduce(
     norms = acc_chunks.norms()
     keep = max(1, math.ceil(state.topk_ratio * acc_chunks.count))
     mask = torch.zeros(acc_chunks.count, dtype=_MASK_DTYPE, device=buffer.device)
-    mask[norms.topk(min(keep, acc_chunks.count)).indices] = 1
+    mask[norms.topk(keep).indices] = 1  # keep <= count because topk_ratio <= 1
     mask.mul_(norms > 0)
     row_ids, with_tail, num_sent, mask_work = _agree_on_chunks(mask, acc_chunks, state._group())
     stats = state.stats
