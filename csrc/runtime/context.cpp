@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -44,7 +45,7 @@ struct Runtime::State {
   std::mutex reporter_mutex;
   std::condition_variable reporter_wake;
   std::thread reporter;
-  bool reporter_stop = false;
+  std::shared_ptr<std::atomic<bool>> reporter_stop;  // owned per report thread
   uint64_t reporter_thread_id = 0;
   std::unordered_set<CallbackPayload*> pending_callbacks;
 };
@@ -70,21 +71,32 @@ void run_callback(void* user_data) {
   delete payload;
 }
 
-void report_loop(Runtime::State& st, int32_t device, std::promise<uint64_t>* ready) {
+void report_loop(Runtime::State& st, std::shared_ptr<std::atomic<bool>> stop, int32_t device,
+                 std::promise<uint64_t>* ready) {
   ready->set_value(static_cast<uint64_t>(pthread_self()));
   (void)aclrtSetDevice(device);  // real CANN needs a context on the thread running callbacks
-  while (true) {
-    {
-      std::lock_guard lock(st.reporter_mutex);
-      if (st.reporter_stop) return;
-    }
+  while (!*stop) {
     const aclError rc = aclrtProcessReport(kReportPollMs);
     if (rc != ACL_SUCCESS && rc != ACL_ERROR_WAIT_CALLBACK_TIMEOUT) {
       // Not subscribed yet (or shutting down): idle instead of spinning.
       std::unique_lock lock(st.reporter_mutex);
-      st.reporter_wake.wait_for(lock, kReportIdleWait, [&] { return st.reporter_stop; });
+      st.reporter_wake.wait_for(lock, kReportIdleWait, [&] { return stop->load(); });
     }
   }
+}
+
+// Stops and joins the report thread if it runs; the next subscribe() starts a new one.
+void stop_report_thread(Runtime::State& st) {
+  std::thread reporter;
+  {
+    std::lock_guard lock(st.reporter_mutex);
+    if (st.reporter_stop) st.reporter_stop->store(true);
+    st.reporter_stop.reset();
+    st.reporter_thread_id = 0;
+    reporter = std::move(st.reporter);
+  }
+  st.reporter_wake.notify_all();
+  if (reporter.joinable()) reporter.join();
 }
 
 // Calls aclInit (tolerating an earlier aclInit by another library) and starts a new session.
@@ -126,14 +138,12 @@ void Runtime::finalize() {
 
 void Runtime::shutdown() {
   State& st = state();
+  // Stop the report thread before taking the session lock: a Python callback it is running may
+  // be waiting for the GIL held by a thread that is itself waiting for the session lock.
+  stop_report_thread(st);
   std::lock_guard lock(st.mutex);
   if (!st.initialized) return;
-  {
-    std::lock_guard reporter_lock(st.reporter_mutex);
-    st.reporter_stop = true;
-  }
-  st.reporter_wake.notify_all();
-  if (st.reporter.joinable()) st.reporter.join();
+  stop_report_thread(st);  // in case a racing stream creation restarted it
   for (int32_t device : st.used_devices) (void)aclrtResetDevice(device);
   // Teardown must finish even if AscendCL complains; the session is gone either way.
   if (st.owns_acl) (void)aclFinalize();
@@ -141,8 +151,6 @@ void Runtime::shutdown() {
   {
     std::lock_guard reporter_lock(st.reporter_mutex);
     orphans.swap(st.pending_callbacks);
-    st.reporter_stop = false;
-    st.reporter_thread_id = 0;
   }
   for (CallbackPayload* payload : orphans) delete payload;  // callbacks dropped with the streams
   st.used_devices.clear();
@@ -234,7 +242,9 @@ void Runtime::subscribe(aclrtStream stream) {
     if (!st.reporter.joinable()) {
       std::promise<uint64_t> ready;
       std::future<uint64_t> started = ready.get_future();
-      st.reporter = std::thread(report_loop, std::ref(st), st.device.load(), &ready);
+      st.reporter_stop = std::make_shared<std::atomic<bool>>(false);
+      st.reporter =
+          std::thread(report_loop, std::ref(st), st.reporter_stop, st.device.load(), &ready);
       st.reporter_thread_id = started.get();
     }
     thread_id = st.reporter_thread_id;
