@@ -1,0 +1,46 @@
+"""The public wrappers run the kernel directly only when the dispatcher would make no difference;
+otherwise (gradients, compile, modes, fake/meta tensors) they go through the registered op."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ascend_vlm import ops
+
+
+class RecordOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_inference_result_equals_the_registered_op() -> None:
+    q, k, v = (torch.randn(2, 4, 3, 8) for _ in range(3))
+    with torch.no_grad():
+        direct = ops.fused_attention(q, k, v, causal=True)
+    torch.testing.assert_close(direct, torch.ops.ascend_vlm.fused_attention(q, k, v, causal=True))
+
+
+def test_dispatch_modes_see_the_custom_op() -> None:
+    x = torch.randn(2, 8)
+    with RecordOps() as recorder:
+        ops.swiglu(x)
+    assert "ascend_vlm.swiglu.default" in recorder.names
+
+
+def test_inputs_requiring_grad_go_through_autograd() -> None:
+    x = torch.randn(2, 8, requires_grad=True)
+    out = ops.rms_norm(x, torch.ones(8))
+    assert out.grad_fn is not None and "ascend_vlm" in type(out.grad_fn).__name__.lower()
+
+
+def test_meta_tensors_use_the_fake_impl() -> None:
+    q = torch.randn(2, 1, 4, 8, device="meta")
+    mask = torch.ones(2, 4, dtype=torch.bool, device="meta")
+    out = ops.fused_attention(q, q, q, attention_mask=mask, causal=True)
+    assert out.is_meta and out.shape == q.shape
