@@ -227,7 +227,7 @@ class VarlenCase:
 
 @st.composite
 def varlen_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> VarlenCase:
-    segments = draw(st.integers(1, 6))
+    segments = draw(st.integers(1, 12))
     q_lens = tuple(draw(st.integers(0, 7)) for _ in range(segments))
     same = draw(st.booleans())
     kv_lens = q_lens if same else tuple(draw(st.integers(0, 7)) for _ in range(segments))

@@ -125,3 +125,33 @@ def test_malformed_specs_are_rejected_naming_the_field(tmp_path, monkeypatch, ch
             _spec.load_spec("broken_op")
     finally:
         _spec.load_spec.cache_clear()
+
+
+def test_installed_copy_is_found_when_the_source_tree_is_absent(tmp_path, monkeypatch) -> None:
+    installed = tmp_path / "_op_plugins"
+    (installed / "swiglu").mkdir(parents=True)
+    source = _spec.spec_roots()[0] / "swiglu" / "spec.json"
+    (installed / "swiglu" / "spec.json").write_text(source.read_text())
+    monkeypatch.setattr(_spec, "spec_roots", lambda: [tmp_path / "op_plugins", installed])
+    _spec.load_spec.cache_clear()
+    try:
+        assert _spec.load_spec("swiglu").raw == json.loads(source.read_text())
+        with pytest.raises(
+            FileNotFoundError, match=re.escape("op spec 'rms_norm': no rms_norm/spec.json")
+        ):
+            _spec.load_spec("rms_norm")
+    finally:
+        _spec.load_spec.cache_clear()
+
+
+def test_ops_are_registered_in_the_cpp_registry_when_the_extension_is_built() -> None:
+    runtime = pytest.importorskip("ascend_vlm.runtime", reason="ascend_vlm._C is not built")
+    assert set(OP_NAMES) <= set(runtime.registered_ops())
+    for name in OP_NAMES:
+        registered = runtime.op_descriptor(name)
+        expected = _spec.load_spec(name).descriptor()
+        assert registered["npu_kernel"] == expected["npu_kernel"]
+        assert [a["name"] for a in registered["attrs"]] == [a["name"] for a in expected["attrs"]]
+        assert [(i["name"], i["dtypes"], i["rank"]) for i in registered["inputs"]] == [
+            (i["name"], i["dtypes"], i["rank"]) for i in expected["inputs"]
+        ]
