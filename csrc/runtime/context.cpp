@@ -19,9 +19,9 @@
 namespace ascend_vlm {
 namespace {
 
-// aclrtProcessReport timeout: bounds how long shutdown waits for the report thread to notice.
+// aclrtProcessReport timeout, and the idle sleep when there is nothing to report on.
 constexpr int32_t kReportPollMs = 50;
-constexpr auto kReportIdleWait = std::chrono::milliseconds(20);
+constexpr auto kReportIdleWait = std::chrono::milliseconds(200);
 
 struct ThreadBinding {
   uint64_t session = 0;
@@ -44,9 +44,8 @@ struct Runtime::State {
 
   std::mutex reporter_mutex;
   std::condition_variable reporter_wake;
-  std::thread reporter;
-  std::shared_ptr<std::atomic<bool>> reporter_stop;  // owned per report thread
-  uint64_t reporter_thread_id = 0;
+  uint64_t reporter_thread_id = 0;  // 0 until the report thread starts
+  uint64_t subscriptions = 0;       // bumped by subscribe(); wakes an idle report thread
   std::unordered_set<CallbackPayload*> pending_callbacks;
 };
 
@@ -71,32 +70,50 @@ void run_callback(void* user_data) {
   delete payload;
 }
 
-void report_loop(Runtime::State& st, std::shared_ptr<std::atomic<bool>> stop, int32_t device,
-                 std::promise<uint64_t>* ready) {
+// Body of the process-wide report thread. It outlives sessions (it is never joined), so that
+// tearing a session down never waits for a callback that may itself be waiting for the GIL.
+void report_loop(Runtime::State& st, std::promise<uint64_t>* ready) {
   ready->set_value(static_cast<uint64_t>(pthread_self()));
-  (void)aclrtSetDevice(device);  // real CANN needs a context on the thread running callbacks
-  while (!*stop) {
+  uint64_t bound_session = 0;
+  while (true) {
+    if (st.initialized && bound_session != st.session) {
+      bound_session = st.session;
+      (void)aclrtSetDevice(st.device);  // real CANN runs callbacks in the thread's context
+    }
+    uint64_t seen = 0;
+    {
+      std::lock_guard lock(st.reporter_mutex);
+      seen = st.subscriptions;
+    }
     const aclError rc = aclrtProcessReport(kReportPollMs);
     if (rc != ACL_SUCCESS && rc != ACL_ERROR_WAIT_CALLBACK_TIMEOUT) {
-      // Not subscribed yet (or shutting down): idle instead of spinning.
+      // No session or no subscribed stream yet: sleep until subscribe() wakes us.
       std::unique_lock lock(st.reporter_mutex);
-      st.reporter_wake.wait_for(lock, kReportIdleWait, [&] { return stop->load(); });
+      st.reporter_wake.wait_for(lock, kReportIdleWait, [&] { return st.subscriptions != seen; });
     }
   }
 }
 
-// Stops and joins the report thread if it runs; the next subscribe() starts a new one.
-void stop_report_thread(Runtime::State& st) {
-  std::thread reporter;
+// Ends the session: devices, aclFinalize (which discards queued work and pending callbacks).
+// Returns the callbacks that will never run; the caller deletes them after unlocking, because
+// dropping a Python callable needs the GIL and a GIL holder may be waiting for the session lock.
+std::unordered_set<CallbackPayload*> close_session_locked(Runtime::State& st) {
+  for (int32_t device : st.used_devices) (void)aclrtResetDevice(device);
+  // Teardown must finish even if AscendCL complains; the session is gone either way.
+  if (st.owns_acl) (void)aclFinalize();
+  std::unordered_set<CallbackPayload*> orphans;
   {
-    std::lock_guard lock(st.reporter_mutex);
-    if (st.reporter_stop) st.reporter_stop->store(true);
-    st.reporter_stop.reset();
-    st.reporter_thread_id = 0;
-    reporter = std::move(st.reporter);
+    std::lock_guard reporter_lock(st.reporter_mutex);
+    orphans.swap(st.pending_callbacks);
   }
-  st.reporter_wake.notify_all();
-  if (reporter.joinable()) reporter.join();
+  st.used_devices.clear();
+  st.refcount = 0;
+  st.initialized = false;
+  return orphans;
+}
+
+void delete_orphans(const std::unordered_set<CallbackPayload*>& orphans) {
+  for (CallbackPayload* payload : orphans) delete payload;
 }
 
 // Calls aclInit (tolerating an earlier aclInit by another library) and starts a new session.
@@ -128,34 +145,25 @@ void Runtime::init() {
 }
 
 void Runtime::finalize() {
+  State& st = state();
+  std::unordered_set<CallbackPayload*> orphans;
   {
-    std::lock_guard lock(state().mutex);
-    if (state().refcount == 0) return;
-    if (--state().refcount > 0) return;
+    std::lock_guard lock(st.mutex);
+    if (st.refcount == 0 || --st.refcount > 0) return;
+    orphans = close_session_locked(st);
   }
-  shutdown();
+  delete_orphans(orphans);
 }
 
 void Runtime::shutdown() {
   State& st = state();
-  // Stop the report thread before taking the session lock: a Python callback it is running may
-  // be waiting for the GIL held by a thread that is itself waiting for the session lock.
-  stop_report_thread(st);
-  std::lock_guard lock(st.mutex);
-  if (!st.initialized) return;
-  stop_report_thread(st);  // in case a racing stream creation restarted it
-  for (int32_t device : st.used_devices) (void)aclrtResetDevice(device);
-  // Teardown must finish even if AscendCL complains; the session is gone either way.
-  if (st.owns_acl) (void)aclFinalize();
   std::unordered_set<CallbackPayload*> orphans;
   {
-    std::lock_guard reporter_lock(st.reporter_mutex);
-    orphans.swap(st.pending_callbacks);
+    std::lock_guard lock(st.mutex);
+    if (!st.initialized) return;
+    orphans = close_session_locked(st);
   }
-  for (CallbackPayload* payload : orphans) delete payload;  // callbacks dropped with the streams
-  st.used_devices.clear();
-  st.refcount = 0;
-  st.initialized = false;
+  delete_orphans(orphans);
 }
 
 int Runtime::refcount() const {
@@ -239,17 +247,19 @@ void Runtime::subscribe(aclrtStream stream) {
   uint64_t thread_id = 0;
   {
     std::lock_guard lock(st.reporter_mutex);
-    if (!st.reporter.joinable()) {
+    if (st.reporter_thread_id == 0) {
       std::promise<uint64_t> ready;
       std::future<uint64_t> started = ready.get_future();
-      st.reporter_stop = std::make_shared<std::atomic<bool>>(false);
-      st.reporter =
-          std::thread(report_loop, std::ref(st), st.reporter_stop, st.device.load(), &ready);
+      std::thread(report_loop, std::ref(st), &ready).detach();
       st.reporter_thread_id = started.get();
     }
     thread_id = st.reporter_thread_id;
   }
   ASCEND_VLM_ACL_CALL(aclrtSubscribeReport, thread_id, stream);
+  {
+    std::lock_guard lock(st.reporter_mutex);
+    ++st.subscriptions;
+  }
   st.reporter_wake.notify_all();
 }
 

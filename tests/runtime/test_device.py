@@ -126,6 +126,28 @@ def test_concurrent_init_finalize_keeps_count_consistent():
     runtime.finalize()
 
 
+def test_finalize_while_a_callback_runs_and_another_thread_allocates():
+    """No lock-order inversion between the GIL, the session lock and the report thread."""
+    code = (
+        "import threading, time\n"
+        "from ascend_vlm import runtime\n"
+        "runtime.init()\n"
+        "stream = runtime.Stream()\n"
+        "stream.launch_host_func(lambda: time.sleep(0.3))\n"
+        "time.sleep(0.05)\n"
+        "closer = threading.Thread(target=runtime.finalize)\n"
+        "closer.start()\n"
+        "time.sleep(0.05)\n"
+        "runtime.init()  # takes the session lock while holding the GIL\n"
+        "closer.join()\n"
+        "runtime.finalize()\n"
+        "print('done', flush=True)\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+
+
 def test_exit_with_live_objects_and_pending_callback_is_clean():
     code = (
         "from ascend_vlm import runtime\n"
