@@ -1,7 +1,7 @@
 """Runtime lifecycle, devices and (simulator only) copy statistics.
 
 ``init``/``finalize`` are reference counted: the first ``init`` calls ``aclInit``, the matching
-last ``finalize`` tears the session down (report thread, devices, ``aclFinalize``); extra
+last ``finalize`` tears the session down (devices, ``aclFinalize``, queued work); extra
 ``finalize`` calls do nothing. Using any runtime object without ``init`` initialises the runtime
 implicitly with one reference. The session is always torn down at interpreter exit. Objects
 created in a session that has since been finalized raise ``AclError(ACL_ERROR_UNINITIALIZE)``.

@@ -19,8 +19,8 @@ class Runtime {
 
   // Adds a reference; the first one calls aclInit. Thread-safe.
   void init();
-  // Drops a reference; the last one tears the session down (report thread, devices,
-  // aclFinalize). Without references it does nothing, so extra calls are harmless.
+  // Drops a reference; the last one tears the session down (devices, aclFinalize; queued work
+  // and callbacks that have not started are dropped). Without references it does nothing.
   void finalize();
   // Tears the session down whatever the reference count (interpreter exit).
   void shutdown();
@@ -43,7 +43,8 @@ class Runtime {
   // (free, total) bytes of the current device's memory.
   std::pair<size_t, size_t> mem_info();
 
-  // Subscribes `stream` to the report thread (started on first use) so host callbacks run.
+  // Subscribes `stream` to the report thread so host callbacks run. That thread starts on first
+  // use and lives as long as the process, so ending a session never waits for a callback.
   void subscribe(aclrtStream stream);
   void unsubscribe(aclrtStream stream);
   // Queues `fn` on `stream`; it runs on the report thread once prior work completes, and the
