@@ -1,4 +1,4 @@
-"""pytest plugin: the ``mock_npu`` fixture and marker.
+"""pytest plugin: the ``mock_npu`` fixture and marker, and the ``single_threaded_torch`` fixture.
 
 A test that takes the ``mock_npu`` fixture (or carries ``@pytest.mark.mock_npu``) runs with the
 NPU code path active: under the mock torch_npu by default, or on real hardware when
@@ -50,6 +50,18 @@ def mock_npu() -> Iterator[NpuTestBackend]:
         return
     with _mock_npu_installed() as module:
         yield NpuTestBackend(torch_npu=module, device=torch.device("cpu"), is_mock=True)
+
+
+@pytest.fixture
+def single_threaded_torch() -> Iterator[None]:
+    """Run one test with a single torch thread (restored afterwards): for tiny tensors, intra-op
+    threads only add start-up cost and, on a loaded machine, contention."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
