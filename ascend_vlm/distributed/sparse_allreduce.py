@@ -61,6 +61,10 @@ _SUPPORTED_DTYPES = tuple(_SAME_WIDTH_INT)
 # and gloo supports int8 MAX too.
 _MASK_DTYPE = torch.int8
 
+# Both collectives use only async all_reduce + Work.get_future()/.then, which HCCL provides too
+# (Ascend/pytorch torch_npu/csrc/distributed/ProcessGroupHCCL.cpp, WorkHCCL::getFuture); this
+# hook has only run on gloo here, not on NPU hardware.
+
 MODES = ("exact", "topk")
 
 
