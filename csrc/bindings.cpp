@@ -145,7 +145,9 @@ PYBIND11_MODULE(_C, m) {
             s.memcpy_async(pointer(dst), dst_max, pointer(src), count,
                            static_cast<aclrtMemcpyKind>(kind));
           },
-          py::arg("dst"), py::arg("dst_max"), py::arg("src"), py::arg("count"), py::arg("kind"))
+          py::arg("dst"), py::arg("dst_max"), py::arg("src"), py::arg("count"), py::arg("kind"),
+          // pageable host memory makes the copy synchronous (see aclrtMemcpyAsync)
+          py::call_guard<py::gil_scoped_release>())
       .def("launch_host_func", &launch_python_callback)
       .def("destroy", &Stream::destroy);
 

@@ -36,8 +36,12 @@ class Stream(_C.Stream):
         """Queue a copy of ``nbytes`` from ``src`` to ``dst`` (``aclrtMemcpyAsync``).
 
         ``dst``/``src`` are buffers or int addresses such as a CPU tensor's ``data_ptr()``;
-        ``kind`` is ``"h2h"``, ``"h2d"``, ``"d2h"``, ``"d2d"``, ``"default"`` or None (see
-        :func:`ascend_vlm.runtime.memory.resolve_copy`).
+        ``kind`` is ``"h2d"``, ``"d2h"``, ``"d2d"``, ``"default"`` or None (see
+        :func:`ascend_vlm.runtime.memory.resolve_copy`). As documented for
+        ``aclrtMemcpyAsync``: both addresses must be 64-byte aligned
+        (``ACL_ERROR_RT_ADDR_UNALIGNED``), host-to-host is refused
+        (``ACL_ERROR_RT_FEATURE_NOT_SUPPORT``), and with pageable (not pinned) host memory the
+        call returns only once the copy has run. The GIL is released meanwhile.
         """
         super().memcpy_async(*resolve_copy(dst, src, nbytes, kind, "aclrtMemcpyAsync"))
         self._in_flight.extend(end for end in (dst, src) if isinstance(end, _C.Buffer))

@@ -31,6 +31,7 @@ struct Resolved {
   Space space = Space::kHost;
   char* address = nullptr;  // where the bytes really live
   bool valid = true;        // false: inside a device range but the span overruns it
+  bool pinned = false;      // host memory from aclrtMallocHost or a registered range
 };
 
 // Finds the map entry whose [base, base + size) contains `address`, or end().
@@ -62,7 +63,12 @@ Resolved resolve(const State& s, const void* ptr, size_t count) {
     out.space = Space::kDevice;
     out.address = static_cast<char*>(region.host) + (address - alias->first);
     out.valid = address + count <= alias->first + region.size;
+    return out;
   }
+  out.pinned = containing(s.host_allocations, address, [](size_t size) { return size; }) !=
+                   s.host_allocations.end() ||
+               containing(s.mapped_by_host, address,
+                          [](const MappedRegion& r) { return r.size; }) != s.mapped_by_host.end();
   return out;
 }
 
@@ -81,8 +87,8 @@ std::atomic<uint64_t>& counter_for(State& s, aclrtMemcpyKind kind) {
 
 }  // namespace
 
-aclError copy_locked(void* dst, size_t dest_max, const void* src, size_t count,
-                     aclrtMemcpyKind kind, bool perform) {
+aclError plan_copy_locked(void* dst, size_t dest_max, const void* src, size_t count,
+                          aclrtMemcpyKind kind, CopyPlan* plan) {
   if (dst == nullptr || src == nullptr || count > dest_max || kind < ACL_MEMCPY_HOST_TO_HOST ||
       kind > ACL_MEMCPY_DEFAULT) {
     return ACL_ERROR_INVALID_PARAM;
@@ -97,11 +103,15 @@ aclError copy_locked(void* dst, size_t dest_max, const void* src, size_t count,
       to_device ? (from_device ? ACL_MEMCPY_DEVICE_TO_DEVICE : ACL_MEMCPY_HOST_TO_DEVICE)
                 : (from_device ? ACL_MEMCPY_DEVICE_TO_HOST : ACL_MEMCPY_HOST_TO_HOST);
   if (kind != ACL_MEMCPY_DEFAULT && kind != actual) return ACL_ERROR_RT_PARAM_INVALID;
-  if (perform && count > 0) {
-    std::memmove(to.address, from.address, count);
-    counter_for(s, actual).fetch_add(count);
-  }
+  *plan = {to.address, from.address, count, actual,
+           (to_device || to.pinned) && (from_device || from.pinned)};
   return ACL_SUCCESS;
+}
+
+void perform_copy_locked(const CopyPlan& plan) {
+  if (plan.count == 0) return;
+  std::memmove(plan.to, plan.from, plan.count);
+  counter_for(state(), plan.kind).fetch_add(plan.count);
 }
 
 }  // namespace ascend_vlm::sim
@@ -227,7 +237,12 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
   if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
   State& s = state();
   std::shared_lock lock(s.memory_mutex);
-  return ascend_vlm::sim::copy_locked(dst, destMax, src, count, kind, /*perform=*/true);
+  ascend_vlm::sim::CopyPlan plan;
+  if (aclError rc = ascend_vlm::sim::plan_copy_locked(dst, destMax, src, count, kind, &plan)) {
+    return rc;
+  }
+  ascend_vlm::sim::perform_copy_locked(plan);
+  return ACL_SUCCESS;
 }
 
 }  // extern "C"

@@ -38,8 +38,11 @@ class SimStream {
   SimStream(const SimStream&) = delete;
   SimStream& operator=(const SimStream&) = delete;
 
-  // Appends a task; a non-success return value becomes the stream's pending error.
-  void enqueue(std::function<aclError()> task);
+  // Appends a task and returns its ticket; a non-success return value of the task becomes the
+  // stream's pending error.
+  uint64_t enqueue(std::function<aclError()> task);
+  // Blocks until the task with `ticket` has run.
+  void wait_for(uint64_t ticket);
   // Blocks until every task enqueued so far has run; returns and clears the pending error.
   aclError synchronize();
   bool idle();
@@ -131,10 +134,22 @@ int32_t current_device();
 // Resolves a stream handle (nullptr = the current device's default stream).
 aclError find_stream(aclrtStream handle, std::shared_ptr<SimStream>* out);
 
-// Validates a copy against the allocation tables and performs it. Must be called with
-// memory_mutex held (shared); used by both aclrtMemcpy and the stream tasks of aclrtMemcpyAsync.
-aclError copy_locked(void* dst, size_t dest_max, const void* src, size_t count,
-                     aclrtMemcpyKind kind, bool perform);
+// A validated copy: where the bytes really live, the direction the addresses imply, and whether
+// every host endpoint is pinned (inside an aclrtMallocHost block or a registered range).
+struct CopyPlan {
+  char* to = nullptr;
+  const char* from = nullptr;
+  size_t count = 0;
+  aclrtMemcpyKind kind = ACL_MEMCPY_DEFAULT;
+  bool host_pinned = true;
+};
+
+// Validates a copy against the allocation tables; memory_mutex must be held. Shared by
+// aclrtMemcpy and aclrtMemcpyAsync (which validates again when the task runs).
+aclError plan_copy_locked(void* dst, size_t dest_max, const void* src, size_t count,
+                          aclrtMemcpyKind kind, CopyPlan* plan);
+// Moves the bytes of a plan and counts them per direction; memory_mutex must be held.
+void perform_copy_locked(const CopyPlan& plan);
 
 }  // namespace ascend_vlm::sim
 

@@ -10,6 +10,7 @@
 namespace ascend_vlm::sim {
 namespace {
 
+constexpr uintptr_t kAsyncCopyAlignment = 64;
 constexpr uint32_t kMaxStreamPriority = 7;  // aclrtCreateStreamWithConfig: priority 0~7
 constexpr uint32_t kKnownStreamFlags = ACL_STREAM_FAST_LAUNCH | ACL_STREAM_FAST_SYNC;
 constexpr uint32_t kEventCaptureStreamProgress = 0x2u;  // ACL_EVENT_CAPTURE_STREAM_PROGRESS
@@ -87,13 +88,20 @@ SimStream::~SimStream() {
   worker_.join();
 }
 
-void SimStream::enqueue(std::function<aclError()> task) {
+uint64_t SimStream::enqueue(std::function<aclError()> task) {
+  uint64_t ticket = 0;
   {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(task));
-    ++submitted_;
+    ticket = ++submitted_;
   }
   work_ready_.notify_one();
+  return ticket;
+}
+
+void SimStream::wait_for(uint64_t ticket) {
+  std::unique_lock lock(mutex_);
+  work_done_.wait(lock, [&] { return completed_ >= ticket || stopping_; });
 }
 
 aclError SimStream::synchronize() {
@@ -197,17 +205,31 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t cou
   std::shared_ptr<SimStream> target;
   if (aclError rc = ascend_vlm::sim::find_stream(stream, &target)) return rc;
   State& s = state();
+  ascend_vlm::sim::CopyPlan plan;
   {
     std::shared_lock lock(s.memory_mutex);
-    if (aclError rc = ascend_vlm::sim::copy_locked(dst, destMax, src, count, kind, false)) {
+    if (aclError rc = ascend_vlm::sim::plan_copy_locked(dst, destMax, src, count, kind, &plan)) {
       return rc;
     }
   }
-  // Re-validated when it runs: a block freed meanwhile yields a stream error, not a wild write.
-  target->enqueue([dst, destMax, src, count, kind] {
+  // aclrtMemcpyAsync reference: both addresses must be 64-byte aligned, and on Ascend EP an
+  // asynchronous host-to-host copy is refused with ACL_ERROR_RT_FEATURE_NOT_SUPPORT.
+  if (reinterpret_cast<uintptr_t>(dst) % ascend_vlm::sim::kAsyncCopyAlignment != 0 ||
+      reinterpret_cast<uintptr_t>(src) % ascend_vlm::sim::kAsyncCopyAlignment != 0) {
+    return ACL_ERROR_RT_ADDR_UNALIGNED;
+  }
+  if (plan.kind == ACL_MEMCPY_HOST_TO_HOST) return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+  // Validated again when it runs: memory freed meanwhile yields a stream error, not a wild write.
+  const uint64_t ticket = target->enqueue([dst, destMax, src, count, kind] {
     std::shared_lock lock(state().memory_mutex);
-    return ascend_vlm::sim::copy_locked(dst, destMax, src, count, kind, true);
+    ascend_vlm::sim::CopyPlan current;
+    const aclError rc = ascend_vlm::sim::plan_copy_locked(dst, destMax, src, count, kind, &current);
+    if (rc == ACL_SUCCESS) ascend_vlm::sim::perform_copy_locked(current);
+    return rc;
   });
+  // Same reference: with pageable (non-pinned) host memory the call returns only once the copy
+  // has completed.
+  if (!plan.host_pinned) target->wait_for(ticket);
   return ACL_SUCCESS;
 }
 

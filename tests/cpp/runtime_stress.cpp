@@ -58,12 +58,12 @@ void hold_until(Stream& stream, std::atomic<bool>& gate_open) {
 // copy of slot r waits for stage i-1's event, so sentinels reaching the output mean a broken
 // ordering.
 void check_event_pipeline(int stages, int rounds) {
-  const size_t slot = sizeof(uint64_t);
+  const size_t slot = 64;  // aclrtMemcpyAsync wants 64-byte aligned addresses
   const size_t nbytes = slot * rounds;
   Buffer source(BufferKind::kPinned, nbytes);
   Buffer output(BufferKind::kPinned, nbytes);
   auto* in = static_cast<uint64_t*>(source.host_ptr());
-  for (int r = 0; r < rounds; ++r) in[r] = 7u * r + 1u;
+  for (size_t k = 0; k < nbytes / sizeof(uint64_t); ++k) in[k] = 7u * k + 1u;
   std::memset(output.host_ptr(), 0xFF, nbytes);
   std::vector<std::unique_ptr<Buffer>> buffers;
   std::vector<std::unique_ptr<Stream>> streams;
@@ -160,9 +160,9 @@ void check_misuse_codes() {
   std::atomic<bool> gate_open{false};
   hold_until(gated, gate_open);
   void* doomed = nullptr;
-  char source[64] = {};
-  EXPECT_CODE(aclrtMalloc(&doomed, sizeof source, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
-  gated.memcpy_async(doomed, sizeof source, source, sizeof source, ACL_MEMCPY_HOST_TO_DEVICE);
+  Buffer source(BufferKind::kPinned, 64);
+  EXPECT_CODE(aclrtMalloc(&doomed, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  gated.memcpy_async(doomed, 64, source.ptr(), 64, ACL_MEMCPY_HOST_TO_DEVICE);
   EXPECT_CODE(aclrtFree(doomed), ACL_SUCCESS);
   gate_open = true;
   EXPECT(acl_code_of([&] { gated.synchronize(); }) == ACL_ERROR_RT_PARAM_INVALID);

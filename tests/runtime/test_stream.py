@@ -8,7 +8,9 @@ import threading
 import numpy as np
 import pytest
 from _runtime_helpers import (
+    ACL_ERROR_RT_ADDR_UNALIGNED,
     ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID,
+    ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
     ACL_ERROR_RT_INVALID_HANDLE,
     ACL_ERROR_RT_PARAM_INVALID,
     ACL_ERROR_RT_STREAM_NOT_COMPLETE,
@@ -18,7 +20,14 @@ from _runtime_helpers import (
 import ascend_vlm
 from ascend_vlm import _C, runtime
 
-SLOT = 8  # bytes per value: one uint64
+SLOT = 64  # bytes per copy: aclrtMemcpyAsync wants 64-byte aligned addresses
+
+
+def aligned_zeros(nbytes: int) -> np.ndarray:
+    """Zeroed pageable (numpy-owned) bytes at a 64-byte aligned address."""
+    raw = np.zeros(nbytes + SLOT, dtype=np.uint8)
+    start = -raw.ctypes.data % SLOT
+    return raw[start : start + nbytes]
 
 
 def test_pipeline_of_8_streams_x_1000_ops_keeps_event_order():
@@ -30,7 +39,8 @@ def test_pipeline_of_8_streams_x_1000_ops_keeps_event_order():
     stages, rounds = 8, 1000
     nbytes = rounds * SLOT
     source = runtime.PinnedBuffer(nbytes)
-    np.frombuffer(source, dtype=np.uint64)[:] = np.arange(rounds, dtype=np.uint64) * 7 + 1
+    values = np.frombuffer(source, dtype=np.uint64)
+    values[:] = np.arange(values.size, dtype=np.uint64) * 7 + 1
     output = runtime.PinnedBuffer(nbytes)
     sentinel = runtime.PinnedBuffer(nbytes)
     np.frombuffer(sentinel, dtype=np.uint64)[:] = np.iinfo(np.uint64).max
@@ -197,6 +207,37 @@ def test_copy_into_memory_freed_while_queued_fails_at_synchronize():
         "aclrtSynchronizeStream",
     )
     stream.synchronize()  # the error is reported once
+
+
+@requires_sim
+def test_async_copy_rules_from_the_acl_reference():
+    stream = runtime.Stream()
+    device = runtime.DeviceBuffer(256)
+    pinned = runtime.PinnedBuffer(256)
+    with pytest.raises(ascend_vlm.AclError) as raised:
+        stream.memcpy_async(device.ptr + 8, pinned, 64, kind="h2d")  # not 64-byte aligned
+    assert raised.value.code == ACL_ERROR_RT_ADDR_UNALIGNED
+    with pytest.raises(ascend_vlm.AclError) as raised:
+        stream.memcpy_async(runtime.PinnedBuffer(256), pinned, 256)  # async host-to-host
+    assert raised.value.code == ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+
+
+@requires_sim
+def test_async_copy_with_pageable_memory_returns_after_the_copy():
+    stream = runtime.Stream()
+    device = runtime.DeviceBuffer(SLOT)
+    runtime.memcpy(device, np.full(SLOT, 5, dtype=np.uint8).ctypes.data, SLOT, kind="h2d")
+    pinned_out = runtime.PinnedBuffer(SLOT)
+    np.frombuffer(pinned_out, dtype=np.uint8)[:] = 0  # host allocations start uninitialised
+    gate = threading.Event()
+    stream.launch_host_func(lambda: gate.wait(10))
+    stream.memcpy_async(pinned_out, device, SLOT)  # pinned: queued behind the gate
+    assert not np.frombuffer(pinned_out, dtype=np.uint8).any()
+    threading.Timer(0.1, gate.set).start()
+    pageable = aligned_zeros(SLOT)
+    stream.memcpy_async(pageable.ctypes.data, device, SLOT, kind="d2h")  # waits for the gate
+    assert np.all(pageable == 5)
+    assert np.all(np.frombuffer(pinned_out, dtype=np.uint8) == 5)
 
 
 @requires_sim
