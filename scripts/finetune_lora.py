@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add("--train-size", type=int, default=defaults.train_size, help="ShapesVQA train records")
     add("--eval-size", type=int, default=defaults.eval_size, help="ShapesVQA eval records")
     add("--data-seed", type=int, default=defaults.data_seed, help="ShapesVQA generator seed")
+    add("--image-size", type=int, default=defaults.image_size, help="ShapesVQA image side (px)")
     add("--on-bad-record", choices=BAD_RECORD_POLICIES, default=defaults.on_bad_record)
     add("--max-steps", type=int, default=defaults.max_steps, help="optimizer steps")
     add("--batch-size", type=int, default=defaults.batch_size, help="samples per rank per micro")
@@ -52,6 +53,19 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     )
     add("--lora-vision", action="store_true", help="also adapt every vision-tower linear")
     add("--lora-projector", action="store_true", help="also adapt the projector's linears")
+    add(
+        "--modules-to-save",
+        default=",".join(defaults.modules_to_save),
+        help="comma-separated modules trained in full and saved with the adapter ('' for none)",
+    )
+    add("--full-finetune", action="store_true", help="train every weight instead of LoRA")
+    add(
+        "--base-train-steps",
+        type=int,
+        default=defaults.base_train_steps,
+        help="full-parameter base-training steps before LoRA (see README)",
+    )
+    add("--base-learning-rate", type=float, default=defaults.base_learning_rate)
     add("--save-every", type=int, default=defaults.save_every, help="checkpoint period (steps)")
     add("--resume", default=None, help="checkpoint directory or 'latest'")
     add("--stop-after-steps", type=int, default=None, help="stop early (simulates a crash)")
@@ -61,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     add("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
     values = vars(parser.parse_args(argv))
-    values["lora_targets"] = tuple(t.strip() for t in values["lora_targets"].split(",") if t)
+    for name in ("lora_targets", "modules_to_save"):
+        values[name] = tuple(part.strip() for part in values[name].split(",") if part.strip())
     return TrainConfig(**values)
 
 

@@ -3,7 +3,8 @@
 Layout under ``<output_dir>/checkpoints``::
 
     step-00000050/
-        adapter_model.safetensors, adapter_config.json   (PEFT ``save_pretrained``)
+        trainable.safetensors  every trainable parameter by name (the LoRA adapter, plus any
+                               modules trained in full; the whole model for full training)
         trainer_state.pt     optimizer + scheduler state dicts and the loop state (step, epoch...)
         rng-rank<r>.pt       python / numpy / torch RNG states of rank r
     latest                   text file naming the newest complete checkpoint directory
@@ -29,6 +30,7 @@ import torch
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 TRAINER_STATE = "trainer_state.pt"
+TRAINABLE_WEIGHTS = "trainable.safetensors"
 
 
 def checkpoint_root(output_dir: str | os.PathLike) -> Path:
@@ -83,7 +85,7 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` collectively (every rank calls it) and return its directory.
 
-    ``model`` is the PEFT model (rank 0 saves its adapter); ``loop_state`` is whatever the loop
+    Rank 0 saves ``model``'s trainable parameters; ``loop_state`` is whatever the loop
     needs to continue (step, epoch, batch position). ``barrier`` synchronises the ranks (a
     no-op for a single process).
     """
@@ -96,7 +98,14 @@ def save_checkpoint(
     barrier()
     atomic_torch_save(rng_state(), staging / f"rng-rank{rank}.pt")
     if rank == 0:
-        model.save_pretrained(staging, safe_serialization=True)
+        from safetensors.torch import save_file
+
+        weights = {
+            name: parameter.detach().cpu().contiguous()
+            for name, parameter in model.named_parameters()
+            if parameter.requires_grad
+        }
+        save_file(weights, staging / TRAINABLE_WEIGHTS)
         trainer_state = {
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
@@ -143,12 +152,12 @@ def load_checkpoint(
     scheduler: Any,
     rank: int,
 ) -> dict[str, Any]:
-    """Restore adapter weights, optimizer, scheduler and this rank's RNG from ``path``.
+    """Restore trainable weights, optimizer, scheduler and this rank's RNG from ``path``.
 
     Returns the saved loop state. Raises ``ValueError`` when ``path`` has no RNG state for
-    ``rank`` (the run was saved with fewer ranks, so it cannot continue exactly).
+    ``rank`` (the run was saved with fewer ranks, so it cannot continue exactly) or when the
+    saved parameter names differ from ``model``'s trainable ones (a different configuration).
     """
-    from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     rng_file = path / f"rng-rank{rank}.pt"
@@ -158,8 +167,17 @@ def load_checkpoint(
             f"resume: expected RNG state for rank {rank} in {str(path)!r} (same world size as "
             f"the saved run), found {saved}"
         )
-    adapter = load_file(path / "adapter_model.safetensors")
-    set_peft_model_state_dict(model, adapter)
+    weights = load_file(path / TRAINABLE_WEIGHTS)
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    if set(weights) != set(trainable):
+        differing = sorted(set(weights) ^ set(trainable))[:4]
+        raise ValueError(
+            f"resume: expected the checkpoint to hold this run's {len(trainable)} trainable "
+            f"parameters, got {len(weights)} (differing names include {differing})"
+        )
+    with torch.no_grad():
+        for name, parameter in trainable.items():
+            parameter.copy_(weights[name])
     trainer_state = torch.load(path / TRAINER_STATE, weights_only=False)
     optimizer.load_state_dict(trainer_state["optimizer"])
     scheduler.load_state_dict(trainer_state["scheduler"])

@@ -266,5 +266,3 @@ def pad_token_id_of(processor: Any) -> int:
 def normalise_answer(text: str) -> str:
     """Exact-match form of an answer: stripped, lowercased, trailing full stop removed."""
     return text.strip().lower().removesuffix(".").strip()
-
-

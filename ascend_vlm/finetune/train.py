@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import importlib.util
 import json
 import logging
 import math
@@ -56,6 +54,8 @@ PROJECTOR_MARKERS = ("merger", "multi_modal_projector", "connector", "mm_project
 COMM_HOOKS = ("sparse", "none")
 METRICS_FILE = "metrics.jsonl"
 FINAL_ADAPTER = "adapter"
+FINAL_MODEL = "model"
+BASE_PHASE_DIR = "base"
 
 
 @dataclass
@@ -69,6 +69,7 @@ class TrainConfig:
     train_size: int = 4000
     eval_size: int = 200
     data_seed: int = 0
+    image_size: int = 56
     on_bad_record: str = "skip"
     max_steps: int = 300
     batch_size: int = 8
@@ -84,6 +85,10 @@ class TrainConfig:
     lora_targets: Sequence[str] = field(default_factory=lambda: LANGUAGE_PROJECTIONS)
     lora_vision: bool = False
     lora_projector: bool = False
+    modules_to_save: Sequence[str] = ("lm_head",)
+    full_finetune: bool = False
+    base_train_steps: int = 0
+    base_learning_rate: float = 1e-3
     save_every: int = 100
     resume: str | None = None
     stop_after_steps: int | None = None
@@ -142,11 +147,10 @@ class Runtime:
 
 
 def _npu_available() -> bool:
-    """True when torch_npu imports and sees at least one device."""
-    if importlib.util.find_spec("torch_npu") is None:
-        return False
-    importlib.import_module("torch_npu")
-    return hasattr(torch, "npu") and torch.npu.is_available() and torch.npu.device_count() > 0
+    """True when a real torch_npu sees a device (``ascend_vlm.device.backend() == "npu"``)."""
+    from ascend_vlm.device import backend
+
+    return backend() == "npu"
 
 
 def init_runtime() -> Runtime:
@@ -229,14 +233,17 @@ def load_base_model(model_path: str | None, device: torch.device) -> tuple[Any, 
 
 
 def apply_ascend_patch(model: torch.nn.Module, enabled: bool) -> str:
-    """Run ``ascend_vlm.patch`` on ``model`` when enabled and available; say what happened."""
+    """Run ``ascend_vlm.patch`` on ``model`` when enabled; return a one-line note of it.
+
+    Patching happens before LoRA wraps the linears: the patched forwards call the projection
+    submodules, so PEFT's wrappers stay on the path.
+    """
     if not enabled:
         return "disabled (--no-patch)"
-    if importlib.util.find_spec("ascend_vlm.patching") is None:
-        return "unavailable (ascend_vlm.patching not installed)"
     import ascend_vlm
 
-    return f"applied: {ascend_vlm.patch(model)}"
+    report = ascend_vlm.patch(model)
+    return f"applied ({type(report).__name__} for {report.model_type})"
 
 
 def build_samples(config: TrainConfig) -> tuple[Sequence[VQASample], Sequence[VQASample]]:
@@ -244,11 +251,11 @@ def build_samples(config: TrainConfig) -> tuple[Sequence[VQASample], Sequence[VQ
     if config.train_data is not None:
         train = JsonlVQA(config.train_data, config.on_bad_record)
     else:
-        train = ShapesVQA("train", config.train_size, config.data_seed)
+        train = ShapesVQA("train", config.train_size, config.data_seed, config.image_size)
     if config.eval_data is not None:
         evaluation = JsonlVQA(config.eval_data, config.on_bad_record)
     else:
-        evaluation = ShapesVQA("eval", config.eval_size, config.data_seed)
+        evaluation = ShapesVQA("eval", config.eval_size, config.data_seed, config.image_size)
     return train, evaluation
 
 
@@ -311,21 +318,21 @@ def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[s
 
 
 def _comm_hook(config: TrainConfig, ddp_model: Any, runtime: Runtime) -> Any:
-    """Register the sparse-mask AllReduce hook when asked for and available; return its state."""
+    """Register the sparse-mask AllReduce hook when asked for; return its state (or None)."""
     if config.comm_hook == "none" or runtime.world_size == 1:
         return None
-    try:
-        from ascend_vlm.distributed import SparseAllReduceState, sparse_allreduce_hook
-    except ImportError:
-        logger.warning("comm_hook=sparse: ascend_vlm.distributed has no hook yet; plain DDP")
-        return None
-    state = SparseAllReduceState()
+    from ascend_vlm.distributed import SparseAllReduceState, sparse_allreduce_hook
+
+    state = SparseAllReduceState()  # exact mode: same averaged gradient as plain DDP
     ddp_model.register_comm_hook(state, sparse_allreduce_hook)
     return state
 
 
 def _comm_bytes_saved(state: Any) -> int:
-    return int(getattr(state, "bytes_saved", 0)) if state is not None else 0
+    """Bytes this rank did not hand to all-reduce thanks to the sparse hook, so far."""
+    if state is None:
+        return 0
+    return int(state.stats.bytes_dense - state.stats.bytes_sent)
 
 
 def evaluate(
@@ -388,22 +395,82 @@ class MetricsLog:
                 handle.write(json.dumps(record) + "\n")
 
 
-def train(config: TrainConfig) -> float:
-    """Run fine-tuning per ``config`` in this process and return the final eval accuracy.
+@dataclass
+class TrainResult:
+    """What a run leaves in memory: the trained PEFT model, its processor and eval accuracy
+    (NaN when ``stop_after_steps`` ended the run before ``max_steps``)."""
+
+    model: Any
+    processor: Any
+    eval_accuracy: float
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Run fine-tuning per ``config`` in this process.
 
     Rank 0 prints ``eval_accuracy: <fraction>`` as its last line. With ``stop_after_steps``
-    below ``max_steps`` the run stops there like a crash would (no final adapter or eval) and
-    returns NaN. The process group is destroyed on return.
+    below ``max_steps`` the run stops there like a crash would (no final adapter, no eval).
+    The process group is destroyed on return.
     """
     try:
+        if config.base_train_steps > 0 and not config.full_finetune:
+            base_config = base_phase_config(config)
+            base_model = Path(base_config.output_dir) / FINAL_MODEL
+            if not (base_model / "config.json").is_file():
+                _train(base_config)
+            config = dataclasses.replace(config, model_path=str(base_model), base_train_steps=0)
         return _train(config)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train(config: TrainConfig) -> float:
+def base_phase_config(config: TrainConfig) -> TrainConfig:
+    """The full-parameter base-training phase that runs before LoRA when ``base_train_steps``.
+
+    It trains every weight of ``config.model_path`` (the tiny random model by default) for
+    ``base_train_steps`` steps at ``base_learning_rate`` on a disjoint ShapesVQA seed
+    (``data_seed + 1``), in ``<output_dir>/base``, and leaves a ``from_pretrained`` folder in
+    ``<output_dir>/base/model`` that the LoRA phase then adapts. It resumes from its own latest
+    checkpoint when the run is resumed.
+    """
+    base_dir = Path(config.output_dir) / BASE_PHASE_DIR
+    resumable = config.resume is not None and (base_dir / checkpoint.CHECKPOINTS).is_dir()
+    return dataclasses.replace(
+        config,
+        output_dir=str(base_dir),
+        full_finetune=True,
+        base_train_steps=0,
+        max_steps=config.base_train_steps,
+        learning_rate=config.base_learning_rate,
+        warmup_steps=min(config.warmup_steps, config.base_train_steps),
+        data_seed=config.data_seed + 1,
+        resume="latest" if resumable else None,
+        stop_after_steps=None,
+    )
+
+
+def _with_trainable_weights(model: Any, config: TrainConfig) -> tuple[Any, int]:
+    """``model`` ready to train: fully unfrozen, or wrapped in PEFT LoRA; plus LoRA targets."""
     from peft import LoraConfig, get_peft_model
+
+    if config.full_finetune:
+        model.requires_grad_(True)
+        return model, 0
+    targets = lora_target_modules(
+        model, config.lora_targets, config.lora_vision, config.lora_projector
+    )
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=targets,
+        modules_to_save=list(config.modules_to_save) or None,
+    )
+    return get_peft_model(model, lora), len(targets)
+
+
+def _train(config: TrainConfig) -> TrainResult:
     from torch.nn.parallel import DistributedDataParallel
     from transformers import get_cosine_schedule_with_warmup
 
@@ -419,16 +486,7 @@ def _train(config: TrainConfig) -> float:
     seed_everything(config.seed)
     model, processor = load_base_model(config.model_path, runtime.device)
     patch_note = apply_ascend_patch(model, config.patch)
-    targets = lora_target_modules(
-        model, config.lora_targets, config.lora_vision, config.lora_projector
-    )
-    lora = LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=targets,
-    )
-    model = get_peft_model(model, lora)
+    model, lora_targets = _with_trainable_weights(model, config)
     train_samples, eval_samples = build_samples(config)
     train_set = EncodedDataset(train_samples, processor)
     pad_id = pad_token_id_of(processor)
@@ -463,7 +521,7 @@ def _train(config: TrainConfig) -> float:
             runtime.world_size,
             runtime.device,
             patch_note,
-            len(targets),
+            lora_targets,
             sum(p.numel() for p in trainable),
         )
     batches = micro_batches(
@@ -533,15 +591,15 @@ def _train(config: TrainConfig) -> float:
     if progress is not None:
         progress.close()
     if step < config.max_steps:  # stopped early on purpose: no final adapter, no eval
-        return math.nan
-    _save_final_adapter(model, output_dir, runtime)
+        return TrainResult(model, processor, math.nan)
+    _save_final(model, processor, output_dir, config.full_finetune, runtime)
     accuracy = evaluate(
         model, processor, eval_samples, runtime, config.eval_batch_size, config.max_new_tokens
     )
     metrics.write({"step": step, "eval_accuracy": accuracy})
     if runtime.is_main:
         print(f"eval_accuracy: {accuracy:.4f}", flush=True)
-    return accuracy
+    return TrainResult(model, processor, accuracy)
 
 
 def _progress_bar(config: TrainConfig, runtime: Runtime, initial: int) -> Any:
@@ -552,13 +610,16 @@ def _progress_bar(config: TrainConfig, runtime: Runtime, initial: int) -> Any:
     return tqdm(total=config.max_steps, initial=initial, desc="finetune", dynamic_ncols=True)
 
 
-def _save_final_adapter(model: Any, output_dir: Path, runtime: Runtime) -> None:
-    """Rank 0 writes the adapter to ``<output_dir>/adapter`` via a staging dir + rename."""
+def _save_final(model: Any, processor: Any, output_dir: Path, full: bool, runtime: Runtime) -> None:
+    """Rank 0 writes the LoRA adapter to ``<output_dir>/adapter`` (PEFT format) or, for full
+    training, model + processor to ``<output_dir>/model``; via a staging dir + rename."""
     if runtime.is_main:
-        staging = output_dir / f".{FINAL_ADAPTER}.staging"
-        final = output_dir / FINAL_ADAPTER
+        final = output_dir / (FINAL_MODEL if full else FINAL_ADAPTER)
+        staging = output_dir / f".{final.name}.staging"
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging, safe_serialization=True)
+        if full:
+            processor.save_pretrained(staging)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
     runtime.barrier()

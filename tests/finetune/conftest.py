@@ -1,0 +1,17 @@
+"""Shared fixtures: the tiny default model's checkpoint and processor."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_vlm.default_model import default_model_path, load_processor
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path():
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def processor(tiny_model_path):
+    return load_processor(tiny_model_path)

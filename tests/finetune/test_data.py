@@ -1,0 +1,139 @@
+"""JSONL / LLaVA record loading, bad-record handling, and answer-only supervision."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ascend_vlm.finetune.data import (
+    IGNORE_INDEX,
+    BadRecordError,
+    JsonlVQA,
+    VQASample,
+    answer_text,
+    collate,
+    encode_sample,
+    normalise_answer,
+    pad_token_id_of,
+)
+from ascend_vlm.finetune.shapes_vqa import render_scene
+
+
+@pytest.fixture
+def image_folder(tmp_path):
+    image, _ = render_scene(1)
+    image.save(tmp_path / "scene.png")
+    (tmp_path / "broken.png").write_bytes(b"not a png at all")
+    return tmp_path
+
+
+def _write_jsonl(folder, records) -> str:
+    path = folder / "data.jsonl"
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+GOOD_FLAT = {"image": "scene.png", "question": "How many shapes are there?", "answer": "2"}
+GOOD_LLAVA = {
+    "image": "scene.png",
+    "conversations": [
+        {"from": "human", "value": "<image>\nWhat colour is the circle?"},
+        {"from": "gpt", "value": "red"},
+        {"from": "human", "value": "What shape is red?"},
+        {"from": "gpt", "value": "circle"},
+    ],
+}
+BAD_RECORDS = [
+    ({"image": "missing.png", "question": "q?", "answer": "a"}, "does not exist"),
+    ({"image": "broken.png", "question": "q?", "answer": "a"}, "unreadable"),
+    ({"image": "scene.png", "question": "q?", "answer": "  "}, "empty answer"),
+    ("{not json", "Expecting property name"),
+    ({"question": "q?", "answer": "a"}, "missing key"),
+]
+
+
+def test_flat_and_llava_records_load_with_relative_images(image_folder):
+    dataset = JsonlVQA(_write_jsonl(image_folder, [GOOD_FLAT, GOOD_LLAVA]))
+    assert [(s.question, s.answer) for s in (dataset[i] for i in range(len(dataset)))] == [
+        ("How many shapes are there?", "2"),
+        ("What colour is the circle?", "red"),
+        ("What shape is red?", "circle"),
+    ]
+    assert dataset[0].image.mode == "RGB"
+    assert dataset[0].image.tobytes() == render_scene(1)[0].tobytes()
+
+
+def test_bad_records_are_skipped_and_reported_by_number(image_folder, caplog):
+    records = [GOOD_FLAT, *(record for record, _ in BAD_RECORDS)]
+    dataset = JsonlVQA(_write_jsonl(image_folder, records), on_bad_record="skip")
+    assert len(dataset) == 1
+    assert [number for number, _ in dataset.bad_records] == [2, 3, 4, 5, 6]
+    for (_, reason), (_, expected) in zip(dataset.bad_records, BAD_RECORDS, strict=True):
+        assert expected in reason
+    assert "record 4: empty answer" in caplog.text
+
+
+@pytest.mark.parametrize(("record", "expected"), BAD_RECORDS)
+def test_bad_record_fails_fast_naming_its_number(image_folder, record, expected):
+    path = _write_jsonl(image_folder, [GOOD_FLAT, GOOD_FLAT, record])
+    with pytest.raises(BadRecordError, match=rf"data\.jsonl: record 3: .*{expected}"):
+        JsonlVQA(path, on_bad_record="fail")
+
+
+def test_bad_arguments_are_named(image_folder):
+    with pytest.raises(ValueError, match="on_bad_record: expected one of"):
+        JsonlVQA(_write_jsonl(image_folder, [GOOD_FLAT]), on_bad_record="ignore")
+    with pytest.raises(FileNotFoundError, match="path: expected a JSONL file"):
+        JsonlVQA(image_folder / "nope.jsonl")
+    with pytest.raises(BadRecordError, match="no usable records"):
+        JsonlVQA(_write_jsonl(image_folder, [BAD_RECORDS[0][0]]))
+
+
+def _samples():
+    image, pairs = render_scene(5)
+    return [VQASample(image, question, answer) for question, answer in pairs[:3]]
+
+
+def test_only_answer_tokens_are_supervised(processor):
+    for sample in _samples():
+        encoded = encode_sample(processor, sample)
+        supervised = encoded["labels"] != IGNORE_INDEX
+        assert torch.equal(encoded["labels"][supervised], encoded["input_ids"][supervised])
+        text = processor.tokenizer.decode(encoded["input_ids"][supervised])
+        assert text == answer_text(processor, sample.question, sample.answer)
+        assert text.startswith(sample.answer)
+        # The supervised span is the tail: everything before it is the prompt.
+        first = int(supervised.nonzero()[0])
+        assert supervised[first:].all()
+        image_tokens = int((encoded["input_ids"] == processor.image_token_id).sum())
+        grid = encoded["image_grid_thw"]
+        assert image_tokens == int(grid.prod()) // processor.image_processor.merge_size**2
+        assert len(encoded["mm_token_type_ids"]) == len(encoded["input_ids"])
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_collate_pads_tokens_and_concatenates_pixels(processor, side):
+    encoded = [encode_sample(processor, sample) for sample in _samples()]
+    pad_id = pad_token_id_of(processor)
+    batch = collate(encoded, pad_id, padding_side=side)
+    lengths = [len(item["input_ids"]) for item in encoded]
+    assert batch["input_ids"].shape == (len(encoded), max(lengths))
+    assert batch["pixel_values"].shape[0] == sum(len(e["pixel_values"]) for e in encoded)
+    for row, (item, length) in enumerate(zip(encoded, lengths, strict=True)):
+        kept = slice(0, length) if side == "right" else slice(max(lengths) - length, None)
+        assert torch.equal(batch["input_ids"][row, kept], item["input_ids"])
+        assert torch.equal(batch["labels"][row, kept], item["labels"])
+        assert int(batch["attention_mask"][row].sum()) == length
+        pad = batch["attention_mask"][row] == 0
+        assert (batch["labels"][row][pad] == IGNORE_INDEX).all()
+        assert (batch["input_ids"][row][pad] == pad_id).all()
+    with pytest.raises(ValueError, match="padding_side: expected 'left' or 'right'"):
+        collate(encoded, pad_id, padding_side="middle")
+
+
+def test_normalise_answer():
+    assert normalise_answer("  Red. ") == "red"
+    assert normalise_answer("blue") == normalise_answer("BLUE")
