@@ -149,7 +149,7 @@ PYBIND11_MODULE(_C, m) {
           // pageable host memory makes the copy synchronous (see aclrtMemcpyAsync)
           py::call_guard<py::gil_scoped_release>())
       .def("launch_host_func", &launch_python_callback)
-      .def("destroy", &Stream::destroy);
+      .def("destroy", &Stream::destroy, py::call_guard<py::gil_scoped_release>());
 
   py::class_<Event>(m, "Event")
       .def(py::init<bool>(), py::arg("timing") = true)
@@ -178,6 +178,7 @@ PYBIND11_MODULE(_C, m) {
     out["h2d"] = stats.hostToDevice;
     out["d2h"] = stats.deviceToHost;
     out["d2d"] = stats.deviceToDevice;
+    out["kernel"] = stats.kernel;
     return out;
 #else
     sim_only("sim_stats");
@@ -190,6 +191,22 @@ PYBIND11_MODULE(_C, m) {
     sim_only("sim_reset_stats");
 #endif
   });
+  m.def(
+      "sim_copy_kernel",
+      [](Stream& stream, uintptr_t dst, uintptr_t src, size_t count) {
+#ifdef ASCEND_VLM_BACKEND_SIM
+        ascend_vlm::check_acl(
+            aclsimLaunchCopyKernel(pointer(dst), pointer(src), count, stream.handle()),
+            "aclsimLaunchCopyKernel");
+#else
+        (void)stream;
+        (void)dst;
+        (void)src;
+        (void)count;
+        sim_only("sim_copy_kernel");
+#endif
+      },
+      py::arg("stream"), py::arg("dst"), py::arg("src"), py::arg("count"));
   m.def("sim_set_device_memory", [](int32_t device, size_t nbytes) {
 #ifdef ASCEND_VLM_BACKEND_SIM
     Runtime::instance().enter();

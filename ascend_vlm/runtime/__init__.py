@@ -27,7 +27,7 @@ from ascend_vlm.runtime.op_registry import (
     registered_ops,
     unregister_op,
 )
-from ascend_vlm.runtime.stream import Event, Stream, memcpy_async
+from ascend_vlm.runtime.stream import Event, Stream, memcpy_async, sim_copy_kernel
 
 __all__ = [
     "DeviceBuffer",
@@ -48,6 +48,7 @@ __all__ = [
     "register_op",
     "registered_ops",
     "set_device",
+    "sim_copy_kernel",
     "sim_reset_stats",
     "sim_set_device_memory",
     "sim_stats",

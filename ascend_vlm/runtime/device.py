@@ -63,12 +63,12 @@ def mem_info() -> tuple[int, int]:
 
 
 def sim_stats() -> dict[str, int]:
-    """Bytes moved by executed copies since the last reset, per direction.
+    """Bytes moved since the last reset: copies per direction, and device code.
 
-    Keys ``"h2h"``, ``"h2d"``, ``"d2h"``, ``"d2d"``; the direction is the one the simulator
-    resolved from the addresses. A device-side access to a ``MappedBuffer`` through its
-    ``device_ptr`` counts as device memory, so a zero-copy path shows ``h2d == 0``.
-    Raises ``RuntimeError`` on the ``cann`` backend.
+    Keys ``"h2h"``, ``"h2d"``, ``"d2h"``, ``"d2d"`` (the direction the simulator resolved from
+    the addresses) and ``"kernel"`` (bytes moved by :func:`sim_copy_kernel`). A zero-copy path
+    (device code reading a ``MappedBuffer`` through its ``device_ptr``) shows only ``"kernel"``
+    bytes. Raises ``RuntimeError`` on the ``cann`` backend.
     """
     return dict(_C.sim_stats())
 

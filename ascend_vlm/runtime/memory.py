@@ -87,10 +87,10 @@ class MappedBuffer(_Buffer):
     """Host memory registered for device access (``aclrtHostRegister``, mapped): UVA zero-copy.
 
     ``.host_ptr`` (also ``.ptr``) is the host address behind the buffer protocol views;
-    ``.device_ptr`` is the address device code reads and writes directly, without a copy.
-    CANN documents the mapped device address as unusable for ``aclrtMemcpy`` unless the host
-    memory carries the VA flag; the simulator accepts it as a device-side copy endpoint, which is
-    how tests stand in for a kernel reading the memory.
+    ``.device_ptr`` is the address device code (kernels) reads and writes directly, without a
+    copy. CANN documents that the mapped device address cannot be used for memory copies, so
+    copies take ``.ptr`` (a pinned host address); on the simulator,
+    :func:`ascend_vlm.runtime.sim_copy_kernel` plays the kernel.
     """
 
     _kind = _C.BufferKind.MAPPED

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ascend_vlm import _C
-from ascend_vlm.runtime._checks import require_int
+from ascend_vlm.runtime._checks import require_byte_count, require_int
 from ascend_vlm.runtime.memory import resolve_copy
 
 MAX_STREAM_PRIORITY = 7  # aclrtCreateStreamWithConfig: priority 0 (highest) to 7
@@ -114,3 +114,35 @@ def memcpy_async(
     if not isinstance(stream, Stream):
         raise TypeError(f"stream: expected a Stream, got {type(stream).__name__}")
     stream.memcpy_async(dst, src, nbytes, kind)
+
+
+def sim_copy_kernel(
+    dst: _C.Buffer | int, src: _C.Buffer | int, nbytes: int, stream: Stream
+) -> None:
+    """Queue the simulator's copy kernel: device code moving ``nbytes`` between device addresses.
+
+    It stands in for an Ascend C kernel that touches memory through device addresses, which is
+    the only way to use a :class:`~ascend_vlm.runtime.MappedBuffer`'s ``device_ptr``: CANN
+    documents that a mapped device address cannot be used for copies. The bytes a kernel moves
+    are counted under ``sim_stats()["kernel"]``. ``dst``/``src`` are a ``DeviceBuffer``, a
+    ``MappedBuffer`` (its ``device_ptr``) or an int device address; a host address raises
+    ``AclError(ACL_ERROR_RT_PARAM_INVALID)``. Simulator only (``RuntimeError`` on ``cann``).
+    """
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream: expected a Stream, got {type(stream).__name__}")
+    count = require_byte_count("nbytes", nbytes, "aclsimLaunchCopyKernel")
+    _C.sim_copy_kernel(
+        stream, _device_address("dst", dst, count), _device_address("src", src, count), count
+    )
+
+
+def _device_address(name: str, value: _C.Buffer | int, count: int) -> int:
+    """The device address of a kernel operand, checking that ``count`` bytes fit in a buffer."""
+    if isinstance(value, _C.Buffer):
+        if count > value.nbytes:
+            raise ValueError(
+                f"nbytes: {count} bytes do not fit in {name} ({type(value).__name__} of "
+                f"{value.nbytes} bytes)"
+            )
+        return value.device_ptr
+    return require_int(name, value)

@@ -263,14 +263,14 @@ void Runtime::subscribe(aclrtStream stream) {
   st.reporter_wake.notify_all();
 }
 
-void Runtime::unsubscribe(aclrtStream stream) {
+aclError Runtime::unsubscribe(aclrtStream stream) {
   State& st = state();
   uint64_t thread_id = 0;
   {
     std::lock_guard lock(st.reporter_mutex);
     thread_id = st.reporter_thread_id;
   }
-  ASCEND_VLM_ACL_CALL(aclrtUnSubscribeReport, thread_id, stream);
+  return aclrtUnSubscribeReport(thread_id, stream);
 }
 
 void Runtime::launch_callback(aclrtStream stream, std::function<void()> fn) {

@@ -46,7 +46,9 @@ class Runtime {
   // Subscribes `stream` to the report thread so host callbacks run. That thread starts on first
   // use and lives as long as the process, so ending a session never waits for a callback.
   void subscribe(aclrtStream stream);
-  void unsubscribe(aclrtStream stream);
+  // Undoes subscribe(); returns the AscendCL result instead of throwing (used while tearing
+  // a stream down, where the destroy must still happen).
+  aclError unsubscribe(aclrtStream stream);
   // Queues `fn` on `stream`; it runs on the report thread once prior work completes, and the
   // stream waits for it (ACL_CALLBACK_BLOCK). `fn` must not throw.
   void launch_callback(aclrtStream stream, std::function<void()> fn);

@@ -23,7 +23,6 @@ Stream::Stream(uint32_t priority) : priority_(priority) {
 
 Stream::~Stream() {
   if (handle_ == nullptr || !Runtime::instance().session_alive(session_)) return;
-  (void)aclrtSynchronizeStream(handle_);
   try {
     destroy();
   } catch (const AclError&) {
@@ -56,14 +55,13 @@ void Stream::launch_host_func(std::function<void()> fn) {
 
 void Stream::destroy() {
   aclrtStream stream = handle();
-  Runtime& runtime = Runtime::instance();
-  runtime.unsubscribe(stream);
-  const aclError rc = aclrtDestroyStream(stream);
-  if (rc != ACL_SUCCESS) {
-    runtime.subscribe(stream);  // still alive: keep its callbacks running
-    check_acl(rc, "aclrtDestroyStream", "synchronize the stream before destroying it");
-  }
-  handle_ = nullptr;
+  // Drain first (as CANN asks before aclrtDestroyStream), while callbacks can still be reported;
+  // a stream error surfaces here and the stream stays valid.
+  ASCEND_VLM_ACL_CALL(aclrtSynchronizeStream, stream);
+  handle_ = nullptr;  // from here on the handle is gone whatever AscendCL reports
+  const aclError unsubscribed = Runtime::instance().unsubscribe(stream);
+  ASCEND_VLM_ACL_CALL(aclrtDestroyStream, stream);
+  check_acl(unsubscribed, "aclrtUnSubscribeReport");
 }
 
 Event::Event(bool timing) : timing_(timing) {

@@ -18,7 +18,7 @@ class Stream {
  public:
   // `priority` 0 (highest) to 7 (aclrtCreateStreamWithConfig).
   explicit Stream(uint32_t priority = 0);
-  // Waits for queued work, then destroys the stream; never throws.
+  // destroy(), ignoring errors.
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
@@ -35,8 +35,8 @@ class Stream {
   void memcpy_async(void* dst, size_t dst_max, const void* src, size_t count, aclrtMemcpyKind kind);
   // Queues `fn` to run on the report thread after prior work; later work waits for it.
   void launch_host_func(std::function<void()> fn);
-  // Destroys the stream now. Like aclrtDestroyStream it fails (ACL_ERROR_RT_STREAM_NOT_COMPLETE
-  // on the simulator) if work is still queued; call synchronize() first.
+  // Waits for queued work, then destroys the stream. A stream error reported by that wait is
+  // thrown and leaves the stream alive; call destroy() again to finish.
   void destroy();
   bool destroyed() const { return handle_ == nullptr; }
 

@@ -185,6 +185,7 @@ aclError aclsimGetCopyStats(aclsimCopyStats* stats) {
   stats->hostToDevice = s.bytes_h2d.load();
   stats->deviceToHost = s.bytes_d2h.load();
   stats->deviceToDevice = s.bytes_d2d.load();
+  stats->kernel = s.bytes_kernel.load();
   return ACL_SUCCESS;
 }
 
@@ -194,6 +195,7 @@ aclError aclsimResetCopyStats() {
   s.bytes_h2d = 0;
   s.bytes_d2h = 0;
   s.bytes_d2d = 0;
+  s.bytes_kernel = 0;
   return ACL_SUCCESS;
 }
 

@@ -25,7 +25,9 @@ size_t round_up(size_t value, size_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
-enum class Space { kHost, kDevice };
+// kMapped: the device address of registered host memory. Device code may use it, but CANN
+// documents that it "cannot be used for memory operations such as copies" (aclrtHostRegister).
+enum class Space { kHost, kDevice, kMapped };
 
 struct Resolved {
   Space space = Space::kHost;
@@ -43,8 +45,8 @@ typename Map::const_iterator containing(const Map& map, uintptr_t address, SizeO
   return address < it->first + size_of(it->second) ? it : map.end();
 }
 
-// Classifies `ptr .. ptr + count` as device memory (an aclrtMalloc block or the device alias of
-// a registered host range) or host memory, translating device aliases to their host bytes.
+// Classifies `ptr .. ptr + count` as device memory (an aclrtMalloc block), the device alias of a
+// registered host range (translated to its host bytes) or host memory.
 Resolved resolve(const State& s, const void* ptr, size_t count) {
   const auto address = reinterpret_cast<uintptr_t>(ptr);
   Resolved out;
@@ -60,7 +62,7 @@ Resolved resolve(const State& s, const void* ptr, size_t count) {
                           [&s](uintptr_t host) { return s.mapped_by_host.at(host).size; });
   if (alias != s.mapped_alias_to_host.end()) {
     const MappedRegion& region = s.mapped_by_host.at(alias->second);
-    out.space = Space::kDevice;
+    out.space = Space::kMapped;
     out.address = static_cast<char*>(region.host) + (address - alias->first);
     out.valid = address + count <= alias->first + region.size;
     return out;
@@ -72,8 +74,9 @@ Resolved resolve(const State& s, const void* ptr, size_t count) {
   return out;
 }
 
-std::atomic<uint64_t>& counter_for(State& s, aclrtMemcpyKind kind) {
-  switch (kind) {
+std::atomic<uint64_t>& counter_for(State& s, const CopyPlan& plan) {
+  if (plan.kernel) return s.bytes_kernel;
+  switch (plan.kind) {
     case ACL_MEMCPY_HOST_TO_DEVICE:
       return s.bytes_h2d;
     case ACL_MEMCPY_DEVICE_TO_HOST:
@@ -96,22 +99,41 @@ aclError plan_copy_locked(void* dst, size_t dest_max, const void* src, size_t co
   State& s = state();
   const Resolved to = resolve(s, dst, count);
   const Resolved from = resolve(s, src, count);
-  if (!to.valid || !from.valid) return ACL_ERROR_RT_PARAM_INVALID;
+  if (!to.valid || !from.valid || to.space == Space::kMapped || from.space == Space::kMapped) {
+    return ACL_ERROR_RT_PARAM_INVALID;
+  }
   const bool to_device = to.space == Space::kDevice;
   const bool from_device = from.space == Space::kDevice;
   const aclrtMemcpyKind actual =
       to_device ? (from_device ? ACL_MEMCPY_DEVICE_TO_DEVICE : ACL_MEMCPY_HOST_TO_DEVICE)
                 : (from_device ? ACL_MEMCPY_DEVICE_TO_HOST : ACL_MEMCPY_HOST_TO_HOST);
   if (kind != ACL_MEMCPY_DEFAULT && kind != actual) return ACL_ERROR_RT_PARAM_INVALID;
-  *plan = {to.address, from.address, count, actual,
-           (to_device || to.pinned) && (from_device || from.pinned)};
+  *plan = {to.address,
+           from.address,
+           count,
+           actual,
+           (to_device || to.pinned) && (from_device || from.pinned),
+           /*kernel=*/false};
+  return ACL_SUCCESS;
+}
+
+aclError plan_kernel_copy_locked(void* dst, const void* src, size_t count, CopyPlan* plan) {
+  if (dst == nullptr || src == nullptr) return ACL_ERROR_INVALID_PARAM;
+  State& s = state();
+  const Resolved to = resolve(s, dst, count);
+  const Resolved from = resolve(s, src, count);
+  // Device code reaches device memory and mapped host memory, never plain host addresses.
+  if (!to.valid || !from.valid || to.space == Space::kHost || from.space == Space::kHost) {
+    return ACL_ERROR_RT_PARAM_INVALID;
+  }
+  *plan = {to.address, from.address, count, ACL_MEMCPY_DEVICE_TO_DEVICE, true, /*kernel=*/true};
   return ACL_SUCCESS;
 }
 
 void perform_copy_locked(const CopyPlan& plan) {
   if (plan.count == 0) return;
   std::memmove(plan.to, plan.from, plan.count);
-  counter_for(state(), plan.kind).fetch_add(plan.count);
+  counter_for(state(), plan).fetch_add(plan.count);
 }
 
 }  // namespace ascend_vlm::sim
@@ -197,7 +219,7 @@ aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegisterType type,
   State& s = state();
   std::unique_lock lock(s.memory_mutex);
   const auto base = reinterpret_cast<uintptr_t>(ptr);
-  if (ascend_vlm::sim::resolve(s, ptr, 0).space == ascend_vlm::sim::Space::kDevice) {
+  if (ascend_vlm::sim::resolve(s, ptr, 0).space != ascend_vlm::sim::Space::kHost) {
     return ACL_ERROR_RT_PARAM_INVALID;  // device memory cannot be registered as host memory
   }
   // Overlap with an existing registration: the next one at or after base, or one before it

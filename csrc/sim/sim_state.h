@@ -104,7 +104,7 @@ struct State {
   std::map<uintptr_t, MappedRegion> mapped_by_host;
   std::map<uintptr_t, uintptr_t> mapped_alias_to_host;
 
-  std::atomic<uint64_t> bytes_h2h{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0};
+  std::atomic<uint64_t> bytes_h2h{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0}, bytes_kernel{0};
 
   std::mutex handles_mutex;
   std::unordered_map<void*, std::shared_ptr<SimStream>> streams;
@@ -142,12 +142,16 @@ struct CopyPlan {
   size_t count = 0;
   aclrtMemcpyKind kind = ACL_MEMCPY_DEFAULT;
   bool host_pinned = true;
+  bool kernel = false;  // device code (aclsimLaunchCopyKernel) rather than a DMA copy
 };
 
 // Validates a copy against the allocation tables; memory_mutex must be held. Shared by
 // aclrtMemcpy and aclrtMemcpyAsync (which validates again when the task runs).
 aclError plan_copy_locked(void* dst, size_t dest_max, const void* src, size_t count,
                           aclrtMemcpyKind kind, CopyPlan* plan);
+// Validates a device-side copy by the simulator's copy kernel: both ends must be device
+// addresses (aclrtMalloc memory or the device address of registered host memory).
+aclError plan_kernel_copy_locked(void* dst, const void* src, size_t count, CopyPlan* plan);
 // Moves the bytes of a plan and counts them per direction; memory_mutex must be held.
 void perform_copy_locked(const CopyPlan& plan);
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "acl/acl.h"
+#include "acl_sim_ext.h"
 #include "sim_state.h"
 
 namespace ascend_vlm::sim {
@@ -179,17 +180,19 @@ aclError aclrtDestroyStream(aclrtStream stream) {
     std::lock_guard lock(s.handles_mutex);
     auto it = s.streams.find(stream);
     if (it == s.streams.end()) return ACL_ERROR_RT_INVALID_HANDLE;
-    // CANN requires aclrtSynchronizeStream before aclrtDestroyStream.
-    if (!it->second->idle()) return ACL_ERROR_RT_STREAM_NOT_COMPLETE;
-    doomed = std::move(it->second);
-    s.streams.erase(it);
-    auto subscriber = s.stream_subscriber.find(stream);
-    if (subscriber != s.stream_subscriber.end()) {
-      --s.thread_subscriptions[subscriber->second];
-      s.stream_subscriber.erase(subscriber);
-    }
+    doomed = it->second;
   }
-  return ACL_SUCCESS;  // `doomed` joins the idle worker here, outside the handle lock
+  // hicann/runtime docs/api_docs/aclrtDestroyStream.md: unfinished tasks are waited for, then
+  // the stream is destroyed (callers must not use it meanwhile).
+  (void)doomed->synchronize();
+  std::lock_guard lock(s.handles_mutex);
+  if (s.streams.erase(stream) == 0) return ACL_ERROR_RT_INVALID_HANDLE;  // destroyed meanwhile
+  auto subscriber = s.stream_subscriber.find(stream);
+  if (subscriber != s.stream_subscriber.end()) {
+    --s.thread_subscriptions[subscriber->second];
+    s.stream_subscriber.erase(subscriber);
+  }
+  return ACL_SUCCESS;  // the idle worker is joined when `doomed` goes out of scope
 }
 
 aclError aclrtSynchronizeStream(aclrtStream stream) {
@@ -230,6 +233,25 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t cou
   // Same reference: with pageable (non-pinned) host memory the call returns only once the copy
   // has completed.
   if (!plan.host_pinned) target->wait_for(ticket);
+  return ACL_SUCCESS;
+}
+
+aclError aclsimLaunchCopyKernel(void* dst, const void* src, size_t count, aclrtStream stream) {
+  if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
+  std::shared_ptr<SimStream> target;
+  if (aclError rc = ascend_vlm::sim::find_stream(stream, &target)) return rc;
+  {
+    std::shared_lock lock(state().memory_mutex);
+    ascend_vlm::sim::CopyPlan plan;
+    if (aclError rc = ascend_vlm::sim::plan_kernel_copy_locked(dst, src, count, &plan)) return rc;
+  }
+  target->enqueue([dst, src, count] {
+    std::shared_lock lock(state().memory_mutex);
+    ascend_vlm::sim::CopyPlan plan;
+    const aclError rc = ascend_vlm::sim::plan_kernel_copy_locked(dst, src, count, &plan);
+    if (rc == ACL_SUCCESS) ascend_vlm::sim::perform_copy_locked(plan);
+    return rc;
+  });
   return ACL_SUCCESS;
 }
 

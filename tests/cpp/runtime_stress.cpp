@@ -3,6 +3,7 @@
 // `runtime_stress all` runs every check (ASan + UBSan build); `runtime_stress stress` runs only
 // the multi-threaded stream checks (TSan build). Exit status 0 means every expectation held.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -146,14 +147,17 @@ void check_misuse_codes() {
   EXPECT_CODE(aclrtDestroyEvent(&local), ACL_ERROR_RT_INVALID_HANDLE);
   EXPECT_CODE(aclrtCreateStreamWithConfig(&bogus_stream, 8, 0), ACL_ERROR_INVALID_PARAM);
 
-  // Destroying a stream with queued work is refused until it drains.
+  // Destroying a stream waits for its queued work.
   Stream stream;
   std::atomic<bool> release{false};
   hold_until(stream, release);
-  EXPECT(acl_code_of([&] { stream.destroy(); }) == ACL_ERROR_RT_STREAM_NOT_COMPLETE);
-  release = true;
-  stream.synchronize();
+  std::thread opener([&release] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    release = true;
+  });
   EXPECT(acl_code_of([&] { stream.destroy(); }) == ACL_SUCCESS);
+  EXPECT(release.load() && stream.destroyed());
+  opener.join();
 
   // A copy whose target is freed while it waits in the queue fails at synchronize, once.
   Stream gated;
@@ -195,16 +199,22 @@ void check_out_of_memory() {
 void check_zero_copy() {
   Buffer mapped(BufferKind::kMapped, 8192);
   Buffer device(BufferKind::kDevice, 8192);
+  Stream stream;
   std::memset(mapped.host_ptr(), 0x5A, 8192);
   EXPECT_CODE(aclsimResetCopyStats(), ACL_SUCCESS);
-  ascend_vlm::memcpy_sync(device.ptr(), 8192, mapped.device_ptr(), 8192,
-                          ACL_MEMCPY_DEVICE_TO_DEVICE);
-  std::vector<unsigned char> back(8192);
-  ascend_vlm::memcpy_sync(back.data(), back.size(), device.ptr(), 8192, ACL_MEMCPY_DEVICE_TO_HOST);
+  EXPECT_CODE(aclsimLaunchCopyKernel(device.ptr(), mapped.device_ptr(), 8192, stream.handle()),
+              ACL_SUCCESS);
+  stream.synchronize();
   aclsimCopyStats stats{};
   EXPECT_CODE(aclsimGetCopyStats(&stats), ACL_SUCCESS);
-  EXPECT(stats.hostToDevice == 0 && stats.hostToHost == 0 && stats.deviceToDevice == 8192);
+  EXPECT(stats.hostToDevice == 0 && stats.deviceToDevice == 0 && stats.kernel == 8192);
+  std::vector<unsigned char> back(8192);
+  ascend_vlm::memcpy_sync(back.data(), back.size(), device.ptr(), 8192, ACL_MEMCPY_DEVICE_TO_HOST);
   EXPECT(back[0] == 0x5A && back[8191] == 0x5A);
+  // CANN: a mapped device address cannot be used for copies.
+  EXPECT_CODE(
+      aclrtMemcpy(device.ptr(), 8192, mapped.device_ptr(), 8192, ACL_MEMCPY_DEVICE_TO_DEVICE),
+      ACL_ERROR_RT_PARAM_INVALID);
 }
 
 void check_reentrancy() {

@@ -20,7 +20,6 @@ ACL_ERROR_RT_ADDR_UNALIGNED = 107008
 ACL_ERROR_RT_INVALID_HANDLE = 107017
 ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
 ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
-ACL_ERROR_RT_STREAM_NOT_COMPLETE = 507004
 
 requires_sim = pytest.mark.skipif(
     runtime.backend() != "sim", reason="needs the simulated AscendCL runtime"

@@ -184,26 +184,38 @@ def test_zero_copy_identity_counts_no_host_copies():
     device = runtime.DeviceBuffer(n)
     stream = runtime.Stream()
     runtime.sim_reset_stats()
-    # A device-side read of the mapped memory through its device address: no host copy.
-    stream.memcpy_async(device, mapped.device_ptr, n, kind="d2d")
+    # Device code reads the mapped memory through its device address: no copy at all.
+    runtime.sim_copy_kernel(device, mapped, n, stream)
     stream.synchronize()
-    assert runtime.sim_stats() == {"h2h": 0, "h2d": 0, "d2h": 0, "d2d": n}
+    assert runtime.sim_stats() == {"h2h": 0, "h2d": 0, "d2h": 0, "d2d": 0, "kernel": n}
     check = np.zeros_like(expected)
     runtime.memcpy(check.ctypes.data, device, n)
     assert np.array_equal(check, expected)
 
-    # A device-side write into the mapped memory shows up in the host view, again no host copy.
+    # Device code writes into the mapped memory: the host view sees it at once.
     pattern = runtime.PinnedBuffer(n)
     np.frombuffer(pattern, dtype=np.uint8)[:] = 0xAB
     other = runtime.DeviceBuffer(n)
     runtime.memcpy(other, pattern, n)
     runtime.sim_reset_stats()
-    stream.memcpy_async(mapped.device_ptr, other, n, kind="d2d")
+    runtime.sim_copy_kernel(mapped.device_ptr, other, n, stream)
     stream.synchronize()
     assert np.all(view.view(np.uint8) == 0xAB)
-    assert runtime.sim_stats() == {"h2h": 0, "h2d": 0, "d2h": 0, "d2d": n}
+    assert runtime.sim_stats() == {"h2h": 0, "h2d": 0, "d2h": 0, "d2d": 0, "kernel": n}
 
 
+@requires_sim
+def test_mapped_device_address_is_not_a_copy_endpoint():
+    mapped = runtime.MappedBuffer(PAGE)
+    device = runtime.DeviceBuffer(PAGE)
+    with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtMemcpy"):
+        runtime.memcpy(device, mapped.device_ptr, PAGE, kind="d2d")
+    runtime.memcpy(device, mapped, PAGE)  # through its pinned host address instead
+    with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclsimLaunchCopyKernel"):
+        runtime.sim_copy_kernel(device, mapped.host_ptr, PAGE, runtime.Stream())
+
+
+@requires_sim
 def test_views_outlive_the_python_handle():
     mapped = runtime.MappedBuffer(PAGE)
     array = np.frombuffer(mapped, dtype=np.float32)
@@ -216,8 +228,12 @@ def test_views_outlive_the_python_handle():
     assert torch.all(tensor == 2.5)
     tensor[:] = 7.0
     assert np.all(array == 7.0)
+    device = runtime.DeviceBuffer(PAGE)
+    stream = runtime.Stream()
+    runtime.sim_copy_kernel(device, device_ptr, PAGE, stream)  # still registered
+    stream.synchronize()
     check = np.zeros(PAGE // 4, dtype=np.float32)
-    runtime.memcpy(check.ctypes.data, device_ptr, PAGE, kind="d2h")  # still registered
+    runtime.memcpy(check.ctypes.data, device, PAGE)
     assert np.all(check == 7.0)
 
 

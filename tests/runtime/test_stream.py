@@ -13,7 +13,6 @@ from _runtime_helpers import (
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
     ACL_ERROR_RT_INVALID_HANDLE,
     ACL_ERROR_RT_PARAM_INVALID,
-    ACL_ERROR_RT_STREAM_NOT_COMPLETE,
     requires_sim,
 )
 
@@ -170,18 +169,22 @@ def test_dropping_a_stream_waits_for_its_callbacks():
 
 
 @requires_sim
-def test_destroy_with_queued_work_is_refused_then_succeeds_after_sync():
+def test_destroy_waits_for_queued_work_then_invalidates_the_handle():
     stream = runtime.Stream()
+    device = runtime.DeviceBuffer(SLOT)
+    host = runtime.PinnedBuffer(SLOT)
+    np.frombuffer(host, dtype=np.uint8)[:] = 3
+    out = runtime.PinnedBuffer(SLOT)
+    np.frombuffer(out, dtype=np.uint8)[:] = 0
     gate = threading.Event()
     stream.launch_host_func(lambda: gate.wait(10))
-    with pytest.raises(ascend_vlm.AclError) as raised:
-        stream.destroy()
-    assert raised.value.code == ACL_ERROR_RT_STREAM_NOT_COMPLETE
-    gate.set()
-    stream.synchronize()
+    stream.memcpy_async(device, host, SLOT)
+    stream.memcpy_async(out, device, SLOT)
+    threading.Timer(0.05, gate.set).start()
     handle = stream.handle
-    stream.destroy()
+    stream.destroy()  # aclrtDestroyStream waits for unfinished tasks
     assert stream.destroyed
+    assert np.all(np.frombuffer(out, dtype=np.uint8) == 3)
     with pytest.raises(ascend_vlm.AclError) as raised:
         _C.acl.destroy_stream(handle)  # destroyed handle
     assert raised.value.code == ACL_ERROR_RT_INVALID_HANDLE

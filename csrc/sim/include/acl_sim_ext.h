@@ -13,12 +13,13 @@
 extern "C" {
 #endif
 
-// Bytes moved by executed copies, per effective direction.
+// Bytes moved by executed copies, per effective direction, and by the copy kernel.
 typedef struct aclsimCopyStats {
   uint64_t hostToHost;
   uint64_t hostToDevice;
   uint64_t deviceToHost;
   uint64_t deviceToDevice;
+  uint64_t kernel;
 } aclsimCopyStats;
 
 aclError aclsimGetCopyStats(aclsimCopyStats* stats);
@@ -28,6 +29,12 @@ aclError aclsimResetCopyStats();
 // variable ASCEND_VLM_SIM_DEVICE_MEM (default 1 GiB); this call changes it afterwards and fails
 // with ACL_ERROR_INVALID_PARAM if `bytes` is below what is already allocated on that device.
 aclError aclsimSetDeviceMemoryCapacity(int32_t deviceId, size_t bytes);
+
+// Queues the simulator's one device kernel on `stream`: device code copying `count` bytes between
+// device addresses. Unlike aclrtMemcpy it accepts the device address of registered (mapped) host
+// memory, which is how UVA zero-copy is exercised: the kernel reads or writes the host bytes in
+// place. A plain host address is refused with ACL_ERROR_RT_PARAM_INVALID.
+aclError aclsimLaunchCopyKernel(void* dst, const void* src, size_t count, aclrtStream stream);
 
 #ifdef __cplusplus
 }

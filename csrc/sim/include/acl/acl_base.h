@@ -52,7 +52,6 @@ static const int32_t ACL_ERROR_RT_MEMORY_ALLOCATION = 207001;
 static const int32_t ACL_ERROR_RT_MEMORY_FREE = 207002;
 static const int32_t ACL_ERROR_RT_RESOURCE_ALLOC_FAIL = 207005;
 static const int32_t ACL_ERROR_RT_INTERNAL_ERROR = 507000;
-static const int32_t ACL_ERROR_RT_STREAM_NOT_COMPLETE = 507004;
 static const int32_t ACL_ERROR_RT_EVENT_NOT_COMPLETE = 507006;
 
 #ifdef __cplusplus
