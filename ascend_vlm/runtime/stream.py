@@ -56,9 +56,10 @@ class Stream(_C.Stream):
         """Run ``fn()`` on the runtime's report thread once prior work completes.
 
         Later work on this stream waits for ``fn`` to return. An exception from ``fn`` is
-        reported through ``sys.unraisablehook`` and does not stop the stream. ``fn`` runs on the
-        single report thread, so it must not wait for stream work (``synchronize``, dropping the
-        last reference to a stream) or it would wait for itself.
+        reported through ``sys.unraisablehook`` and does not stop the stream. As CANN requires
+        of ``aclrtLaunchCallback`` callbacks, ``fn`` must not allocate or free runtime
+        resources, issue work or synchronize (it runs on the single report thread, so waiting
+        for stream work would wait for itself).
         """
         if not callable(fn):
             raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")

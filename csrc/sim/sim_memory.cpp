@@ -143,14 +143,14 @@ using ascend_vlm::sim::state;
 
 extern "C" {
 
-aclError aclrtMalloc(void** devPtr, size_t size, aclrtMemMallocPolicy policy) {
+aclError aclrtMalloc(void** devPtr, size_t size, aclrtMemMallocPolicy /*policy*/) {
   if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
-  if (devPtr == nullptr || size == 0 || policy < ACL_MEM_MALLOC_HUGE_FIRST ||
-      policy > ACL_MEM_MALLOC_NORMAL_ONLY_P2P) {
-    return ACL_ERROR_INVALID_PARAM;
-  }
+  // An unknown policy is not an error: CANN falls back to huge pages from 2 MB on (aclrtMalloc
+  // docs), which the pool does not distinguish.
+  if (devPtr == nullptr || size == 0) return ACL_ERROR_INVALID_PARAM;
   const int32_t device = ascend_vlm::sim::current_device();
   if (device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  // hicann/runtime docs/api_docs/aclrtMalloc.md: size rounded up to 32 bytes plus 32 bytes.
   const size_t accounted = ascend_vlm::sim::round_up(size, 32) + 32;
   if (accounted < size) return ACL_ERROR_RT_MEMORY_ALLOCATION;  // overflow: absurd size
   State& s = state();

@@ -422,7 +422,7 @@ aclError aclrtLaunchCallback(aclrtCallback fn, void* userData, aclrtCallbackBloc
 
 aclError aclrtProcessReport(int32_t timeout) {
   if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
-  if (timeout < -1) return ACL_ERROR_INVALID_PARAM;
+  if (timeout == 0 || timeout < -1) return ACL_ERROR_INVALID_PARAM;  // -1 (forever) or > 0 ms
   State& s = state();
   const uint64_t self = ascend_vlm::sim::this_thread_id();
   ascend_vlm::sim::Report report{};
