@@ -62,7 +62,8 @@ class SimStream {
 };
 
 struct SimEvent {
-  bool timing = true;
+  bool timing = true;  // ACL_EVENT_TIME_LINE: carries timestamps
+  bool sync = true;    // ACL_EVENT_SYNC: streams may wait on it
   // Guarded by State::progress_mutex.
   uint64_t recorded_seq = 0;
   uint64_t completed_seq = 0;

@@ -12,11 +12,12 @@ namespace ascend_vlm::sim {
 namespace {
 
 constexpr uintptr_t kAsyncCopyAlignment = 64;
-constexpr uint32_t kMaxStreamPriority = 7;  // aclrtCreateStreamWithConfig: priority 0~7
-constexpr uint32_t kKnownStreamFlags = ACL_STREAM_FAST_LAUNCH | ACL_STREAM_FAST_SYNC;
-constexpr uint32_t kEventCaptureStreamProgress = 0x2u;  // ACL_EVENT_CAPTURE_STREAM_PROGRESS
-constexpr uint32_t kKnownEventFlags =
-    ACL_EVENT_SYNC | kEventCaptureStreamProgress | ACL_EVENT_TIME_LINE;
+// Priorities 0 (highest) to 7 (CANN 8+ docs); older aclrtCreateStreamWithConfig docs call the
+// argument reserved. The sim validates it but schedules every stream alike.
+constexpr uint32_t kMaxStreamPriority = 7;
+// aclrtCreateEventWithFlag docs: SYNC 0x1, CAPTURE_STREAM_PROGRESS 0x2, TIME_LINE 0x8,
+// DEVICE_USE_ONLY 0x10, EXTERNAL 0x20; other bits are not supported.
+constexpr uint32_t kKnownEventFlags = 0x1u | 0x2u | 0x8u | 0x10u | 0x20u;
 
 uint64_t this_thread_id() { return static_cast<uint64_t>(pthread_self()); }
 
@@ -50,9 +51,10 @@ void wait_for_event(const SimEvent& event, uint64_t target) {
 
 aclError create_stream(aclrtStream* stream, uint32_t priority, uint32_t flag) {
   if (aclError rc = require_initialized()) return rc;
-  if (stream == nullptr || priority > kMaxStreamPriority || (flag & ~kKnownStreamFlags) != 0) {
-    return ACL_ERROR_INVALID_PARAM;
-  }
+  // Unknown stream flags give a plain stream (aclrtCreateStreamWithConfig docs), so only the
+  // priority is checked.
+  (void)flag;
+  if (stream == nullptr || priority > kMaxStreamPriority) return ACL_ERROR_INVALID_PARAM;
   const int32_t device = current_device();
   if (device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
   std::shared_ptr<SimStream> created;
@@ -64,11 +66,12 @@ aclError create_stream(aclrtStream* stream, uint32_t priority, uint32_t flag) {
   return ACL_SUCCESS;
 }
 
-aclError create_event(aclrtEvent* event, bool timing) {
+aclError create_event(aclrtEvent* event, uint32_t flags) {
   if (aclError rc = require_initialized()) return rc;
   if (event == nullptr) return ACL_ERROR_INVALID_PARAM;
   auto created = std::make_shared<SimEvent>();
-  created->timing = timing;
+  created->timing = (flags & ACL_EVENT_TIME_LINE) != 0;
+  created->sync = (flags & ACL_EVENT_SYNC) != 0;
   State& s = state();
   std::lock_guard lock(s.handles_mutex);
   s.events[created.get()] = created;
@@ -256,12 +259,12 @@ aclError aclsimLaunchCopyKernel(void* dst, const void* src, size_t count, aclrtS
 }
 
 aclError aclrtCreateEvent(aclrtEvent* event) {
-  return ascend_vlm::sim::create_event(event, /*timing=*/true);
+  return ascend_vlm::sim::create_event(event, ACL_EVENT_SYNC | ACL_EVENT_TIME_LINE);
 }
 
 aclError aclrtCreateEventWithFlag(aclrtEvent* event, uint32_t flag) {
   if ((flag & ~ascend_vlm::sim::kKnownEventFlags) != 0) return ACL_ERROR_INVALID_PARAM;
-  return ascend_vlm::sim::create_event(event, (flag & ACL_EVENT_TIME_LINE) != 0);
+  return ascend_vlm::sim::create_event(event, flag);
 }
 
 aclError aclrtDestroyEvent(aclrtEvent event) {
@@ -304,6 +307,8 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
   if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
   std::shared_ptr<SimEvent> target;
   if (aclError rc = ascend_vlm::sim::find_event(event, &target)) return rc;
+  // aclrtCreateEventWithFlag docs: events without ACL_EVENT_SYNC cannot be waited on.
+  if (!target->sync) return ACL_ERROR_RT_PARAM_INVALID;
   std::shared_ptr<SimStream> queue;
   if (aclError rc = ascend_vlm::sim::find_stream(stream, &queue)) return rc;
   uint64_t seq = 0;

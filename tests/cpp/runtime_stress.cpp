@@ -146,6 +146,11 @@ void check_misuse_codes() {
   EXPECT_CODE(aclrtSynchronizeStream(bogus_stream), ACL_ERROR_RT_INVALID_HANDLE);
   EXPECT_CODE(aclrtDestroyEvent(&local), ACL_ERROR_RT_INVALID_HANDLE);
   EXPECT_CODE(aclrtCreateStreamWithConfig(&bogus_stream, 8, 0), ACL_ERROR_INVALID_PARAM);
+  aclrtEvent timing_only = nullptr;
+  EXPECT_CODE(aclrtCreateEventWithFlag(&timing_only, ACL_EVENT_TIME_LINE), ACL_SUCCESS);
+  EXPECT_CODE(aclrtCreateEventWithFlag(&timing_only, 0x40u), ACL_ERROR_INVALID_PARAM);
+  EXPECT_CODE(aclrtStreamWaitEvent(nullptr, timing_only), ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT_CODE(aclrtDestroyEvent(timing_only), ACL_SUCCESS);
 
   // Destroying a stream waits for its queued work.
   Stream stream;
