@@ -12,8 +12,8 @@ namespace ascend_vlm::sim {
 namespace {
 
 constexpr uintptr_t kAsyncCopyAlignment = 64;
-// Priorities 0 (highest) to 7 (CANN 8+ docs); older aclrtCreateStreamWithConfig docs call the
-// argument reserved. The sim validates it but schedules every stream alike.
+// Priority range 0~7 as noted for aclrtCreateStreamWithConfig in the project's NPU API notes;
+// hicann/runtime's docs call the argument reserved (0). Validated, not modelled.
 constexpr uint32_t kMaxStreamPriority = 7;
 // aclrtCreateEventWithFlag docs: SYNC 0x1, CAPTURE_STREAM_PROGRESS 0x2, TIME_LINE 0x8,
 // DEVICE_USE_ONLY 0x10, EXTERNAL 0x20; other bits are not supported.
