@@ -1,11 +1,13 @@
 // Simulated AscendCL: device memory pool, pinned host memory, host registration (UVA) and copies.
 //
-// Error codes for misuse: CANN documents the preconditions (aclrtFree only takes aclrtMalloc
-// pointers, aclrtHostRegister needs a 4K-aligned pointer, ...) but not the exact code each
-// violation yields, so the sim follows the runtime's split between ACL-layer argument checks
-// (ACL_ERROR_INVALID_PARAM: null out-pointer, zero size, bad enum, count > destMax) and
-// runtime-layer address checks (ACL_ERROR_RT_PARAM_INVALID: unknown, freed or foreign address;
-// ACL_ERROR_RT_ADDR_UNALIGNED: unaligned registration; ACL_ERROR_RT_MEMORY_ALLOCATION: pool full).
+// Error codes for misuse: the docs (hicann/runtime docs/api_docs) state the preconditions
+// (aclrtFree only takes aclrtMalloc pointers, aclrtHostRegister needs a 4K-aligned pointer, a
+// mapped device address is no copy endpoint, ...) but not the code each violation yields. The sim
+// follows the implementation's split (e.g. aclrtFreeImpl): ACL-layer argument checks return
+// ACL_ERROR_INVALID_PARAM (null pointer, zero size, bad enum, count > destMax), runtime-layer
+// failures return ACL_ERROR_RT_* (ACL_ERROR_RT_PARAM_INVALID: unknown, freed, foreign or mapped
+// address; ACL_ERROR_RT_ADDR_UNALIGNED: misaligned address; ACL_ERROR_RT_MEMORY_ALLOCATION: pool
+// full).
 #include <sys/mman.h>
 
 #include <cstdlib>
