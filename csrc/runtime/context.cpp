@@ -51,16 +51,24 @@ struct Runtime::State {
 
 struct CallbackPayload {
   std::function<void()> fn;
-  Runtime::State* state;
 };
 
 namespace {
 
+// The process-wide state; deliberately never destroyed (exit-time callers still find it).
+Runtime::State& shared_state() {
+  static Runtime::State* state = new Runtime::State();
+  return *state;
+}
+
 void run_callback(void* user_data) {
   auto* payload = static_cast<CallbackPayload*>(user_data);
   {
-    std::lock_guard lock(payload->state->reporter_mutex);
-    payload->state->pending_callbacks.erase(payload);
+    // A session teardown may have claimed this payload as an orphan (and freed it) between
+    // aclrtProcessReport handing it over and this point: then it is not ours to touch.
+    Runtime::State& st = shared_state();
+    std::lock_guard lock(st.reporter_mutex);
+    if (st.pending_callbacks.erase(payload) == 0) return;
   }
   try {
     payload->fn();
@@ -132,10 +140,7 @@ Runtime& Runtime::instance() {
   return *runtime;
 }
 
-Runtime::State& Runtime::state() const {
-  static State* shared = new State();
-  return *shared;
-}
+Runtime::State& Runtime::state() const { return shared_state(); }
 
 void Runtime::init() {
   State& st = state();
@@ -275,7 +280,7 @@ aclError Runtime::unsubscribe(aclrtStream stream) {
 
 void Runtime::launch_callback(aclrtStream stream, std::function<void()> fn) {
   State& st = state();
-  auto* payload = new CallbackPayload{std::move(fn), &st};
+  auto* payload = new CallbackPayload{std::move(fn)};
   {
     std::lock_guard lock(st.reporter_mutex);
     st.pending_callbacks.insert(payload);
