@@ -42,8 +42,10 @@ _TEXT_ROPE_PARAMETERS = ("q", "k", "cos", "sin", "unsqueeze_dim")
 _VISION_ROPE_PARAMETERS = ("q", "k", "cos", "sin")
 
 
+@functools.cache
 def _ops():
-    # Imported on use so that `import ascend_vlm.patching` does not load the op library.
+    # Imported on first use so that `import ascend_vlm.patching` does not load the op library;
+    # cached because the patched forwards call this per layer.
     from ascend_vlm import ops
 
     return ops
@@ -159,13 +161,19 @@ def _rope_text(q, k, cos, sin, unsqueeze_dim=1):
 def _rope_vision(q, k, cos, sin):
     """Drop-in for `apply_rotary_pos_emb_vision`: q/k [T, N, D], cos/sin [T, D], fp32 math."""
     rotary = _ops().rotary_embedding
-    cos, sin = cos.float(), sin.float()
+    cos, sin = _as_float32(cos), _as_float32(sin)
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
-        as_bnsd = x.float().transpose(0, 1).unsqueeze(0)  # [1, N, T, D]
-        return rotary(as_bnsd, cos, sin)[0].transpose(0, 1).to(x.dtype)
+        as_bnsd = _as_float32(x).transpose(0, 1).unsqueeze(0)  # [1, N, T, D]
+        rotated = rotary(as_bnsd, cos, sin)[0].transpose(0, 1)
+        return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
 
     return rotate(q), rotate(k)
+
+
+def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
+    # `.float()` is a no-op for fp32 but still a dispatcher round trip, paid per layer.
+    return tensor if tensor.dtype == torch.float32 else tensor.float()
 
 
 _ROPE_STYLES = {

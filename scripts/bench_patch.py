@@ -1,15 +1,19 @@
 """Patched vs unpatched (eager and sdpa) forward/generate latency and peak memory on CPU.
 
-For each family's tiny model (`ascend_vlm.models.tiny`, one image + text, batch 1) measures, in
-one run and on the same weights:
+For each family (`ascend_vlm.models.tiny`, one image + text, batch 1) and each size (`tiny`: pure
+per-call overhead; `small`: 4 decoder layers of width 512, a 2-layer width-512 vision tower, one
+224x224 image, so compute matters) measures, in one run and on the same weights:
 
 * forward: median wall time of one full forward (vision tower + language model);
 * generate: median wall time of greedy `generate` with a KV cache;
 * peak memory: the highest live CPU tensor memory during one forward, from torch.profiler
   (`profile_memory=True`): running sum, in start-time order, of each op's net self allocation.
 
-Ratios are unpatched / patched time (> 1 means patched is faster) and patched / unpatched
-memory. Run: python scripts/bench_patch.py [--families qwen2_vl llava_clip] [--repeats 20]
+The three models (eager, sdpa, sdpa + `ascend_vlm.patch`) are timed in interleaved rounds with a
+rotating order, so machine-load drift hits all three alike. Ratios are unpatched / patched time
+(> 1 means patched is faster) and patched / sdpa memory. torch runs with a fixed thread count
+(`--threads`, default 1). Run: python scripts/bench_patch.py [--sizes tiny small]
+[--families qwen2_vl llava_clip] [--repeats 20]
 """
 
 from __future__ import annotations
@@ -18,22 +22,33 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
 import ascend_vlm
 from ascend_vlm.device import backend
-from ascend_vlm.models.tiny import FAMILIES, build_model, make_inputs
+from ascend_vlm.models.tiny import FAMILIES, SIZES, build_model, make_inputs
+
+IMPLEMENTATIONS = ("eager", "sdpa", "patched")
+# Rounds per size relative to --repeats: small forwards take ~100x longer than tiny ones.
+REPEAT_SCALE = {"tiny": 1.0, "small": 0.25}
 
 
-def _median_seconds(function, repeats: int) -> float:
-    function()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _interleaved_medians(functions: dict[str, Callable[[], object]], rounds: int) -> dict:
+    """Median seconds per function over `rounds` rounds; each round calls every function once,
+    in an order rotated by one per round, after one warm-up call each."""
+    for function in functions.values():
         function()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    names = list(functions)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            functions[name]()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def _peak_bytes(function) -> int:
@@ -48,38 +63,31 @@ def _peak_bytes(function) -> int:
     return peak
 
 
-def _measure(model, inputs, repeats: int, new_tokens: int) -> dict[str, float]:
+def bench_family(name: str, size: str, rounds: int, new_tokens: int) -> dict[str, dict]:
+    """{implementation: {"forward": s, "generate": s, "peak": bytes}} for one family and size."""
+    models = {}
+    for implementation in IMPLEMENTATIONS:
+        attention = "eager" if implementation == "eager" else "sdpa"
+        models[implementation] = build_model(name, attn_implementation=attention, size=size)
+    ascend_vlm.patch(models["patched"])
+    inputs = make_inputs(name, models["sdpa"], n_images=1)
     settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-
-    def forward():
-        model(**inputs)
-
-    def generate():
-        model.generate(**inputs, **settings)
-
+    forwards = {k: (lambda m=m: m(**inputs)) for k, m in models.items()}
+    generates = {k: (lambda m=m: m.generate(**inputs, **settings)) for k, m in models.items()}
     with torch.no_grad():
+        forward = _interleaved_medians(forwards, rounds)
+        generate = _interleaved_medians(generates, max(1, rounds // 4))
         return {
-            "forward": _median_seconds(forward, repeats),
-            "generate": _median_seconds(generate, max(1, repeats // 4)),
-            "peak": _peak_bytes(forward),
+            k: {"forward": forward[k], "generate": generate[k], "peak": _peak_bytes(forwards[k])}
+            for k in IMPLEMENTATIONS
         }
-
-
-def bench_family(name: str, repeats: int, new_tokens: int) -> dict[str, dict[str, float]]:
-    results = {}
-    for implementation in ("eager", "sdpa"):
-        model = build_model(name, attn_implementation=implementation)
-        inputs = make_inputs(name, model, n_images=1)
-        results[implementation] = _measure(model, inputs, repeats, new_tokens)
-    ascend_vlm.patch(model)
-    results["patched"] = _measure(model, inputs, repeats, new_tokens)
-    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--repeats", type=int, default=20, help="forward rounds for tiny models")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -88,26 +96,31 @@ def main(argv: list[str] | None = None) -> int:
         "command: python scripts/bench_patch.py " + " ".join(sys.argv[1:] if argv is None else argv)
     )
     print(
-        f"backend={backend()} torch={torch.__version__} "
-        f"threads={args.threads} repeats={args.repeats} new_tokens={args.new_tokens}\n"
+        f"backend={backend()} torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"repeats={args.repeats} new_tokens={args.new_tokens}"
     )
     header = (
         f"{'family':16} {'fwd ms':>8} {'fwd x eager':>11} {'fwd x sdpa':>10} "
         f"{'gen ms':>8} {'gen x eager':>11} {'gen x sdpa':>10} {'peak KiB':>9} {'mem/sdpa':>8}"
     )
-    print(header)
-    print("-" * len(header))
-    for name in args.families:
-        r = bench_family(name, args.repeats, args.new_tokens)
-        patched, eager, sdpa = r["patched"], r["eager"], r["sdpa"]
-        print(
-            f"{name:16} {patched['forward'] * 1e3:8.2f} "
-            f"{eager['forward'] / patched['forward']:11.2f} {sdpa['forward'] / patched['forward']:10.2f} "
-            f"{patched['generate'] * 1e3:8.1f} "
-            f"{eager['generate'] / patched['generate']:11.2f} {sdpa['generate'] / patched['generate']:10.2f} "
-            f"{patched['peak'] / 1024:9.1f} {patched['peak'] / max(sdpa['peak'], 1):8.2f}",
-            flush=True,
-        )
+    for size in args.sizes:
+        rounds = max(3, round(args.repeats * REPEAT_SCALE[size]))
+        print(f"\nsize={size} ({SIZES[size]}), forward rounds={rounds}\n")
+        print(header)
+        print("-" * len(header))
+        for name in args.families:
+            r = bench_family(name, size, rounds, args.new_tokens)
+            patched, eager, sdpa = r["patched"], r["eager"], r["sdpa"]
+            print(
+                f"{name:16} {patched['forward'] * 1e3:8.2f} "
+                f"{eager['forward'] / patched['forward']:11.2f} "
+                f"{sdpa['forward'] / patched['forward']:10.2f} "
+                f"{patched['generate'] * 1e3:8.1f} "
+                f"{eager['generate'] / patched['generate']:11.2f} "
+                f"{sdpa['generate'] / patched['generate']:10.2f} "
+                f"{patched['peak'] / 1024:9.1f} {patched['peak'] / max(sdpa['peak'], 1):8.2f}",
+                flush=True,
+            )
     print(
         "\nx eager / x sdpa: unpatched time / patched time (>= 1 means patched is as fast or faster)"
     )

@@ -1,8 +1,10 @@
-"""Tiny random configs and matching inputs for every supported family.
+"""Tiny (and small) random configs and matching inputs for every supported family.
 
-Used by the tests (patched vs unpatched equivalence) and by `scripts/bench_patch.py`. Sizes are
-the smallest that still exercise every code path: 2 decoder layers of width 32 with GQA, a 1-2
-layer vision tower, 4-16 image tokens per image.
+Used by the tests (patched vs unpatched equivalence) and by `scripts/bench_patch.py`. The "tiny"
+size is the smallest that still exercises every code path: 2 decoder layers of width 32 with GQA,
+a 2-layer vision tower, 4-16 image tokens per image. The "small" size (benchmarks only) makes
+compute matter: 4 decoder layers of width 512, a 2-layer vision tower of width 512 and one
+224x224 image (16x16-pixel patches) per image.
 """
 
 from __future__ import annotations
@@ -17,43 +19,109 @@ IMAGE_TOKEN = 120  # the special ids sit above the ids used for random text (< T
 VISION_START, VISION_END, VIDEO_TOKEN, BOS, PAD = 121, 122, 123, 1, 0
 TEXT_VOCAB = 100
 
-_TEXT = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": VOCAB,
-    "max_position_embeddings": 512,
-    "pad_token_id": PAD,
-    "bos_token_id": BOS,
-    "eos_token_id": 2,
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Widths and depths of one model size; `image` and `patch` are edge lengths in pixels."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vision_hidden: int
+    vision_intermediate: int
+    vision_layers: int
+    vision_heads: int
+    image: int
+    patch: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image // self.patch
+
+
+SIZES: dict[str, ModelSize] = {
+    "tiny": ModelSize(32, 64, 2, 4, 2, 32, 64, 2, 4, 16, 4),
+    "small": ModelSize(512, 1408, 4, 8, 2, 512, 2048, 2, 8, 224, 16),
 }
-_CLIP = {
-    "model_type": "clip_vision_model",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "image_size": 16,
-    "patch_size": 4,
-    "projection_dim": 32,
-}
-_SIGLIP = {**_CLIP, "model_type": "siglip_vision_model"}
+TINY = SIZES["tiny"]
+
+
+def _widths(hidden: int, intermediate: int, layers: int, heads: int) -> dict:
+    """The four size keys text and vision configs share."""
+    return {
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+    }
+
+
+def _text(size: ModelSize) -> dict:
+    return {
+        **_widths(size.hidden, size.intermediate, size.layers, size.heads),
+        "num_key_value_heads": size.kv_heads,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 512,
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "eos_token_id": 2,
+    }
+
+
+def _clip(size: ModelSize) -> dict:
+    return {
+        "model_type": "clip_vision_model",
+        **_vit(size),
+        "image_size": size.image,
+        "patch_size": size.patch,
+        "projection_dim": size.hidden,
+    }
+
+
+def _siglip(size: ModelSize) -> dict:
+    return {**_clip(size), "model_type": "siglip_vision_model"}
+
+
+def _vit(size: ModelSize) -> dict:
+    return _widths(
+        size.vision_hidden, size.vision_intermediate, size.vision_layers, size.vision_heads
+    )
+
+
+def _mrope(size: ModelSize, **extra) -> dict:
+    """Multimodal RoPE over the head dim: half of the rotary pairs temporal, a quarter each
+    height and width (tiny: [2, 1, 1])."""
+    quarter = size.head_dim // 8
+    return {
+        "rope_type": "default",
+        "rope_theta": 1e4,
+        "mrope_section": [2 * quarter, quarter, quarter],
+        **extra,
+    }
+
+
+_TEXT = _text(TINY)
 
 
 @dataclass(frozen=True)
 class TinyFamily:
     """A tiny model of one family: how to build it and how to feed it images.
 
-    images(model, n) -> (model kwargs for n images, image tokens per image), one image per
-    [3, H, W] entry; the kwargs are batch-agnostic pixel tensors, so `make_inputs` can lay the
-    image tokens out in any batch.
+    config(size) -> the model config at that `ModelSize` (tiny by default). images(model, n) ->
+    (model kwargs for n images, image tokens per image), one image per [3, H, W] entry; the
+    kwargs are batch-agnostic pixel tensors, so `make_inputs` can lay the image tokens out in
+    any batch.
     """
 
     name: str
     model_class: str
-    config: Callable[[], object]
+    config: Callable[..., object]
     images: Callable[[torch.nn.Module, int], tuple[dict, list[int]]]
     image_batch_axis: bool = False  # pixel_values grouped per sample: [B, n_images, 3, H, W]
 
@@ -64,7 +132,8 @@ def _generator(seed: int) -> torch.Generator:
 
 def _qwen_images(model, count: int) -> tuple[dict, list[int]]:
     vision = model.config.vision_config
-    grid = torch.tensor([[1, 4, 4]] * count)  # t, h, w in patches -> 16 patches, 4 tokens
+    side = vision.image_side_in_patches  # set by _qwen_vision: one image of that many patches
+    grid = torch.tensor([[1, side, side]] * count)  # t, h, w in patches
     patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
     pixels = torch.randn(int(grid.prod(-1).sum()), patch, generator=_generator(count))
     tokens = int(grid[0].prod()) // vision.spatial_merge_size**2
@@ -85,9 +154,12 @@ def _feature_counted_images(model, count: int, extra: Callable[[int], dict] | No
 
 
 def _anyres_images(model, count: int) -> tuple[dict, list[int]]:
+    """One image at the first grid pinpoint: the base view plus one crop per tile."""
     size = model.config.vision_config.image_size
-    pixels = torch.randn(count, 5, 3, size, size, generator=_generator(count))  # base + 2x2 tiles
-    kwargs = {"pixel_values": pixels, "image_sizes": torch.tensor([[2 * size, 2 * size]] * count)}
+    height, width = model.config.image_grid_pinpoints[0]
+    crops = 1 + (height // size) * (width // size)
+    pixels = torch.randn(count, crops, 3, size, size, generator=_generator(count))
+    kwargs = {"pixel_values": pixels, "image_sizes": torch.tensor([[height, width]] * count)}
     with torch.no_grad():
         features = model.model.get_image_features(**kwargs)
     features = getattr(features, "pooler_output", features)
@@ -104,157 +176,141 @@ def _fixed_count_images(tokens: Callable[[object], int]):
     return images
 
 
-def _qwen2_vl():
+def _qwen_vision(size: ModelSize, **family) -> dict:
+    """Qwen-VL vision tower: patch edge size.patch, 2x2 merge, `out_hidden_size` = text width."""
+    return {
+        "depth": size.vision_layers,
+        "hidden_size": size.vision_hidden,
+        "num_heads": size.vision_heads,
+        "patch_size": size.patch,
+        "in_channels": 3,
+        "image_side_in_patches": size.patches_per_side,
+        **family,
+    }
+
+
+def _qwen_ids() -> dict:
+    return {
+        "image_token_id": IMAGE_TOKEN,
+        "video_token_id": VIDEO_TOKEN,
+        "vision_start_token_id": VISION_START,
+        "vision_end_token_id": VISION_END,
+    }
+
+
+def _qwen2_vl(size: ModelSize = TINY):
     from transformers import Qwen2VLConfig
 
     return Qwen2VLConfig(
-        text_config={
-            **_TEXT,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 1e4,
-                "mrope_section": [2, 1, 1],
-            },
-        },
-        vision_config={
-            "depth": 1,
-            "embed_dim": 32,
-            "hidden_size": 32,
-            "num_heads": 2,
-            "mlp_ratio": 2,
-            "patch_size": 4,
-            "in_channels": 3,
-        },
-        image_token_id=IMAGE_TOKEN,
-        video_token_id=VIDEO_TOKEN,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
+        text_config={**_text(size), "rope_parameters": _mrope(size)},
+        vision_config=_qwen_vision(
+            size,
+            embed_dim=size.vision_hidden,
+            hidden_size=size.hidden,
+            mlp_ratio=size.vision_intermediate // size.vision_hidden,
+            # tiny: the single vision block the patching tests count modules of
+            depth=1 if size is TINY else size.vision_layers,
+        ),
+        **_qwen_ids(),
     )
 
 
-def _qwen2_5_vl():
+def _qwen2_5_vl(size: ModelSize = TINY):
     from transformers import Qwen2_5_VLConfig
 
     return Qwen2_5_VLConfig(
-        text_config={
-            **_TEXT,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 1e4,
-                "mrope_section": [2, 1, 1],
-            },
-        },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 32,
-            "patch_size": 4,
-            "window_size": 16,
-            "fullatt_block_indexes": [1],
-            "in_channels": 3,
-        },
-        image_token_id=IMAGE_TOKEN,
-        video_token_id=VIDEO_TOKEN,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
+        text_config={**_text(size), "rope_parameters": _mrope(size)},
+        vision_config=_qwen_vision(
+            size,
+            intermediate_size=size.vision_intermediate,
+            out_hidden_size=size.hidden,
+            window_size=size.image,  # one window per image: window attention on the varlen path
+            fullatt_block_indexes=[size.vision_layers - 1],
+        ),
+        **_qwen_ids(),
     )
 
 
-def _qwen3_vl():
+def _qwen3_vl(size: ModelSize = TINY):
     from transformers import Qwen3VLConfig
 
     return Qwen3VLConfig(
         text_config={
-            **_TEXT,
-            "head_dim": 8,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 1e4,
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-            },
+            **_text(size),
+            "head_dim": size.head_dim,
+            "rope_parameters": _mrope(size, mrope_interleaved=True),
         },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 32,
-            "patch_size": 4,
-            "num_position_embeddings": 16,
-            "deepstack_visual_indexes": [0],
-            "in_channels": 3,
-        },
-        image_token_id=IMAGE_TOKEN,
-        video_token_id=VIDEO_TOKEN,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
+        vision_config=_qwen_vision(
+            size,
+            intermediate_size=size.vision_intermediate,
+            out_hidden_size=size.hidden,
+            num_position_embeddings=size.patches_per_side**2,
+            deepstack_visual_indexes=[0],
+        ),
+        **_qwen_ids(),
     )
 
 
-def _llava():
+def _llava(size: ModelSize = TINY):
     from transformers import LlavaConfig
 
     return LlavaConfig(
-        text_config={**_TEXT, "model_type": "llama"},
-        vision_config=_CLIP,
+        text_config={**_text(size), "model_type": "llama"},
+        vision_config=_clip(size),
         image_token_id=IMAGE_TOKEN,
         projector_hidden_act="gelu",
     )
 
 
-def _llava_siglip():
+def _llava_siglip(size: ModelSize = TINY):
     from transformers import LlavaConfig
 
     return LlavaConfig(
-        text_config={**_TEXT, "model_type": "qwen2"},
-        vision_config=_SIGLIP,
+        text_config={**_text(size), "model_type": "qwen2"},
+        vision_config=_siglip(size),
         image_token_id=IMAGE_TOKEN,
         vision_feature_select_strategy="full",
     )
 
 
-def _llava_next():
+def _anyres_pinpoints(size: ModelSize) -> list[list[int]]:
+    # tiny: a 2x2 grid of tiles (5 crops); small: one tile (2 crops of 224x224) to bound compute
+    tiles_per_side = 2 if size is TINY else 1
+    return [[tiles_per_side * size.image, tiles_per_side * size.image]]
+
+
+def _llava_next(size: ModelSize = TINY):
     from transformers import LlavaNextConfig
 
     return LlavaNextConfig(
-        text_config={**_TEXT, "model_type": "mistral"},
-        vision_config=_CLIP,
+        text_config={**_text(size), "model_type": "mistral"},
+        vision_config=_clip(size),
         image_token_id=IMAGE_TOKEN,
-        image_grid_pinpoints=[[32, 32]],
+        image_grid_pinpoints=_anyres_pinpoints(size),
     )
 
 
-def _llava_onevision():
+def _llava_onevision(size: ModelSize = TINY):
     from transformers import LlavaOnevisionConfig
 
     return LlavaOnevisionConfig(
-        text_config={**_TEXT, "model_type": "qwen2"},
-        vision_config=_SIGLIP,
+        text_config={**_text(size), "model_type": "qwen2"},
+        vision_config=_siglip(size),
         image_token_id=IMAGE_TOKEN,
         video_token_id=VIDEO_TOKEN,
-        image_grid_pinpoints=[[32, 32]],
+        image_grid_pinpoints=_anyres_pinpoints(size),
         vision_feature_layer=-1,
     )
 
 
 def _idefics3(model_type: str):
-    def build():
+    def build(size: ModelSize = TINY):
         from transformers import AutoConfig
 
         return AutoConfig.for_model(
             model_type,
-            text_config={**_TEXT, "model_type": "llama"},
-            vision_config={
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "num_hidden_layers": 1,
-                "num_attention_heads": 4,
-                "image_size": 16,
-                "patch_size": 4,
-            },
+            text_config={**_text(size), "model_type": "llama"},
+            vision_config={**_vit(size), "image_size": size.image, "patch_size": size.patch},
             image_token_id=IMAGE_TOKEN,
             scale_factor=2,
         )
@@ -262,48 +318,46 @@ def _idefics3(model_type: str):
     return build
 
 
-def _paligemma():
+def _paligemma(size: ModelSize = TINY):
     from transformers import PaliGemmaConfig
 
     return PaliGemmaConfig(
-        text_config={**_TEXT, "model_type": "gemma", "head_dim": 8},
-        vision_config={**_SIGLIP, "projection_dim": 32},
+        text_config={**_text(size), "model_type": "gemma", "head_dim": size.head_dim},
+        vision_config=_siglip(size),
         image_token_id=IMAGE_TOKEN,
-        projection_dim=32,
+        projection_dim=size.hidden,
     )
 
 
-def _gemma3():
+def _gemma3(size: ModelSize = TINY):
     from transformers import Gemma3Config
 
+    sliding = ["sliding_attention"] * (size.layers - 1)
     return Gemma3Config(
         text_config={
-            **_TEXT,
+            **_text(size),
             "model_type": "gemma3_text",
-            "head_dim": 8,
-            "sliding_window": 8,
-            "layer_types": ["sliding_attention", "full_attention"],
+            "head_dim": size.head_dim,
+            "sliding_window": 8 if size is TINY else 128,
+            "layer_types": [*sliding, "full_attention"],
         },
-        vision_config=_SIGLIP,
+        vision_config=_siglip(size),
         image_token_id=IMAGE_TOKEN,
         boi_token_index=VISION_START,
         eoi_token_index=VISION_END,
-        mm_tokens_per_image=4,
+        mm_tokens_per_image=(size.patches_per_side // 2) ** 2,
     )
 
 
-def _internvl():
+def _internvl(size: ModelSize = TINY):
     from transformers import InternVLConfig
 
     return InternVLConfig(
-        text_config={**_TEXT, "model_type": "qwen2"},
+        text_config={**_text(size), "model_type": "qwen2"},
         vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-            "image_size": [16, 16],
-            "patch_size": [4, 4],
+            **_vit(size),
+            "image_size": [size.image, size.image],
+            "patch_size": [size.patch, size.patch],
             "norm_type": "rms_norm",
         },
         image_token_id=IMAGE_TOKEN,
@@ -380,13 +434,17 @@ FAMILIES: dict[str, TinyFamily] = {
 }
 
 
-def build_model(name: str, *, seed: int = 0, attn_implementation: str = "eager"):
-    """A freshly initialised tiny model of family `name` (fp32, eval mode)."""
+def build_model(
+    name: str, *, seed: int = 0, attn_implementation: str = "eager", size: str = "tiny"
+):
+    """A freshly initialised model of family `name` at `size` (a key of SIZES; fp32, eval)."""
     import transformers
 
+    if size not in SIZES:
+        raise ValueError(f"size: expected one of {tuple(SIZES)}, got {size!r}")
     family = FAMILIES[name]
     torch.manual_seed(seed)
-    config = family.config()
+    config = family.config(SIZES[size])
     config._attn_implementation = attn_implementation
     model = getattr(transformers, family.model_class)(config)
     return model.eval()

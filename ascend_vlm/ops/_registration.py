@@ -30,9 +30,14 @@ from ascend_vlm.ops._spec import OpSpec
 
 _LOG = logging.getLogger(__name__)
 _LIBRARY = torch.library.Library("ascend_vlm", "DEF")
+# Tensor types the kernel sees exactly as the dispatcher would. nn.Parameter qualifies: it
+# disables __torch_function__ (torch.nn.parameter), so module weights stay on the fast path.
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _first_tensor_device(args: tuple[Any, ...]) -> torch.device:
+    if isinstance(args[0], torch.Tensor):  # every spec so far starts with a tensor
+        return args[0].device
     return next(a.device for a in args if isinstance(a, torch.Tensor))
 
 
@@ -47,7 +52,7 @@ def _dispatcher_not_needed(args: tuple[Any, ...]) -> bool:
     grad_enabled = torch.is_grad_enabled()
     for value in args:
         if isinstance(value, torch.Tensor) and (
-            type(value) is not torch.Tensor
+            type(value) not in _PLAIN_TENSOR_TYPES
             or value.is_meta
             or (grad_enabled and value.requires_grad)
         ):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,9 +42,8 @@ NPU_MAX_QUERY_HEADS = 256
 NPU_MAX_HEAD_DIM = 768
 
 
-@dataclass(frozen=True)
-class AttentionShape:
-    """Validated geometry of one call."""
+class AttentionShape(NamedTuple):
+    """Validated geometry of one call (a NamedTuple: built on every call, so kept cheap)."""
 
     batch: int
     num_heads: int

@@ -44,3 +44,17 @@ def test_meta_tensors_use_the_fake_impl() -> None:
     mask = torch.ones(2, 4, dtype=torch.bool, device="meta")
     out = ops.fused_attention(q, q, q, attention_mask=mask, causal=True)
     assert out.is_meta and out.shape == q.shape
+
+
+def _profiled_op_names(call) -> set[str]:
+    with torch.profiler.profile() as profiler:
+        call()
+    return {event.name for event in profiler.events()}
+
+
+def test_module_parameters_skip_the_dispatcher_in_inference_only() -> None:
+    weight, x = torch.nn.Parameter(torch.ones(8)), torch.randn(2, 8)
+    with torch.no_grad():
+        inference = _profiled_op_names(lambda: ops.rms_norm(x, weight))
+    assert "ascend_vlm::rms_norm" not in inference  # patched norms hand their weight Parameter
+    assert "ascend_vlm::rms_norm" in _profiled_op_names(lambda: ops.rms_norm(x, weight))
