@@ -47,6 +47,8 @@ struct Runtime::State {
   uint64_t reporter_thread_id = 0;  // 0 until the report thread starts
   uint64_t subscriptions = 0;       // bumped by subscribe(); wakes an idle report thread
   std::unordered_set<CallbackPayload*> pending_callbacks;
+  int running_callbacks = 0;
+  std::condition_variable callbacks_idle;
 };
 
 struct CallbackPayload {
@@ -69,6 +71,7 @@ void run_callback(void* user_data) {
     Runtime::State& st = shared_state();
     std::lock_guard lock(st.reporter_mutex);
     if (st.pending_callbacks.erase(payload) == 0) return;
+    ++st.running_callbacks;
   }
   try {
     payload->fn();
@@ -76,10 +79,16 @@ void run_callback(void* user_data) {
     // The contract says callbacks do not throw; an exception must still not cross into ACL.
   }
   delete payload;
+  Runtime::State& st = shared_state();
+  {
+    std::lock_guard lock(st.reporter_mutex);
+    --st.running_callbacks;
+  }
+  st.callbacks_idle.notify_all();
 }
 
-// Body of the process-wide report thread. It outlives sessions (it is never joined), so that
-// tearing a session down never waits for a callback that may itself be waiting for the GIL.
+// Body of the process-wide report thread. It outlives sessions (it is never joined); a teardown
+// only waits, outside the session lock, for a callback that is running.
 void report_loop(Runtime::State& st, std::promise<uint64_t>* ready) {
   ready->set_value(static_cast<uint64_t>(pthread_self()));
   uint64_t bound_session = 0;
@@ -103,8 +112,9 @@ void report_loop(Runtime::State& st, std::promise<uint64_t>* ready) {
 }
 
 // Ends the session: devices, aclFinalize (which discards queued work and pending callbacks).
-// Returns the callbacks that will never run; the caller deletes them after unlocking, because
-// dropping a Python callable needs the GIL and a GIL holder may be waiting for the session lock.
+// Returns the callbacks that will never run; the caller hands them to finish_close() after
+// unlocking, because dropping a Python callable needs the GIL and a GIL holder may be waiting for
+// the session lock.
 std::unordered_set<CallbackPayload*> close_session_locked(Runtime::State& st) {
   for (int32_t device : st.used_devices) (void)aclrtResetDevice(device);
   // Teardown must finish even if AscendCL complains; the session is gone either way.
@@ -120,8 +130,14 @@ std::unordered_set<CallbackPayload*> close_session_locked(Runtime::State& st) {
   return orphans;
 }
 
-void delete_orphans(const std::unordered_set<CallbackPayload*>& orphans) {
+// Second half of a teardown, run without the session lock: frees the callbacks that will never
+// run and waits for one that is running, so nothing it references is released under it (unless
+// the teardown runs inside that callback).
+void finish_close(Runtime::State& st, const std::unordered_set<CallbackPayload*>& orphans) {
   for (CallbackPayload* payload : orphans) delete payload;
+  std::unique_lock lock(st.reporter_mutex);
+  if (static_cast<uint64_t>(pthread_self()) == st.reporter_thread_id) return;
+  st.callbacks_idle.wait(lock, [&] { return st.running_callbacks == 0; });
 }
 
 // Calls aclInit (tolerating an earlier aclInit by another library) and starts a new session.
@@ -157,7 +173,7 @@ void Runtime::finalize() {
     if (st.refcount == 0 || --st.refcount > 0) return;
     orphans = close_session_locked(st);
   }
-  delete_orphans(orphans);
+  finish_close(st, orphans);
 }
 
 void Runtime::shutdown() {
@@ -168,7 +184,7 @@ void Runtime::shutdown() {
     if (!st.initialized) return;
     orphans = close_session_locked(st);
   }
-  delete_orphans(orphans);
+  finish_close(st, orphans);
 }
 
 int Runtime::refcount() const {

@@ -20,7 +20,8 @@ class Runtime {
   // Adds a reference; the first one calls aclInit. Thread-safe.
   void init();
   // Drops a reference; the last one tears the session down (devices, aclFinalize; queued work
-  // and callbacks that have not started are dropped). Without references it does nothing.
+  // and callbacks that have not started are dropped, one already running is waited for).
+  // Without references it does nothing.
   void finalize();
   // Tears the session down whatever the reference count (interpreter exit).
   void shutdown();
@@ -44,7 +45,7 @@ class Runtime {
   std::pair<size_t, size_t> mem_info();
 
   // Subscribes `stream` to the report thread so host callbacks run. That thread starts on first
-  // use and lives as long as the process, so ending a session never waits for a callback.
+  // use and lives as long as the process.
   void subscribe(aclrtStream stream);
   // Undoes subscribe(); returns the AscendCL result instead of throwing (used while tearing
   // a stream down, where the destroy must still happen).

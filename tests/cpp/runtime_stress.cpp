@@ -119,7 +119,44 @@ void check_threads(int threads, int iterations) {
   for (auto& worker : workers) worker.join();
 }
 
+// Threads opening and closing sessions around streams with callbacks, while another reference
+// keeps the session alive; then the last reference drops with a callback still queued.
+void check_session_churn(int threads, int iterations) {
+  Runtime& runtime = Runtime::instance();
+  while (runtime.initialized()) runtime.finalize();  // start from no references
+  runtime.init();
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&runtime, iterations] {
+      for (int i = 0; i < iterations; ++i) {
+        runtime.init();
+        {
+          Stream stream;
+          std::atomic<int> ran{0};
+          stream.launch_host_func([&ran] { ++ran; });
+          stream.synchronize();
+          EXPECT(ran.load() == 1);
+        }
+        runtime.finalize();
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  EXPECT(runtime.refcount() == 1);
+  auto stream = std::make_unique<Stream>();
+  std::atomic<bool> gate_open{false};
+  hold_until(*stream, gate_open);
+  stream->launch_host_func([] {});  // queued behind the gate: dropped by the teardown
+  std::thread closer([&runtime] { runtime.finalize(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  gate_open = true;
+  closer.join();
+  EXPECT(!runtime.initialized());
+  stream.reset();  // stale: must not touch the (next) session
+}
+
 void check_misuse_codes() {
+  Runtime::instance().enter();  // raw AscendCL calls below need a bound session
   void* ptr = nullptr;
   EXPECT_CODE(aclrtMalloc(&ptr, 0, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_INVALID_PARAM);
   EXPECT_CODE(aclrtMalloc(nullptr, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_INVALID_PARAM);
@@ -186,6 +223,7 @@ void check_misuse_codes() {
 }
 
 void check_out_of_memory() {
+  Runtime::instance().enter();  // raw AscendCL calls below need a bound session
   size_t free_bytes = 0;
   size_t total = 0;
   EXPECT_CODE(aclrtGetMemInfo(ACL_HBM_MEM, &free_bytes, &total), ACL_SUCCESS);
@@ -248,6 +286,7 @@ int main(int argc, char** argv) {
   }
   check_event_pipeline(8, 1000);
   check_threads(4, 200);
+  check_session_churn(4, 50);
   if (mode == "all") {
     check_misuse_codes();
     check_out_of_memory();
