@@ -123,14 +123,19 @@ def resolve_copy(
     return dst_address, dst_max, src_address, count, MEMCPY_KINDS[kind]
 
 
+def require_fits(name: str, buffer: _C.Buffer, count: int) -> None:
+    """Raise ``ValueError`` unless ``count`` bytes fit in ``buffer`` (the argument ``name``)."""
+    if count > buffer.nbytes:
+        raise ValueError(
+            f"nbytes: {count} bytes do not fit in {name} ({type(buffer).__name__} of "
+            f"{buffer.nbytes} bytes)"
+        )
+
+
 def _endpoint(name: str, value: _C.Buffer | int, count: int) -> tuple[int, int, bool | None]:
     """``(address, capacity, on_device)`` of a copy endpoint; ``on_device`` is None if unknown."""
     if isinstance(value, _C.Buffer):
-        if count > value.nbytes:
-            raise ValueError(
-                f"nbytes: {count} bytes do not fit in {name} ({type(value).__name__} of "
-                f"{value.nbytes} bytes)"
-            )
+        require_fits(name, value, count)
         return value.ptr, value.nbytes, value.kind == _C.BufferKind.DEVICE
     if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:

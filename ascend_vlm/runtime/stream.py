@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ascend_vlm import _C
 from ascend_vlm.runtime._checks import require_byte_count, require_int
-from ascend_vlm.runtime.memory import resolve_copy
+from ascend_vlm.runtime.memory import require_fits, resolve_copy
 
 MAX_STREAM_PRIORITY = 7  # aclrtCreateStreamWithConfig: priority 0 (highest) to 7
 
@@ -140,10 +140,6 @@ def sim_copy_kernel(
 def _device_address(name: str, value: _C.Buffer | int, count: int) -> int:
     """The device address of a kernel operand, checking that ``count`` bytes fit in a buffer."""
     if isinstance(value, _C.Buffer):
-        if count > value.nbytes:
-            raise ValueError(
-                f"nbytes: {count} bytes do not fit in {name} ({type(value).__name__} of "
-                f"{value.nbytes} bytes)"
-            )
+        require_fits(name, value, count)
         return value.device_ptr
     return require_int(name, value)
