@@ -9,7 +9,8 @@ A descriptor is the dict form of ``op_plugins/<op>/spec.json``::
                   "dynamic_dims": [0, 1]}],
      "attrs":   [{"name": "eps", "type": "float", "default": 1e-6}]}
 
-This module checks the dict's shape (keys present, value types); the C++ registry checks the
+Other keys (e.g. Python-only hints such as ``kwarg_only``) are ignored. This module checks the
+dict's shape (keys present, value types); the C++ registry checks the
 rules (known dtypes/formats, axes within the rank, unique names, defaults matching attr types).
 Both raise ``ValueError`` naming the op, the field, what was expected and what came.
 """
