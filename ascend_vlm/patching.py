@@ -51,6 +51,14 @@ def _ops():
     return ops
 
 
+@functools.cache
+def _swiglu_projections():
+    # ops.swiglu on cat(gate, up), without that copy when no fused kernel runs (not an op itself)
+    from ascend_vlm.ops.swiglu import swiglu_projections
+
+    return swiglu_projections
+
+
 # --------------------------------------------------------------------------- attention function
 
 
@@ -144,8 +152,8 @@ def _rms_norm_forward(module: nn.Module, hidden_states: torch.Tensor, *, eps: fl
 
 
 def _swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    gate_and_up = torch.cat((module.gate_proj(hidden_states), module.up_proj(hidden_states)), -1)
-    return module.down_proj(_ops().swiglu(gate_and_up))
+    gated = _swiglu_projections()(hidden_states, module.gate_proj, module.up_proj)
+    return module.down_proj(gated)
 
 
 def _rope_text(q, k, cos, sin, unsqueeze_dim=1):

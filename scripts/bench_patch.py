@@ -76,7 +76,7 @@ def bench_family(name: str, size: str, rounds: int, new_tokens: int) -> dict[str
     generates = {k: (lambda m=m: m.generate(**inputs, **settings)) for k, m in models.items()}
     with torch.no_grad():
         forward = _interleaved_medians(forwards, rounds)
-        generate = _interleaved_medians(generates, max(1, rounds // 4))
+        generate = _interleaved_medians(generates, max(3, rounds // 4))
         return {
             k: {"forward": forward[k], "generate": generate[k], "peak": _peak_bytes(forwards[k])}
             for k in IMPLEMENTATIONS

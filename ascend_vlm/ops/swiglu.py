@@ -2,16 +2,19 @@
 
 NPU: ``torch_npu.npu_swiglu(x, dim)`` — same first-half convention, needs a contiguous input
 (Ascend/op-plugin docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_swiglu.md).
+``swiglu_projections`` builds that input from a gated MLP's two projections (not an op itself).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ascend_vlm.ops._checks import check_dtype, invalid
+from ascend_vlm.device import use_npu_kernels
+from ascend_vlm.ops._checks import check_dtype, check_same_dtype, invalid
 from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
 
@@ -65,3 +68,40 @@ def swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     unsupported dtype.
     """
     return _OP(x, dim)
+
+
+def swiglu_projections(
+    x: torch.Tensor,
+    gate_proj: Callable[[torch.Tensor], torch.Tensor],
+    up_proj: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """A gated MLP's core, ``silu(gate_proj(x)) * up_proj(x)``, on top of its two projections.
+
+    When the fused kernel runs (:func:`ascend_vlm.device.use_npu_kernels`) this is
+    ``swiglu(cat(gate_proj(x), up_proj(x)))``. Otherwise the formula runs in transformers' order
+    (gate, activation, up, product): no concatenation copy, and the gate's pre-activation is
+    freed before ``up_proj`` runs, so peak memory is that of the unpatched MLP. Raises
+    ``ValueError`` when the two projections disagree in shape or dtype or the dtype is
+    unsupported.
+    """
+    if use_npu_kernels(x.device):
+        gate, up = gate_proj(x), up_proj(x)
+        _check_halves(gate, up)
+        return swiglu(torch.cat((gate, up), dim=-1))
+    activated = F.silu(_checked_gate(gate_proj(x)))
+    up = up_proj(x)
+    _check_halves(activated, up)
+    return activated * up
+
+
+def _checked_gate(gate: torch.Tensor) -> torch.Tensor:
+    check_dtype("gate_proj(x)", gate, _X_DTYPES)
+    return gate
+
+
+def _check_halves(gate: torch.Tensor, up: torch.Tensor) -> None:
+    if up.shape != gate.shape:
+        raise invalid(
+            "up_proj(x)", f"shape {tuple(gate.shape)} like gate_proj(x)", f"shape {tuple(up.shape)}"
+        )
+    check_same_dtype("up_proj(x)", up, "gate_proj(x)", gate.dtype)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ascend_vlm import ops
+from ascend_vlm.ops.swiglu import swiglu_projections
 
 
 @pytest.mark.parametrize("dim", [-1, 0])
@@ -41,3 +42,26 @@ def test_bad_inputs_raise_value_error_naming_argument(name: str) -> None:
     call, message = BAD_CALLS[name]
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+def test_projections_equal_the_op_on_the_concatenated_halves_with_gradients() -> None:
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    gate_proj, up_proj = (torch.nn.Linear(4, 5).double() for _ in range(2))
+    expected = ops.swiglu(torch.cat((gate_proj(x), up_proj(x)), -1))
+    torch.testing.assert_close(swiglu_projections(x, gate_proj, up_proj), expected)
+    assert torch.autograd.gradcheck(lambda t: swiglu_projections(t, gate_proj, up_proj), (x,))
+
+
+@pytest.mark.parametrize(
+    ("up_proj", "message"),
+    [
+        (
+            lambda x: x[:, :5],
+            "up_proj(x): expected shape (2, 6) like gate_proj(x), got shape (2, 5)",
+        ),
+        (lambda x: x.double(), "up_proj(x): expected dtype torch.float32 (same as gate_proj(x))"),
+    ],
+)
+def test_projections_reject_mismatched_halves(up_proj, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        swiglu_projections(X, lambda x: x, up_proj)
