@@ -14,9 +14,15 @@ $(STAMP): requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
-# (Re)build the C++ extension in place and register the package in the venv (editable).
-ext: $(STAMP)
+EDITABLE := $(VENV)/.editable-installed
+
+# Register the package in the venv once (editable: the source tree is what runs).
+$(EDITABLE): $(STAMP) setup.py pyproject.toml
 	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	touch $@
+
+# (Re)build the C++ extension in place; incremental after the first build.
+ext: $(EDITABLE)
 	$(PY) setup.py --quiet build_ext --inplace
 
 demo: ext
