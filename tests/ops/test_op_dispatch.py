@@ -4,19 +4,9 @@ otherwise (gradients, compile, modes, fake/meta tensors) they go through the reg
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from _recording import RecordOps
 
 from ascend_vlm import ops
-
-
-class RecordOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_eager_inference_result_equals_the_registered_op() -> None:

@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from _recording import RecordOps
 
 from ascend_vlm import ops
 from ascend_vlm.ops.swiglu import swiglu_projections
@@ -65,3 +66,24 @@ def test_projections_equal_the_op_on_the_concatenated_halves_with_gradients() ->
 def test_projections_reject_mismatched_halves(up_proj, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         swiglu_projections(X, lambda x: x, up_proj)
+
+
+def _recorded_projections(device: torch.device) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    x = torch.randn(2, 4, device=device)
+    gate_proj, up_proj = (torch.nn.Linear(4, 6).to(device) for _ in range(2))
+    with torch.no_grad(), RecordOps() as recorder:
+        out = swiglu_projections(x, gate_proj, up_proj)
+        expected = F.silu(gate_proj(x)) * up_proj(x)
+    return recorder.names, out, expected
+
+
+def test_projections_on_the_reference_path_make_no_concatenation() -> None:
+    names, out, expected = _recorded_projections(torch.device("cpu"))
+    torch.testing.assert_close(out, expected)
+    assert "aten.cat.default" not in names and "ascend_vlm.swiglu.default" not in names
+
+
+def test_projections_feed_the_fused_kernel_their_concatenation(mock_npu) -> None:
+    names, out, expected = _recorded_projections(mock_npu.device)
+    torch.testing.assert_close(out, expected)
+    assert names.index("aten.cat.default") < names.index("ascend_vlm.swiglu.default")
