@@ -73,7 +73,7 @@ def _select_tables(table: torch.Tensor, mrope_section: list[int] | None) -> torc
         chunks = table.split(list(mrope_section) * 2, dim=-1)
         table = torch.cat([chunk[i % 3] for i, chunk in enumerate(chunks)], dim=-1)
     if table.dim() == 2:
-        table = table.unsqueeze(0)
+        return table[None, None]  # one view op instead of two unsqueezes
     return table.unsqueeze(1)
 
 

@@ -93,6 +93,26 @@ def _segment_lengths(
     return lengths
 
 
+def _query_and_key_lengths(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+) -> tuple[list[int], list[int]]:
+    """Checked segment lengths of the queries and keys. Self-attention callers (Qwen-VL vision)
+    pass one cu_seqlens tensor for both: it is then read and checked once, one host copy fewer."""
+    q_lens = _segment_lengths("cu_seqlens_q", cu_seqlens_q, query.shape[0], max_seqlen_q)
+    if (
+        cu_seqlens_k is cu_seqlens_q
+        and key.shape[0] == query.shape[0]
+        and max_seqlen_k in (None, max_seqlen_q)
+    ):
+        return q_lens, q_lens
+    return q_lens, _segment_lengths("cu_seqlens_k", cu_seqlens_k, key.shape[0], max_seqlen_k)
+
+
 def _reference(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -106,8 +126,9 @@ def _reference(
     scale: float | None = None,
 ) -> torch.Tensor:
     _check_shapes(query, key, value, cu_seqlens_q, cu_seqlens_k, scale)
-    q_lens = _segment_lengths("cu_seqlens_q", cu_seqlens_q, query.shape[0], max_seqlen_q)
-    k_lens = _segment_lengths("cu_seqlens_k", cu_seqlens_k, key.shape[0], max_seqlen_k)
+    q_lens, k_lens = _query_and_key_lengths(
+        query, key, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+    )
     attend = dict(causal=causal, scale=scale)
     if q_lens and q_lens == k_lens and len(set(q_lens)) == 1 and q_lens[0] > 0:
         # Equal segments (e.g. same-size images): one batched call, [n, S, N, D] -> BNSD.
@@ -140,8 +161,9 @@ def _npu(
     scale: float | None = None,
 ) -> torch.Tensor:
     _check_shapes(query, key, value, cu_seqlens_q, cu_seqlens_k, scale)
-    q_lens = _segment_lengths("cu_seqlens_q", cu_seqlens_q, query.shape[0], max_seqlen_q)
-    k_lens = _segment_lengths("cu_seqlens_k", cu_seqlens_k, key.shape[0], max_seqlen_k)
+    q_lens, k_lens = _query_and_key_lengths(
+        query, key, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+    )
     # Varlen forbids fully masked rows: segments with queries but too few keys stay on the
     # reference, which defines those rows as 0.
     has_dead_rows = any(
