@@ -75,10 +75,11 @@ def register_op(
     """
     _LIBRARY.define(spec.name + spec.schema())
 
+    def implementation(args: tuple[Any, ...]) -> Callable[..., torch.Tensor]:
+        return npu if use_npu_kernels(_first_tensor_device(args)) else reference
+
     def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if use_npu_kernels(_first_tensor_device(args)):
-            return npu(*args, **kwargs)
-        return reference(*args, **kwargs)
+        return implementation(args)(*args, **kwargs)
 
     _LIBRARY.impl(spec.name, kernel, "CompositeExplicitAutograd")
     torch.library.register_fake(spec.qualname, fake, lib=_LIBRARY)
@@ -123,7 +124,8 @@ def register_op(
 
     def call(*args: Any, **kwargs: Any) -> torch.Tensor:
         if _dispatcher_not_needed(args):
-            return kernel(*args, **kwargs)
+            # not through `kernel`: one frame and one keyword-argument repacking fewer per call
+            return implementation(args)(*args, **kwargs)
         return overload(*args, **kwargs)
 
     return call
