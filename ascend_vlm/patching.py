@@ -9,7 +9,9 @@ How (the *what* lives in `ascend_vlm.models`):
   the process keep their own configs and are untouched.
 * norms, MLPs: ``forward`` is rebound on the module instance (``module.__dict__["forward"]``);
   weights are the module's own Parameters, read at call time (no copies), and ``extra_repr``
-  says which fused op runs.
+  says which fused op runs. A gated MLP hands ``cat(gate, up)`` to ``ops.swiglu`` only when the
+  fused kernel runs; on the CPU reference path it computes the same formula without that copy
+  (``ascend_vlm.ops.swiglu.swiglu_projections``).
 * RoPE: the attention module's own ``forward`` code is rebound on the instance with the
   module-level rotary function (e.g. ``apply_rotary_pos_emb``) resolved to an adapter around
   ``ops.rotary_embedding``; the transformers module and class stay untouched.

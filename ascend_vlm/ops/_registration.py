@@ -7,9 +7,9 @@ tensor under the mock NPU) and the plain-torch reference otherwise.
 Eager fast path: the returned callable runs that same kernel directly, skipping the dispatcher
 and the Python autograd wrapper (~15-25 us per call on CPU, see scripts/bench_ops.py), when
 nothing could observe the difference: not compiling/exporting, no torch function or dispatch mode
-active, only plain non-meta tensors, and no gradient needed. Everything else — autograd,
-``torch.compile``, ``torch.export``, fake tensors, ``torch.ops.ascend_vlm.*`` callers — goes
-through the registered op.
+active, only plain non-meta tensors (``nn.Parameter`` included: module weights) and no gradient
+needed. Everything else — autograd, ``torch.compile``, ``torch.export``, fake tensors,
+``torch.ops.ascend_vlm.*`` callers — goes through the registered op.
 
 Autograd: backward *recomputes* the forward through the reference implementation under
 ``torch.enable_grad`` and differentiates it with ``torch.autograd.grad``. That costs one extra
