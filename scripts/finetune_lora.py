@@ -19,7 +19,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ascend_vlm.finetune.data import BAD_RECORD_POLICIES
-from ascend_vlm.finetune.train import COMM_HOOKS, TrainConfig, train
+from ascend_vlm.finetune.train import (
+    COMM_HOOKS,
+    DEFAULT_MODEL_BASE_TRAIN_STEPS,
+    TrainConfig,
+    train,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -34,6 +39,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add("--eval-size", type=int, default=defaults.eval_size, help="ShapesVQA eval records")
     add("--data-seed", type=int, default=defaults.data_seed, help="ShapesVQA generator seed")
     add("--image-size", type=int, default=defaults.image_size, help="ShapesVQA image side (px)")
+    add(
+        "--shapes-binding",
+        action="store_true",
+        help="ShapesVQA: ask colour/shape/position about 1-4-shape scenes (harder)",
+    )
     add("--on-bad-record", choices=BAD_RECORD_POLICIES, default=defaults.on_bad_record)
     add("--max-steps", type=int, default=defaults.max_steps, help="optimizer steps")
     add("--batch-size", type=int, default=defaults.batch_size, help="samples per rank per micro")
@@ -62,8 +72,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add(
         "--base-train-steps",
         type=int,
-        default=defaults.base_train_steps,
-        help="full-parameter base-training steps before LoRA (see README)",
+        default=None,
+        help="full-parameter base-training steps before LoRA (default: "
+        f"{DEFAULT_MODEL_BASE_TRAIN_STEPS} for the tiny default model, 0 with --model-path)",
     )
     add("--base-learning-rate", type=float, default=defaults.base_learning_rate)
     add("--save-every", type=int, default=defaults.save_every, help="checkpoint period (steps)")

@@ -56,6 +56,8 @@ METRICS_FILE = "metrics.jsonl"
 FINAL_ADAPTER = "adapter"
 FINAL_MODEL = "model"
 BASE_PHASE_DIR = "base"
+# Full-parameter steps run before LoRA when the base is the random tiny default model.
+DEFAULT_MODEL_BASE_TRAIN_STEPS = 3000
 
 
 @dataclass
@@ -66,17 +68,18 @@ class TrainConfig:
     model_path: str | None = None
     train_data: str | None = None
     eval_data: str | None = None
-    train_size: int = 4000
+    train_size: int = 8000
     eval_size: int = 200
     data_seed: int = 0
     image_size: int = 56
+    shapes_binding: bool = False
     on_bad_record: str = "skip"
     max_steps: int = 300
-    batch_size: int = 8
+    batch_size: int = 16
     grad_accum: int = 1
-    learning_rate: float = 2e-3
+    learning_rate: float = 1e-3
     weight_decay: float = 0.0
-    warmup_steps: int = 20
+    warmup_steps: int = 50
     max_grad_norm: float = 1.0
     seed: int = 0
     lora_r: int = 16
@@ -87,9 +90,9 @@ class TrainConfig:
     lora_projector: bool = False
     modules_to_save: Sequence[str] = ("lm_head",)
     full_finetune: bool = False
-    base_train_steps: int = 0
+    base_train_steps: int | None = None
     base_learning_rate: float = 1e-3
-    save_every: int = 100
+    save_every: int = 200
     resume: str | None = None
     stop_after_steps: int | None = None
     patch: bool = True
@@ -108,9 +111,13 @@ class TrainConfig:
             raise ValueError(f"comm_hook: expected one of {COMM_HOOKS}, got {self.comm_hook!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate: expected > 0, got {self.learning_rate}")
-        if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps: expected an int >= 0, got {self.warmup_steps!r}")
+        if self.base_train_steps is None:  # only the random default model needs a base phase
+            self.base_train_steps = DEFAULT_MODEL_BASE_TRAIN_STEPS if self.model_path is None else 0
+        if not isinstance(self.base_train_steps, int) or self.base_train_steps < 0:
             raise ValueError(
-                f"warmup_steps: expected in [0, max_steps={self.max_steps}], got {self.warmup_steps}"
+                f"base_train_steps: expected an int >= 0, got {self.base_train_steps!r}"
             )
 
 
@@ -133,8 +140,10 @@ class Runtime:
             dist.barrier()
 
     def all_reduce_sum(self, values: Sequence[float]) -> list[float]:
-        """Element-wise sum of ``values`` over ranks (float64 on the CPU for gloo)."""
-        tensor = torch.tensor(list(values), dtype=torch.float64)
+        """Element-wise sum of ``values`` over ranks: float64 on the CPU (gloo); float32 on NPU,
+        as HCCL's float64 all-reduce support is not confirmed in our reference notes."""
+        dtype = torch.float64 if self.device.type == "cpu" else torch.float32
+        tensor = torch.tensor(list(values), dtype=dtype)
         if dist.is_initialized():
             tensor = tensor.to(self.device)
             dist.all_reduce(tensor)
@@ -251,11 +260,15 @@ def build_samples(config: TrainConfig) -> tuple[Sequence[VQASample], Sequence[VQ
     if config.train_data is not None:
         train = JsonlVQA(config.train_data, config.on_bad_record)
     else:
-        train = ShapesVQA("train", config.train_size, config.data_seed, config.image_size)
+        train = ShapesVQA(
+            "train", config.train_size, config.data_seed, config.image_size, config.shapes_binding
+        )
     if config.eval_data is not None:
         evaluation = JsonlVQA(config.eval_data, config.on_bad_record)
     else:
-        evaluation = ShapesVQA("eval", config.eval_size, config.data_seed, config.image_size)
+        evaluation = ShapesVQA(
+            "eval", config.eval_size, config.data_seed, config.image_size, config.shapes_binding
+        )
     return train, evaluation
 
 
@@ -443,7 +456,6 @@ def base_phase_config(config: TrainConfig) -> TrainConfig:
         base_train_steps=0,
         max_steps=config.base_train_steps,
         learning_rate=config.base_learning_rate,
-        warmup_steps=min(config.warmup_steps, config.base_train_steps),
         data_seed=config.data_seed + 1,
         resume="latest" if resumable else None,
         stop_after_steps=None,
@@ -495,7 +507,9 @@ def _train(config: TrainConfig) -> TrainResult:
     optimizer = torch.optim.AdamW(
         trainable, lr=config.learning_rate, weight_decay=config.weight_decay
     )
-    scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps)
+    # Linear warm-up over min(warmup_steps, max_steps) steps, then cosine decay to 0 at max_steps.
+    warmup = min(config.warmup_steps, config.max_steps)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, config.max_steps)
     metrics = MetricsLog(output_dir / METRICS_FILE, runtime.is_main)
 
     loop_state = {"step": 0, "epoch": 0, "next_index": 0}

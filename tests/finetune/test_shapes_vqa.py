@@ -12,6 +12,7 @@ from ascend_vlm.finetune.shapes_vqa import (
     ShapesVQA,
     describe_scene,
     render_scene,
+    scene_seed,
 )
 
 SEEDS = range(40)
@@ -99,9 +100,13 @@ def test_dataset_is_deterministic_balanced_and_splits_differ():
         assert (sample.question, sample.answer) == (repeat.question, repeat.answer)
         assert sample.image.tobytes() == repeat.image.tobytes()
         assert _answers_from_pixels(sample.image, sample.question) == sample.answer
-    train_images = {train[i].image.tobytes() for i in range(len(train))}
-    assert not train_images & {evaluation[i].image.tobytes() for i in range(len(evaluation))}
-    assert train_images != {other_seed[i].image.tobytes() for i in range(len(other_seed))}
+    # Splits and seeds draw unrelated scenes (one-shape scenes repeat: there are few of them).
+    seeds = {split: {scene_seed(3, split, i) for i in range(50)} for split in ("train", "eval")}
+    assert not seeds["train"] & seeds["eval"]
+    assert not seeds["train"] & {scene_seed(4, "train", i) for i in range(50)}
+    train_images = [train[i].image.tobytes() for i in range(len(train))]
+    assert train_images != [other_seed[i].image.tobytes() for i in range(len(other_seed))]
+    assert train_images != [evaluation[i].image.tobytes() for i in range(len(evaluation))]
     counts = [sum(train[i].question.startswith(p) for i in range(50)) for p in ("How many",)]
     assert counts == [50 // len(QUESTION_TYPES)]
     assert train[-1].answer == train[49].answer
@@ -123,3 +128,29 @@ def test_bad_arguments_are_named(kwargs, message):
 def test_out_of_range_index_raises():
     with pytest.raises(IndexError, match="index: expected"):
         ShapesVQA(size=3)[3]
+
+
+def test_one_shape_scenes_unless_binding_is_asked_for():
+    plain = ShapesVQA("train", size=60, seed=1, image_size=56)
+    binding = ShapesVQA("train", size=60, seed=1, image_size=56, binding=True)
+    plain_counts, binding_counts = set(), set()
+    for index in range(60):
+        is_count = QUESTION_TYPES[index % len(QUESTION_TYPES)] == "count"
+        shapes_plain = len(_colour_masks(plain[index].image))
+        shapes_binding = len(_colour_masks(binding[index].image))
+        if is_count:
+            assert plain[index].answer == str(shapes_plain)
+        else:
+            plain_counts.add(shapes_plain)
+            binding_counts.add(shapes_binding)
+        for dataset in (plain, binding):
+            sample = dataset[index]
+            assert _answers_from_pixels(sample.image, sample.question) == sample.answer
+    assert plain_counts == {1}
+    assert binding_counts == {1, 2, 3, 4}
+
+
+def test_describe_scene_count_is_checked():
+    assert len(describe_scene(5, 56, count=3)) == 3
+    with pytest.raises(ValueError, match=r"count: expected None or 1\.\.4 shapes, got 5"):
+        describe_scene(5, 56, count=5)

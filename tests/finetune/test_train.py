@@ -33,6 +33,7 @@ COMMON = [
     "--batch-size=2",
     "--no-progress",
     "--no-patch",
+    "--base-train-steps=0",
 ]
 
 
@@ -112,6 +113,7 @@ def test_saved_adapter_reloads_with_plain_peft_and_gives_the_same_logits(tmp_pat
         warmup_steps=1,
         batch_size=4,
         learning_rate=5e-3,
+        base_train_steps=0,
         patch=False,
         progress=False,
     )
@@ -138,6 +140,7 @@ def test_bad_training_record_fails_fast_with_its_number(tmp_path):
         output_dir=str(tmp_path / "out"),
         train_data=str(tmp_path / "data.jsonl"),
         on_bad_record="fail",
+        base_train_steps=0,
         patch=False,
         progress=False,
     )
@@ -166,9 +169,39 @@ def test_lora_targets_split_language_vision_and_projector(processor):
     [
         ("max_steps", 0, "max_steps: expected a positive int"),
         ("comm_hook", "dense", "comm_hook: expected one of"),
-        ("warmup_steps", 500, r"warmup_steps: expected in \[0, max_steps=300\]"),
+        ("warmup_steps", -1, "warmup_steps: expected an int >= 0"),
     ],
 )
 def test_bad_config_values_are_named(field, value, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**{field: value})
+
+
+@pytest.mark.slow
+def test_base_phase_trains_the_full_model_then_lora_adapts_it(tmp_path):
+    from safetensors.torch import load_file
+
+    from ascend_vlm.default_model import default_model_path
+
+    config = TrainConfig(
+        output_dir=str(tmp_path),
+        train_size=8,
+        eval_size=2,
+        max_steps=1,
+        base_train_steps=2,
+        batch_size=4,
+        patch=False,
+        progress=False,
+    )
+    result = train(config)
+    base_model = tmp_path / "base" / "model"
+    trained = load_file(base_model / "model.safetensors")
+    random_init = load_file(default_model_path() / "model.safetensors")
+    changed = [k for k in random_init if not torch.equal(trained[k], random_init[k])]
+    assert len(changed) == len(random_init)  # every weight trained, vision tower included
+    assert (base_model / "tokenizer.json").is_file()
+    adapter_config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(base_model)
+    assert sorted(_losses(tmp_path / "base")) == [1, 2]
+    assert sorted(_losses(tmp_path)) == [1]
+    assert 0.0 <= result.eval_accuracy <= 1.0
