@@ -9,12 +9,13 @@ per-call overhead; `small`: 4 decoder layers of width 512, a 2-layer width-512 v
 * peak memory: the highest live CPU tensor memory during one forward, from torch.profiler
   (`profile_memory=True`): running sum, in start-time order, of each op's net self allocation.
 
-The three models (eager, sdpa, sdpa + `ascend_vlm.patch`) are timed in interleaved rounds with a
-rotating order, so machine-load drift hits all three alike, and each reports its best (least
-disturbed) round: on a shared machine medians move by tens of percent between runs. Ratios are
-unpatched / patched time (> 1 means patched is faster) and patched / sdpa memory. torch runs
-with a fixed thread count (`--threads`, default 1). Run: python scripts/bench_patch.py [--sizes tiny small]
-[--families qwen2_vl llava_clip] [--repeats 20]
+The models (eager, sdpa, an identical second sdpa model as an A/A control, and sdpa +
+`ascend_vlm.patch`) are timed in interleaved rounds with a rotating order, so machine-load drift
+hits all alike, and each reports its best (least disturbed) round: on a shared machine medians
+move by tens of percent between runs. Ratios are unpatched / patched time (> 1 means patched is
+faster) and patched / sdpa memory. torch runs with a fixed thread count (`--threads`, default 1).
+Run: python scripts/bench_patch.py [--sizes tiny small] [--families qwen2_vl llava_clip]
+[--repeats 20]
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import ascend_vlm
 from ascend_vlm.device import backend
 from ascend_vlm.models.tiny import FAMILIES, SIZES, build_model, make_inputs
 
-IMPLEMENTATIONS = ("eager", "sdpa", "patched")
+# "sdpa_again" is an A/A control: a second, identical unpatched sdpa model. Its ratio to "sdpa"
+# is the noise floor of the table (weight placement in memory and machine load alone).
+IMPLEMENTATIONS = ("eager", "sdpa", "sdpa_again", "patched")
 # Rounds per size relative to --repeats: small forwards take ~100x longer than tiny ones.
 REPEAT_SCALE = {"tiny": 1.0, "small": 0.5}
 
@@ -67,7 +70,7 @@ def bench_family(name: str, size: str, rounds: int, new_tokens: int) -> dict[str
     """{implementation: {"forward": s, "generate": s, "peak": bytes}} for one family and size."""
     models = {}
     for implementation in IMPLEMENTATIONS:
-        attention = "eager" if implementation == "eager" else "sdpa"
+        attention = "eager" if implementation == "eager" else "sdpa"  # patched: sdpa + patch
         models[implementation] = build_model(name, attn_implementation=attention, size=size)
     ascend_vlm.patch(models["patched"])
     inputs = make_inputs(name, models["sdpa"], n_images=1)
@@ -101,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = (
         f"{'family':16} {'fwd ms':>8} {'fwd x eager':>11} {'fwd x sdpa':>10} "
-        f"{'gen ms':>8} {'gen x eager':>11} {'gen x sdpa':>10} {'peak KiB':>9} {'mem/sdpa':>8}"
+        f"{'gen ms':>8} {'gen x eager':>11} {'gen x sdpa':>10} {'peak KiB':>9} {'mem/sdpa':>8} "
+        f"{'A/A fwd':>7} {'A/A gen':>7}"
     )
     for size in args.sizes:
         rounds = max(3, round(args.repeats * REPEAT_SCALE[size]))
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print("-" * len(header))
         for name in args.families:
             r = bench_family(name, size, rounds, args.new_tokens)
-            patched, eager, sdpa = r["patched"], r["eager"], r["sdpa"]
+            patched, eager, sdpa, again = r["patched"], r["eager"], r["sdpa"], r["sdpa_again"]
             print(
                 f"{name:16} {patched['forward'] * 1e3:8.2f} "
                 f"{eager['forward'] / patched['forward']:11.2f} "
@@ -118,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{patched['generate'] * 1e3:8.1f} "
                 f"{eager['generate'] / patched['generate']:11.2f} "
                 f"{sdpa['generate'] / patched['generate']:10.2f} "
-                f"{patched['peak'] / 1024:9.1f} {patched['peak'] / max(sdpa['peak'], 1):8.2f}",
+                f"{patched['peak'] / 1024:9.1f} {patched['peak'] / max(sdpa['peak'], 1):8.2f} "
+                f"{sdpa['forward'] / again['forward']:7.2f} "
+                f"{sdpa['generate'] / again['generate']:7.2f}",
                 flush=True,
             )
     print(
@@ -126,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         "time (>= 1 means patched is as fast or faster)"
     )
     print("mem/sdpa: patched peak / sdpa peak (torch.profiler CPU allocation events, one forward)")
+    print(
+        "A/A fwd / A/A gen: sdpa time / time of an identical second sdpa model: how far ratios "
+        "move with no code difference at all"
+    )
     return 0
 
 
