@@ -91,7 +91,7 @@ class TrainConfig:
     modules_to_save: Sequence[str] = ("lm_head",)
     full_finetune: bool = False
     base_train_steps: int | None = None
-    base_learning_rate: float = 1e-3
+    base_learning_rate: float = 5e-4
     save_every: int = 200
     resume: str | None = None
     stop_after_steps: int | None = None
@@ -423,6 +423,8 @@ def train(config: TrainConfig) -> TrainResult:
 
     Rank 0 prints ``eval_accuracy: <fraction>`` as its last line. With ``stop_after_steps``
     below ``max_steps`` the run stops there like a crash would (no final adapter, no eval).
+    ``resume="latest"`` with nothing saved yet (a crash before the first checkpoint) starts
+    from scratch with a warning, so re-running the same command always continues.
     The process group is destroyed on return.
     """
     try:
@@ -430,12 +432,20 @@ def train(config: TrainConfig) -> TrainResult:
             base_config = base_phase_config(config)
             base_model = Path(base_config.output_dir) / FINAL_MODEL
             if not (base_model / "config.json").is_file():
-                _train(base_config)
+                _train(_without_missing_latest(base_config))
             config = dataclasses.replace(config, model_path=str(base_model), base_train_steps=0)
-        return _train(config)
+        return _train(_without_missing_latest(config))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _without_missing_latest(config: TrainConfig) -> TrainConfig:
+    latest = checkpoint.checkpoint_root(config.output_dir) / checkpoint.LATEST
+    if config.resume != "latest" or latest.is_file():
+        return config
+    logger.warning("resume=latest: no checkpoint under %s yet; starting fresh", config.output_dir)
+    return dataclasses.replace(config, resume=None)
 
 
 def base_phase_config(config: TrainConfig) -> TrainConfig:
@@ -448,7 +458,6 @@ def base_phase_config(config: TrainConfig) -> TrainConfig:
     checkpoint when the run is resumed.
     """
     base_dir = Path(config.output_dir) / BASE_PHASE_DIR
-    resumable = config.resume is not None and (base_dir / checkpoint.CHECKPOINTS).is_dir()
     return dataclasses.replace(
         config,
         output_dir=str(base_dir),
@@ -457,7 +466,7 @@ def base_phase_config(config: TrainConfig) -> TrainConfig:
         max_steps=config.base_train_steps,
         learning_rate=config.base_learning_rate,
         data_seed=config.data_seed + 1,
-        resume="latest" if resumable else None,
+        resume="latest" if config.resume is not None else None,
         stop_after_steps=None,
     )
 

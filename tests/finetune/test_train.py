@@ -61,6 +61,23 @@ def _losses(output_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
+def _tiny_config(output_dir: Path, **overrides) -> TrainConfig:
+    """An in-process run of a few steps on a small ShapesVQA slice, no base phase."""
+    settings = {
+        "output_dir": str(output_dir),
+        "train_size": 16,
+        "eval_size": 4,
+        "max_steps": 3,
+        "warmup_steps": 1,
+        "batch_size": 4,
+        "learning_rate": 5e-3,
+        "base_train_steps": 0,
+        "patch": False,
+        "progress": False,
+    }
+    return TrainConfig(**{**settings, **overrides})
+
+
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("two_ranks")
@@ -105,21 +122,9 @@ def test_saved_adapter_reloads_with_plain_peft_and_gives_the_same_logits(tmp_pat
 
     from ascend_vlm.default_model import default_model_path
 
-    config = TrainConfig(
-        output_dir=str(tmp_path),
-        train_size=16,
-        eval_size=4,
-        max_steps=3,
-        warmup_steps=1,
-        batch_size=4,
-        learning_rate=5e-3,
-        base_train_steps=0,
-        patch=False,
-        progress=False,
-    )
-    result = train(config)
+    result = train(_tiny_config(tmp_path))
     assert 0.0 <= result.eval_accuracy <= 1.0
-    eval_set = EncodedDataset(ShapesVQA("eval", 4), processor)
+    eval_set = EncodedDataset(ShapesVQA("eval", 4, image_size=56), processor)
     batch = collate([eval_set[i] for i in range(4)], pad_token_id_of(processor))
     inputs = model_inputs(batch, torch.device("cpu"))
     base = Qwen2VLForConditionalGeneration.from_pretrained(default_model_path())
@@ -136,13 +141,8 @@ def test_bad_training_record_fails_fast_with_its_number(tmp_path):
     (tmp_path / "data.jsonl").write_text(
         json.dumps({"image": "missing.png", "question": "q?", "answer": "a"}) + "\n"
     )
-    config = TrainConfig(
-        output_dir=str(tmp_path / "out"),
-        train_data=str(tmp_path / "data.jsonl"),
-        on_bad_record="fail",
-        base_train_steps=0,
-        patch=False,
-        progress=False,
+    config = _tiny_config(
+        tmp_path / "out", train_data=str(tmp_path / "data.jsonl"), on_bad_record="fail"
     )
     with pytest.raises(BadRecordError, match=r"record 1: image .*missing\.png.* does not exist"):
         train(config)
@@ -183,17 +183,9 @@ def test_base_phase_trains_the_full_model_then_lora_adapts_it(tmp_path):
 
     from ascend_vlm.default_model import default_model_path
 
-    config = TrainConfig(
-        output_dir=str(tmp_path),
-        train_size=8,
-        eval_size=2,
-        max_steps=1,
-        base_train_steps=2,
-        batch_size=4,
-        patch=False,
-        progress=False,
+    result = train(
+        _tiny_config(tmp_path, train_size=8, eval_size=2, max_steps=1, base_train_steps=2)
     )
-    result = train(config)
     base_model = tmp_path / "base" / "model"
     trained = load_file(base_model / "model.safetensors")
     random_init = load_file(default_model_path() / "model.safetensors")
