@@ -121,7 +121,14 @@ def ascend_attention_forward(
         return output.unsqueeze(0), None
     if attention_mask is not None and attention_mask.dim() == 4:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
-    causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
+    query_length, key_length = query.shape[2], key.shape[2]
+    causal = bool(is_causal) and attention_mask is None and query_length > 1
+    if causal and key_length > query_length:
+        # Prefill into an empty StaticCache: `sdpa_mask` returns None relying on SDPA's top-left
+        # causal alignment, and the keys past the queries are empty cache slots. ops.fused_attention
+        # aligns causal masks bottom-right, so keep only the first `query_length` keys (as
+        # transformers' sdpa_attention_forward does), where both alignments agree.
+        key, value = key[:, :, :query_length], value[:, :, :query_length]
     output = ops.fused_attention(
         query,
         key,

@@ -3,7 +3,8 @@
 Each tiny model is built from its config, saved with `save_pretrained` and reloaded with
 `from_pretrained` (eager attention), once per module. Checks: logits for text-only, one image,
 several images and left/right padded batches (fp32, atol 1e-4); `unpatch` restores bit-identical
-logits; greedy `generate` of 32 new tokens; loss and every parameter gradient in training mode.
+logits; greedy `generate` of 32 new tokens (dynamic cache) and of 8 (StaticCache); loss and every
+parameter gradient in training mode.
 """
 
 from __future__ import annotations
@@ -83,6 +84,25 @@ def test_greedy_generate_32_tokens_identical(reloaded, family):
         finally:
             ascend_vlm.unpatch(model)
     assert produced.shape[1] == inputs["input_ids"].shape[1] + 32
+    assert torch.equal(produced, expected)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_generate_with_static_cache_identical(reloaded, family):
+    # Prefill into an empty StaticCache: the key length is the cache length (> query length) and
+    # the mask function returns None, so causal alignment of the attention op decides the result.
+    model = reloaded(family)
+    inputs = make_inputs(family, model, n_images=1)
+    settings = dict(
+        max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static"
+    )
+    with torch.no_grad():
+        expected = model.generate(**inputs, **settings)
+        ascend_vlm.patch(model)
+        try:
+            produced = model.generate(**inputs, **settings)
+        finally:
+            ascend_vlm.unpatch(model)
     assert torch.equal(produced, expected)
 
 
