@@ -71,11 +71,8 @@ def test_patched_logits_match_eager_and_unpatch_restores_bits(reloaded, family, 
     assert torch.equal(_logits(model, inputs), reference)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_greedy_generate_32_tokens_identical(reloaded, family):
-    model = reloaded(family)
-    inputs = make_inputs(family, model, n_images=1)
-    settings = dict(max_new_tokens=32, min_new_tokens=32, do_sample=False, use_cache=True)
+def _generate_unpatched_and_patched(model, inputs, **settings):
+    settings = dict(min_new_tokens=settings["max_new_tokens"], do_sample=False, **settings)
     with torch.no_grad():
         expected = model.generate(**inputs, **settings)
         ascend_vlm.patch(model)
@@ -83,6 +80,16 @@ def test_greedy_generate_32_tokens_identical(reloaded, family):
             produced = model.generate(**inputs, **settings)
         finally:
             ascend_vlm.unpatch(model)
+    return expected, produced
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_generate_32_tokens_identical(reloaded, family):
+    model = reloaded(family)
+    inputs = make_inputs(family, model, n_images=1)
+    expected, produced = _generate_unpatched_and_patched(
+        model, inputs, max_new_tokens=32, use_cache=True
+    )
     assert produced.shape[1] == inputs["input_ids"].shape[1] + 32
     assert torch.equal(produced, expected)
 
@@ -93,16 +100,9 @@ def test_greedy_generate_with_static_cache_identical(reloaded, family):
     # the mask function returns None, so causal alignment of the attention op decides the result.
     model = reloaded(family)
     inputs = make_inputs(family, model, n_images=1)
-    settings = dict(
-        max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static"
+    expected, produced = _generate_unpatched_and_patched(
+        model, inputs, max_new_tokens=8, cache_implementation="static"
     )
-    with torch.no_grad():
-        expected = model.generate(**inputs, **settings)
-        ascend_vlm.patch(model)
-        try:
-            produced = model.generate(**inputs, **settings)
-        finally:
-            ascend_vlm.unpatch(model)
     assert torch.equal(produced, expected)
 
 
