@@ -16,7 +16,8 @@ How (the *what* lives in `ascend_vlm.models`):
   module-level rotary function (e.g. ``apply_rotary_pos_emb``) resolved to an adapter around
   ``ops.rotary_embedding``; the transformers module and class stay untouched.
 
-Every change is recorded on the base model and ``unpatch`` restores exactly what was there.
+Modules wrapped by accelerate hooks (``device_map`` / offload) keep their hook: the forward it
+wraps (``_old_forward``) is rebound instead of ``forward``. Every change is recorded on the base model and ``unpatch`` restores exactly what was there.
 """
 
 from __future__ import annotations
@@ -310,6 +311,16 @@ class _PatchState:
     configs: list[tuple[object, object]] = field(default_factory=list)
 
     def rebind(self, module: nn.Module, name: str, value: object) -> None:
+        """Set instance attribute `name` of `module` to `value`, recording what was there.
+
+        A module carrying an accelerate hook (``device_map=...``, CPU/disk offload) has the hook's
+        wrapper as its instance ``forward`` and the wrapped forward in ``_old_forward``; the
+        wrapper looks ``_old_forward`` up at every call (accelerate/hooks.py,
+        `add_hook_to_module`). Rebinding ``_old_forward`` instead keeps the hook's device moves
+        and offload loads around our forward.
+        """
+        if name == "forward" and hasattr(module, "_hf_hook") and "_old_forward" in vars(module):
+            name = "_old_forward"
         self.rebinds.append((module, name, module.__dict__.get(name, _MISSING)))
         module.__dict__[name] = value
 

@@ -161,3 +161,40 @@ def test_attention_function_refuses_softcap_and_batched_varlen():
     lengths = torch.tensor([0, 3], dtype=torch.int32)
     with pytest.raises(ValueError, match="batch 1"):
         ascend_attention_forward(module, query, query, query, None, cu_seq_lens_q=lengths)
+
+
+def _attach_accelerate_style_hook(module: nn.Module, calls: list[str]) -> None:
+    """What accelerate's `add_hook_to_module` does to a module (accelerate is not installed
+    here): the original forward goes to `_old_forward`, `_hf_hook` holds the hook and the
+    instance `forward` becomes a wrapper that runs the hook around `module._old_forward`."""
+    module._old_forward = module.forward
+    module._hf_hook = object()
+
+    def hooked_forward(*args, **kwargs):
+        calls.append(type(module).__name__)  # where accelerate moves weights / inputs
+        return module._old_forward(*args, **kwargs)
+
+    module.forward = hooked_forward
+
+
+def test_accelerate_hooks_stay_in_front_of_the_patched_forwards(qwen):
+    inputs = make_inputs("qwen2_vl", qwen, n_images=0)
+    reference = _logits(qwen, inputs)
+    layer = qwen.model.language_model.layers[0]
+    hooked = (layer.input_layernorm, layer.mlp, layer.self_attn)
+    calls: list[str] = []
+    for module in hooked:
+        _attach_accelerate_style_hook(module, calls)
+    wrappers = [module.forward for module in hooked]
+    originals = [module._old_forward for module in hooked]
+    ascend_vlm.patch(qwen)
+    assert [module.forward for module in hooked] == wrappers
+    assert all(m._old_forward != old for m, old in zip(hooked, originals, strict=True))
+    patched = _logits(qwen, inputs)
+    norm, mlp, attention = hooked
+    assert calls == [type(module).__name__ for module in (norm, attention, mlp)]
+    torch.testing.assert_close(patched, reference, atol=1e-4, rtol=0)
+    ascend_vlm.unpatch(qwen)
+    assert [module.forward for module in hooked] == wrappers
+    assert [module._old_forward for module in hooked] == originals
+    assert torch.equal(_logits(qwen, inputs), reference)
