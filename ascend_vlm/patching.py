@@ -87,7 +87,8 @@ def ascend_attention_forward(
       transformers' sdpa path, causal is ``module.is_causal`` (or the ``is_causal`` kwarg) when no
       mask is given and more than one query is present -> ``ops.fused_attention``.
 
-    Sliding windows and packed-sequence boundaries arrive encoded in the mask. Attention weights
+    Sliding windows and packed-sequence boundaries arrive encoded in the mask; the varlen path
+    raises ValueError for ``dropout > 0`` and a ``sliding_window`` (it can honour neither). Attention weights
     are never returned (fused kernels do not materialise them); ask for ``attn_implementation=
     "eager"`` when they are needed. Raises ValueError for logit soft-capping and attention sinks.
     """
@@ -108,6 +109,7 @@ def ascend_attention_forward(
                 f"query: expected batch 1 for packed varlen attention (cu_seq_lens_q given), "
                 f"got shape {tuple(query.shape)}"
             )
+        _check_varlen_honours(dropout, kwargs.get("sliding_window"))
         cu_seqlens_k = kwargs.get("cu_seq_lens_k")
         packed = [t[0].transpose(0, 1) for t in (query, key, value)]  # [T, N, D]
         output = ops.varlen_attention(
@@ -141,6 +143,26 @@ def ascend_attention_forward(
         dropout_p=dropout,
     )
     return output.transpose(1, 2).contiguous(), None
+
+
+def _check_varlen_honours(dropout: float, sliding_window: int | None) -> None:
+    """Raise for what ``ops.varlen_attention`` cannot compute, rather than dropping it silently.
+
+    On the padded path both arrive honoured: dropout goes to ``ops.fused_attention`` and the
+    sliding window is encoded in the mask made by `sdpa_mask`. Packed varlen calls get no mask.
+    """
+    if dropout > 0.0:
+        raise ValueError(
+            f"dropout: packed varlen attention (cu_seq_lens_q given) has no attention dropout, "
+            f"got dropout={dropout}; set the config's attention_dropout to 0 or train with padded "
+            f"batches (no flash-attention kwargs) to keep it"
+        )
+    if sliding_window is not None:
+        raise ValueError(
+            f"sliding_window: packed varlen attention (cu_seq_lens_q given) attends to whole "
+            f"segments, got sliding_window={sliding_window}; use padded batches (the mask then "
+            f"carries the window) or attn_implementation='eager'"
+        )
 
 
 def _register_attention() -> None:

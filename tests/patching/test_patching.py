@@ -198,3 +198,20 @@ def test_accelerate_hooks_stay_in_front_of_the_patched_forwards(qwen):
     assert [module.forward for module in hooked] == wrappers
     assert [module._old_forward for module in hooked] == originals
     assert torch.equal(_logits(qwen, inputs), reference)
+
+
+@pytest.mark.parametrize(
+    ("argument", "options"),
+    [("dropout", {"dropout": 0.1}), ("sliding_window", {"sliding_window": 2})],
+)
+def test_packed_varlen_attention_refuses_what_it_cannot_honour(argument, options):
+    packed = torch.randn(1, 2, 6, 4)
+    lengths = torch.tensor([0, 3, 6], dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"^{argument}:"):
+        ascend_attention_forward(
+            nn.Module(), packed, packed, packed, None, cu_seq_lens_q=lengths, **options
+        )
+    output, _ = ascend_attention_forward(
+        nn.Module(), packed, packed, packed, None, cu_seq_lens_q=lengths, sliding_window=None
+    )
+    assert output.shape == (1, 6, 2, 4)
