@@ -180,7 +180,22 @@ def _register_attention() -> None:
 
 
 def _rms_norm_forward(module: nn.Module, hidden_states: torch.Tensor, *, eps: float, offset: float):
-    return _ops().rms_norm(hidden_states, module.weight, eps, offset=offset)
+    """The module's norm through ``ops.rms_norm``, with the stock module's output dtype.
+
+    Gemma-style norms (``offset`` 1) compute ``(x_norm * (1 + w)).to(x.dtype)``, which is the op.
+    Llama-style norms (``offset`` 0) compute ``w * x_norm.to(x.dtype)``: when ``w`` has another
+    dtype than ``x`` (fp32 weights, bf16 activations) the result is ``promote(w, x)`` with
+    ``x_norm`` rounded to ``x.dtype`` first, so the op normalises with a unit weight and ``w`` is
+    applied after it. With equal dtypes the op applies ``w`` inside its fp32 math and rounds once
+    where the stock module rounds twice (within one unit of the last place of ``x.dtype``).
+    """
+    weight = module.weight
+    if offset or weight.dtype == hidden_states.dtype:
+        return _ops().rms_norm(hidden_states, weight, eps, offset=offset)
+    unit = torch.ones(
+        hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device
+    )
+    return weight * _ops().rms_norm(hidden_states, unit, eps)
 
 
 def _swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:

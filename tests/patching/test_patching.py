@@ -215,3 +215,30 @@ def test_packed_varlen_attention_refuses_what_it_cannot_honour(argument, options
         nn.Module(), packed, packed, packed, None, cu_seq_lens_q=lengths, sliding_window=None
     )
     assert output.shape == (1, 6, 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "weight_dtype"),
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.bfloat16),
+    ],
+)
+def test_patched_norm_keeps_the_stock_dtype_and_rounding(qwen, x_dtype, weight_dtype):
+    # Stock Llama-style norms return weight * x_norm.to(x.dtype): promote(weight, x) with x_norm
+    # rounded to x.dtype first; mixed dtypes must match bit for bit.
+    norm = qwen.model.language_model.norm.to(weight_dtype)
+    with torch.no_grad():
+        norm.weight.normal_(generator=torch.Generator().manual_seed(0))
+    x = (3 * torch.randn(2, 5, norm.weight.shape[0], generator=torch.Generator())).to(x_dtype)
+    stock = norm(x)
+    ascend_vlm.patch(qwen)
+    assert "fused=ascend_vlm.ops.rms_norm" in repr(norm)
+    patched = norm(x)
+    assert patched.dtype == stock.dtype == torch.promote_types(x_dtype, weight_dtype)
+    if x_dtype == weight_dtype:  # the fused op rounds once where the stock module rounds twice
+        torch.testing.assert_close(patched, stock)
+    else:
+        assert torch.equal(patched, stock)
