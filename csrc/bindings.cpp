@@ -195,9 +195,10 @@ PYBIND11_MODULE(_C, m) {
       "sim_copy_kernel",
       [](Stream& stream, uintptr_t dst, uintptr_t src, size_t count) {
 #ifdef ASCEND_VLM_BACKEND_SIM
-        ascend_vlm::check_acl(
-            aclsimLaunchCopyKernel(pointer(dst), pointer(src), count, stream.handle()),
-            "aclsimLaunchCopyKernel");
+        stream.use([&](aclrtStream queue) {
+          ascend_vlm::check_acl(aclsimLaunchCopyKernel(pointer(dst), pointer(src), count, queue),
+                                "aclsimLaunchCopyKernel");
+        });
 #else
         (void)stream;
         (void)dst;

@@ -22,7 +22,7 @@ Stream::Stream(uint32_t priority) : priority_(priority) {
 }
 
 Stream::~Stream() {
-  if (handle_ == nullptr || !Runtime::instance().session_alive(session_)) return;
+  if (destroyed() || !Runtime::instance().session_alive(session_)) return;
   try {
     destroy();
   } catch (const AclError&) {
@@ -30,35 +30,97 @@ Stream::~Stream() {
   }
 }
 
-aclrtStream Stream::handle() const {
+aclrtStream Stream::open_handle_locked(const char* function) const {
   if (handle_ == nullptr) {
-    throw AclError(ACL_ERROR_RT_INVALID_HANDLE, "aclrtStream", "the stream was destroyed");
+    throw AclError(ACL_ERROR_RT_INVALID_HANDLE, function, "the stream was destroyed");
   }
-  Runtime::instance().enter_session(session_, "aclrtStream");
+  if (closing_) {
+    throw AclError(ACL_ERROR_RT_INVALID_HANDLE, function,
+                   "the stream is being destroyed by another thread");
+  }
   return handle_;
 }
 
-void Stream::synchronize() { ASCEND_VLM_ACL_CALL(aclrtSynchronizeStream, handle()); }
+aclrtStream Stream::handle() const {
+  aclrtStream stream = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    stream = open_handle_locked("aclrtStream");
+  }
+  Runtime::instance().enter_session(session_, "aclrtStream");
+  return stream;
+}
+
+bool Stream::destroyed() const {
+  std::lock_guard lock(mutex_);
+  return handle_ == nullptr;
+}
+
+void Stream::use(const std::function<void(aclrtStream)>& call) {
+  aclrtStream stream = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    stream = open_handle_locked("aclrtStream");
+    ++users_;
+  }
+  struct Leave {
+    Stream& self;
+    ~Leave() {
+      std::lock_guard lock(self.mutex_);
+      if (--self.users_ == 0) self.idle_.notify_all();
+    }
+  } leave{*this};
+  Runtime::instance().enter_session(session_, "aclrtStream");
+  call(stream);
+}
+
+void Stream::synchronize() {
+  use([](aclrtStream stream) { ASCEND_VLM_ACL_CALL(aclrtSynchronizeStream, stream); });
+}
 
 void Stream::wait_event(const Event& event) {
-  ASCEND_VLM_ACL_CALL(aclrtStreamWaitEvent, handle(), event.handle());
+  use([&event](aclrtStream stream) {
+    ASCEND_VLM_ACL_CALL(aclrtStreamWaitEvent, stream, event.handle());
+  });
 }
 
 void Stream::memcpy_async(void* dst, size_t dst_max, const void* src, size_t count,
                           aclrtMemcpyKind kind) {
-  ASCEND_VLM_ACL_CALL(aclrtMemcpyAsync, dst, dst_max, src, count, kind, handle());
+  use([&](aclrtStream stream) {
+    ASCEND_VLM_ACL_CALL(aclrtMemcpyAsync, dst, dst_max, src, count, kind, stream);
+  });
 }
 
 void Stream::launch_host_func(std::function<void()> fn) {
-  Runtime::instance().launch_callback(handle(), std::move(fn));
+  use([&fn](aclrtStream stream) { Runtime::instance().launch_callback(stream, std::move(fn)); });
 }
 
 void Stream::destroy() {
-  aclrtStream stream = handle();
+  aclrtStream stream = nullptr;
+  {
+    std::unique_lock lock(mutex_);
+    stream = open_handle_locked("aclrtDestroyStream");
+    closing_ = true;
+    idle_.wait(lock, [this] { return users_ == 0; });
+  }
   // Drain first (as CANN asks before aclrtDestroyStream), while callbacks can still be reported;
   // a stream error surfaces here and the stream stays valid.
-  ASCEND_VLM_ACL_CALL(aclrtSynchronizeStream, stream);
-  handle_ = nullptr;  // from here on the handle is gone whatever AscendCL reports
+  aclError drained = ACL_SUCCESS;
+  try {
+    Runtime::instance().enter_session(session_, "aclrtDestroyStream");
+    drained = aclrtSynchronizeStream(stream);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    closing_ = false;
+    throw;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    closing_ = false;
+    // From here on the handle is gone whatever AscendCL reports.
+    if (drained == ACL_SUCCESS) handle_ = nullptr;
+  }
+  check_acl(drained, "aclrtSynchronizeStream");
   const aclError unsubscribed = Runtime::instance().unsubscribe(stream);
   ASCEND_VLM_ACL_CALL(aclrtDestroyStream, stream);
   check_acl(unsubscribed, "aclrtUnSubscribeReport");
@@ -82,7 +144,7 @@ aclrtEvent Event::handle() const {
 }
 
 void Event::record(Stream& stream) {
-  ASCEND_VLM_ACL_CALL(aclrtRecordEvent, handle(), stream.handle());
+  stream.use([this](aclrtStream queue) { ASCEND_VLM_ACL_CALL(aclrtRecordEvent, handle(), queue); });
 }
 
 bool Event::query() const {

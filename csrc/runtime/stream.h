@@ -2,9 +2,11 @@
 #ifndef ASCEND_VLM_RUNTIME_STREAM_H_
 #define ASCEND_VLM_RUNTIME_STREAM_H_
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 
 #include "acl/acl.h"
 
@@ -14,6 +16,11 @@ class Event;
 
 // A dedicated stream on the current device, subscribed to the report thread so that host
 // callbacks can run. Work on one stream runs in issue order.
+//
+// Thread safety: every member may be called from any thread. Calls that use the handle register
+// as users under `mutex_`; destroy() first refuses new users, waits for the running ones, then
+// drains and destroys, so a call racing destroy() raises AclError(ACL_ERROR_RT_INVALID_HANDLE)
+// instead of passing a destroyed handle to AscendCL.
 class Stream {
  public:
   // `priority` 0 (highest) to 7 (aclrtCreateStreamWithConfig).
@@ -23,6 +30,8 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
+  // The handle, for display and raw tests only: it may be destroyed by another thread right
+  // after this returns; issue work through use().
   aclrtStream handle() const;
   uint32_t priority() const { return priority_; }
   int32_t device() const { return device_; }
@@ -35,12 +44,23 @@ class Stream {
   void memcpy_async(void* dst, size_t dst_max, const void* src, size_t count, aclrtMemcpyKind kind);
   // Queues `fn` to run on the report thread after prior work; later work waits for it.
   void launch_host_func(std::function<void()> fn);
-  // Waits for queued work, then destroys the stream. A stream error reported by that wait is
-  // thrown and leaves the stream alive; call destroy() again to finish.
+  // Runs `call(handle)` while destroy() is held off. Throws AclError(ACL_ERROR_RT_INVALID_HANDLE)
+  // if the stream is destroyed or being destroyed by another thread.
+  void use(const std::function<void(aclrtStream)>& call);
+  // Refuses new work, waits for calls in progress and for queued work, then destroys the stream.
+  // A stream error reported by that wait is thrown and leaves the stream alive; call destroy()
+  // again to finish.
   void destroy();
-  bool destroyed() const { return handle_ == nullptr; }
+  bool destroyed() const;
 
  private:
+  // The live handle; throws unless the stream is open. Requires `mutex_` held.
+  aclrtStream open_handle_locked(const char* function) const;
+
+  mutable std::mutex mutex_;
+  std::condition_variable idle_;  // signalled when `users_` drops to zero
+  int users_ = 0;                 // calls inside use()
+  bool closing_ = false;          // destroy() in progress: new users are refused
   aclrtStream handle_ = nullptr;
   uint32_t priority_;
   int32_t device_ = -1;

@@ -119,6 +119,42 @@ void check_threads(int threads, int iterations) {
   for (auto& worker : workers) worker.join();
 }
 
+// destroy() racing threads that queue copies, callbacks, event records and waits on the same
+// stream: each call either runs on the live stream or raises ACL_ERROR_RT_INVALID_HANDLE, never
+// touches a destroyed handle (TSan reports the unguarded handle read otherwise).
+void check_destroy_race(int threads, int rounds) {
+  Buffer host(BufferKind::kPinned, 4096);
+  Buffer device(BufferKind::kDevice, 4096);
+  for (int round = 0; round < rounds; ++round) {
+    Stream stream;
+    std::atomic<int> ready{0};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&] {
+        Event event(false);
+        ++ready;
+        while (true) {
+          const aclError code = acl_code_of([&] {
+            stream.memcpy_async(device.ptr(), 4096, host.ptr(), 4096, ACL_MEMCPY_HOST_TO_DEVICE);
+            stream.launch_host_func([] {});
+            event.record(stream);
+            stream.wait_event(event);
+            stream.synchronize();
+          });
+          if (code != ACL_SUCCESS) {
+            EXPECT(code == ACL_ERROR_RT_INVALID_HANDLE);
+            return;
+          }
+        }
+      });
+    }
+    while (ready.load() < threads) std::this_thread::yield();
+    stream.destroy();
+    for (auto& worker : workers) worker.join();
+    EXPECT(stream.destroyed());
+  }
+}
+
 // Threads opening and closing sessions around streams with callbacks, while another reference
 // keeps the session alive; then the last reference drops with a callback still queued.
 void check_session_churn(int threads, int iterations) {
@@ -287,6 +323,7 @@ int main(int argc, char** argv) {
   check_event_pipeline(8, 1000);
   check_threads(4, 200);
   check_session_churn(4, 50);
+  check_destroy_race(3, 20);
   if (mode == "all") {
     check_misuse_codes();
     check_out_of_memory();
