@@ -30,7 +30,7 @@ const char* buffer_kind_name(BufferKind kind) {
 Buffer::Buffer(BufferKind kind, int64_t nbytes, aclrtMemMallocPolicy policy) : kind_(kind) {
   if (nbytes < 0) {
     throw AclError(ACL_ERROR_INVALID_PARAM, allocating_function(kind),
-                   "nbytes: expected a positive byte count, got " + std::to_string(nbytes));
+                   "nbytes: expected a byte count >= 0, got " + std::to_string(nbytes));
   }
   Runtime& runtime = Runtime::instance();
   session_ = runtime.enter();

@@ -28,7 +28,9 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
-  // Device memory is returned to the pool now. Host-visible memory may still be aliased by views
+  // Device memory is returned to the pool now, so no queued copy or kernel may still use it:
+  // the caller synchronizes first (ascend_vlm.runtime.DeviceBuffer.free() waits for the streams
+  // holding the buffer before calling this). Host-visible memory may still be aliased by views
   // the buffer cannot see, so free() only closes the handle and the memory goes back when the
   // Buffer is destroyed. Idempotent.
   void free();

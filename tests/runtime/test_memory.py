@@ -87,6 +87,16 @@ def test_zero_or_negative_size_is_invalid_param(cls, nbytes):
         assert "nbytes: expected a byte count >= 0, got -1" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("kind", "function"),
+    [(_C.BufferKind.DEVICE, "aclrtMalloc"), (_C.BufferKind.PINNED, "aclrtMallocHost")],
+)
+def test_native_size_check_states_the_same_rule(kind, function):
+    with raises_acl(ACL_ERROR_INVALID_PARAM, function) as info:
+        _C.Buffer(kind, -1)  # below the Python checks: the C++ constructor's own message
+    assert "nbytes: expected a byte count >= 0, got -1" in str(info.value)
+
+
 @requires_sim
 def test_out_of_memory_raises_memory_allocation(small_pool):
     first = runtime.DeviceBuffer(small_pool // 2)
