@@ -6,16 +6,21 @@ works as a context manager (``free()`` on exit). Host-visible buffers (:class:`P
 ``torch.frombuffer(buf, dtype=...)`` are zero-copy views. Each view holds a reference to the
 buffer object, so the memory outlives the Python name that created it; ``free()`` on a
 host-visible buffer therefore only closes the handle, and the memory is returned when the last
-view is gone. ``free()`` on a :class:`DeviceBuffer` returns the memory to the device at once.
+view is gone. ``free()`` on a :class:`DeviceBuffer` first waits for the streams whose queued
+work still uses it (see :mod:`ascend_vlm.runtime.stream`), then returns the memory to the device.
 """
 
 from __future__ import annotations
 
+import weakref
 from types import TracebackType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ascend_vlm import _C
 from ascend_vlm.runtime._checks import require_byte_count
+
+if TYPE_CHECKING:
+    from ascend_vlm.runtime.stream import Stream
 
 # aclrtMemMallocPolicy values (acl_rt.h).
 MALLOC_POLICIES: dict[str, int] = {
@@ -71,6 +76,19 @@ class DeviceBuffer(_Buffer):
         if policy not in MALLOC_POLICIES:
             raise ValueError(f"policy: expected one of {sorted(MALLOC_POLICIES)}, got {policy!r}")
         super().__init__(nbytes, MALLOC_POLICIES[policy])
+        # Streams this buffer was queued on; they hold it while the work may be pending.
+        self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+
+    def free(self) -> None:
+        """Return the memory to the device now (``aclrtFree``); idempotent.
+
+        Streams whose queued work may still use the buffer are synchronized first, so a copy or
+        kernel never touches freed memory (a stream error from that wait raises ``AclError``
+        and leaves the buffer allocated). Must not be called from a host callback.
+        """
+        for stream in list(self._streams):
+            stream._finish_work_on(self)
+        super().free()
 
 
 class PinnedBuffer(_Buffer):

@@ -3,15 +3,27 @@
 Work issued to one :class:`Stream` runs in issue order; work on different streams runs
 concurrently unless ordered with events (``event.record(a)``, then ``b.wait_event(event)``).
 Blocking waits (``synchronize``) release the GIL; host callbacks take it.
+
+Buffer lifetime: a :class:`Stream` holds a reference to every buffer its queued copies and
+kernels use, and drops the references once that work is known to be done: after
+:meth:`Stream.synchronize` or :meth:`Stream.destroy`, or, for work queued before an
+:meth:`Event.record` on the stream, once :meth:`Event.synchronize` returns or
+:meth:`Event.query` returns True. ``DeviceBuffer.free()`` first waits for the streams still
+holding the buffer. Raw int addresses are the caller's to keep valid.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import weakref
+from collections import deque
 from collections.abc import Callable
 
 from ascend_vlm import _C
+from ascend_vlm._errors import AclError
 from ascend_vlm.runtime._checks import require_byte_count, require_int
-from ascend_vlm.runtime.memory import require_fits, resolve_copy
+from ascend_vlm.runtime.memory import DeviceBuffer, require_fits, resolve_copy
 
 MAX_STREAM_PRIORITY = 7  # aclrtCreateStreamWithConfig: priority 0 (highest) to 7
 
@@ -19,8 +31,10 @@ MAX_STREAM_PRIORITY = 7  # aclrtCreateStreamWithConfig: priority 0 (highest) to 
 class Stream(_C.Stream):
     """A dedicated stream on the current device (``aclrtCreateStreamWithConfig``).
 
-    Buffers passed to :meth:`memcpy_async` are kept alive until the next :meth:`synchronize`;
-    raw addresses are the caller's to keep valid. Dropping the stream waits for its work.
+    Buffers used by queued work are kept alive until that work is known to be done (see the
+    module docstring); raw addresses are the caller's to keep valid. Dropping the stream waits
+    for its work. Any method may be called from any thread; a call racing :meth:`destroy`
+    raises ``AclError(ACL_ERROR_RT_INVALID_HANDLE)``.
     """
 
     def __init__(self, priority: int = 0) -> None:
@@ -28,7 +42,19 @@ class Stream(_C.Stream):
         if not 0 <= level <= MAX_STREAM_PRIORITY:
             raise ValueError(f"priority: expected 0..{MAX_STREAM_PRIORITY}, got {level}")
         super().__init__(level)
-        self._in_flight: list[object] = []
+        # Buffers of queued work in issue order. Buffer number k (counting from 0 since the
+        # stream was created) is held while _released <= k < _issued; a mark is an _issued value.
+        self._in_flight: deque[_C.Buffer] = deque()
+        self._issued = 0
+        self._released = 0
+        self._in_flight_lock = threading.Lock()
+
+    def __del__(self) -> None:
+        # CPython drops the instance __dict__ (and the buffers held in it) before the C++
+        # destructor waits for the stream's work, so wait here while they are still held.
+        if getattr(self, "_in_flight", None) and not self.destroyed:
+            with contextlib.suppress(AclError):
+                super().synchronize()
 
     def memcpy_async(
         self, dst: _C.Buffer | int, src: _C.Buffer | int, nbytes: int, kind: str | None = None
@@ -44,7 +70,7 @@ class Stream(_C.Stream):
         call returns only once the copy has run. The GIL is released meanwhile.
         """
         super().memcpy_async(*resolve_copy(dst, src, nbytes, kind, "aclrtMemcpyAsync"))
-        self._in_flight.extend(end for end in (dst, src) if isinstance(end, _C.Buffer))
+        self._hold(dst, src)
 
     def wait_event(self, event: Event) -> None:
         """Make work queued after this call wait for ``event``'s latest record."""
@@ -66,9 +92,51 @@ class Stream(_C.Stream):
         super().launch_host_func(fn)
 
     def synchronize(self) -> None:
-        """Block until all queued work has finished (the GIL is released meanwhile)."""
+        """Block until all queued work has finished (the GIL is released meanwhile).
+
+        Drops the buffers of the work queued before the call; work another thread queues
+        meanwhile keeps its buffers.
+        """
+        mark = self._mark()
         super().synchronize()
-        self._in_flight.clear()
+        self._release_through(mark)
+
+    def destroy(self) -> None:
+        """Wait for all queued work, then destroy the stream and drop the buffers it held.
+
+        A stream error reported by that wait raises ``AclError`` and leaves the stream alive.
+        """
+        super().destroy()
+        self._release_through(self._mark())
+
+    def _hold(self, *operands: _C.Buffer | int) -> None:
+        """Keep the buffers among ``operands`` (just queued on this stream) alive until done."""
+        buffers = [operand for operand in operands if isinstance(operand, _C.Buffer)]
+        with self._in_flight_lock:
+            self._in_flight.extend(buffers)
+            self._issued += len(buffers)
+        for buffer in buffers:
+            if isinstance(buffer, DeviceBuffer):
+                buffer._streams.add(self)
+
+    def _mark(self) -> int:
+        """The position reached by the buffers held so far (for :meth:`_release_through`)."""
+        with self._in_flight_lock:
+            return self._issued
+
+    def _release_through(self, mark: int) -> None:
+        """Drop the held buffers before ``mark``: their work is known to have completed."""
+        with self._in_flight_lock:
+            while self._released < mark:
+                self._in_flight.popleft()
+                self._released += 1
+
+    def _finish_work_on(self, buffer: _C.Buffer) -> None:
+        """Synchronize if work still holding ``buffer`` may be queued on this stream."""
+        with self._in_flight_lock:
+            holds = any(held is buffer for held in self._in_flight)
+        if holds:
+            self.synchronize()
 
     def __repr__(self) -> str:
         state = "destroyed" if self.destroyed else f"device={self.device}"
@@ -85,12 +153,38 @@ class Event(_C.Event):
         if not isinstance(timing, bool):
             raise TypeError(f"timing: expected a bool, got {type(timing).__name__}")
         super().__init__(timing)
+        # (stream, mark) of the latest record: the stream's buffers before mark are released
+        # once the record completes. The stream is referenced weakly so events never keep it.
+        self._recorded: tuple[weakref.ref[Stream], int] | None = None
 
     def record(self, stream: Stream) -> None:
         """Capture the work queued on ``stream`` so far."""
         if not isinstance(stream, _C.Stream):
             raise TypeError(f"stream: expected a Stream, got {type(stream).__name__}")
+        # The mark is taken first, so it never covers a buffer whose work the record misses.
+        recorded = (weakref.ref(stream), stream._mark()) if isinstance(stream, Stream) else None
         super().record(stream)
+        self._recorded = recorded
+
+    def query(self) -> bool:
+        """True once the latest record has completed (or if the event was never recorded).
+
+        When True, the recorded stream drops the buffers of work queued before the record.
+        """
+        recorded = self._recorded
+        done = super().query()
+        if done:
+            _release_recorded(recorded)
+        return done
+
+    def synchronize(self) -> None:
+        """Block until the latest record has completed (the GIL is released meanwhile).
+
+        The recorded stream then drops the buffers of work queued before the record.
+        """
+        recorded = self._recorded
+        super().synchronize()
+        _release_recorded(recorded)
 
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds from this event to ``end`` (both timing events, both completed).
@@ -135,6 +229,17 @@ def sim_copy_kernel(
     _C.sim_copy_kernel(
         stream, _device_address("dst", dst, count), _device_address("src", src, count), count
     )
+    stream._hold(dst, src)
+
+
+def _release_recorded(recorded: tuple[weakref.ref[Stream], int] | None) -> None:
+    """Let a completed event record's stream drop the buffers queued before the record."""
+    if recorded is None:
+        return
+    stream_ref, mark = recorded
+    stream = stream_ref()
+    if stream is not None:
+        stream._release_through(mark)
 
 
 def _device_address(name: str, value: _C.Buffer | int, count: int) -> int:
