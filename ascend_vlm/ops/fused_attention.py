@@ -15,8 +15,10 @@ head count; causal is ``sparse_mode=3`` (rightDownCausal) with the compressed 20
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -167,11 +169,16 @@ def _keep_mask(
     return keep
 
 
+def _dead_row_mask(keep: torch.Tensor) -> torch.Tensor:
+    """``[.., Sq, 1]`` bool, True for rows with no visible key (computed on the device)."""
+    return ~keep.any(dim=-1, keepdim=True)
+
+
 def _dead_rows(keep: torch.Tensor | None) -> torch.Tensor | None:
-    """``[.., Sq, 1]`` bool of rows with no visible key, or None when there are none."""
+    """`_dead_row_mask`, or None when no row is dead (one host read: reference path only)."""
     if keep is None:
         return None
-    dead = ~keep.any(dim=-1, keepdim=True)
+    dead = _dead_row_mask(keep)
     return dead if bool(dead.any()) else None
 
 
@@ -267,9 +274,28 @@ def _fits_npu_kernel(shape: AttentionShape) -> bool:
     )
 
 
+# id(mask) -> (weak reference, version counter, has bias); an entry leaves with its mask.
+_ADDITIVE_BIAS_BY_MASK: dict[int, tuple[weakref.ref, int, bool]] = {}
+
+
 def _has_additive_bias(mask: torch.Tensor) -> bool:
-    """Whether a float mask carries values other than 0 and "masked" (npu needs pure masks)."""
-    return bool(((mask > MASKED_ADDITIVE_BELOW) & (mask != 0)).any())
+    """Whether a float mask carries values other than 0 and "masked" (npu needs pure masks).
+
+    Answering reads the device, so the answer is kept per mask object and in-place version:
+    transformers hands one mask to every layer, so this is one host sync per forward rather than
+    one per layer. Inference tensors have no version counter and are read on every call.
+    """
+    key = id(mask)
+    cached = _ADDITIVE_BIAS_BY_MASK.get(key)
+    trackable = not mask.is_inference()
+    if trackable and cached is not None and cached[0]() is mask and cached[1] == mask._version:
+        return cached[2]
+    has_bias = bool(((mask > MASKED_ADDITIVE_BELOW) & (mask != 0)).any())
+    if trackable:
+        forget = functools.partial(_ADDITIVE_BIAS_BY_MASK.pop, key, None)
+        reference = weakref.ref(mask, lambda _: forget())
+        _ADDITIVE_BIAS_BY_MASK[key] = (reference, mask._version, has_bias)
+    return has_bias
 
 
 def _npu(
@@ -318,9 +344,9 @@ def _npu(
         drop_mask, sparse_mode = None, 0
     else:
         keep = _keep_mask(attention_mask, causal, shape, query.device)
-        dead = _dead_rows(keep)
-        if dead is not None:
-            keep = keep | dead
+        # Applied whether or not a row is dead: asking would be a host sync per layer.
+        dead = _dead_row_mask(keep)
+        keep = keep | dead
         # Full (Sq, Skv) planes; batch/head dims as the mask has them: 11SS, B1SS or BNSS
         # (a head-broadcast-only 1NSS is not a documented shape, so it gets the batch too).
         batch = shape.batch if keep.shape[0] != 1 or keep.shape[1] != 1 else 1

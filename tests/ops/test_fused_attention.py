@@ -8,8 +8,10 @@ import re
 import pytest
 import torch
 from _op_samples import AttentionCase, KernelSpy, on_device
+from _recording import RecordOps
 
 from ascend_vlm import ops
+from ascend_vlm.ops.fused_attention import _npu as npu_fused_attention
 
 
 def _fp64_case(**overrides) -> AttentionCase:
@@ -148,3 +150,38 @@ def test_npu_path_keeps_what_the_kernel_cannot_take_on_the_reference(
     assert spy.calls == 0
     monkeypatch.setenv("ASCEND_VLM_BACKEND", "cpu")
     torch.testing.assert_close(out, ops.fused_attention(q, q, q, causal=True))
+
+
+def _host_reads(call) -> int:
+    """How many device-to-host reads (``bool(t)``, ``t.item()``) `call` makes."""
+    with RecordOps() as recorder:
+        call()
+    return sum(name.startswith("aten._local_scalar_dense") for name in recorder.names)
+
+
+def test_npu_path_reads_no_mask_values_on_the_host(mock_npu, monkeypatch) -> None:
+    spy = KernelSpy(monkeypatch, mock_npu.torch_npu, "npu_fusion_attention")
+    q, k, v = (torch.randn(2, 2, 3, 4, device=mock_npu.device) for _ in range(3))
+    padding = torch.tensor([[True] * 3, [False] * 3], device=mock_npu.device)  # row 1 dead
+    additive = torch.zeros(2, 1, 3, 3, device=mock_npu.device)
+    additive[0, ..., 0] = torch.finfo(torch.float32).min
+
+    def attend(mask: torch.Tensor) -> torch.Tensor:
+        # The NPU implementation itself: the registered op is one opaque call to RecordOps.
+        return npu_fused_attention(q, k, v, mask, causal=True)
+
+    outputs = {}
+    assert _host_reads(lambda: outputs.setdefault("bool", attend(padding))) == 0
+    assert _host_reads(lambda: attend(additive)) == 1  # the first layer sees a new mask ...
+    assert _host_reads(lambda: outputs.setdefault("float", attend(additive))) == 0  # ... others not
+    assert spy.calls == 3
+    additive[1, ..., 1] = 0.5  # a real bias, written in place: read again, kept off the kernel
+    outputs["bias"] = attend(additive)
+    assert spy.calls == 3
+    monkeypatch.setenv("ASCEND_VLM_BACKEND", "cpu")
+    pure = additive.clone()
+    pure[1, ..., 1] = 0.0
+    for name, mask in (("bool", padding), ("float", pure), ("bias", additive)):
+        expected = ops.fused_attention(q, k, v, attention_mask=mask, causal=True)
+        torch.testing.assert_close(outputs[name], expected, msg=name)
+    assert torch.equal(outputs["bool"][1], torch.zeros_like(outputs["bool"][1]))
