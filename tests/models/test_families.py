@@ -14,6 +14,7 @@ import torch
 import transformers
 
 import ascend_vlm
+from ascend_vlm.models._spec import KINDS
 from ascend_vlm.models.tiny import FAMILIES, build_model, make_inputs
 
 ATOL = 1e-4
@@ -23,6 +24,24 @@ CASES = {
     "several_images": {"n_images": 2},
     "padded_left": {"batch": 3, "padding": "left"},
     "padded_right": {"batch": 3, "padding": "right"},
+}
+
+
+# Swapped module counts per family in KINDS order (attention-text, attention-vision, norm, rope,
+# mlp), as in the README's supported-models table: a patch that silently stops swapping fails.
+EXPECTED_SWAPPED = {
+    "qwen2_vl": (2, 1, 5, 3, 2),
+    "qwen2_5_vl": (2, 2, 10, 4, 4),
+    "qwen3_vl": (2, 2, 9, 4, 2),
+    "llava_clip": (2, 2, 5, 2, 2),
+    "llava_siglip": (2, 2, 5, 2, 2),
+    "llava_next": (2, 2, 5, 2, 2),
+    "llava_onevision": (2, 2, 5, 2, 2),
+    "idefics3": (2, 2, 5, 2, 2),
+    "smolvlm": (2, 2, 5, 2, 2),
+    "paligemma": (2, 2, 5, 2, 0),  # gelu MLPs
+    "gemma3": (2, 2, 14, 2, 0),  # gelu MLPs
+    "internvl": (2, 2, 9, 2, 2),
 }
 
 
@@ -50,6 +69,14 @@ def _logits(model, inputs) -> torch.Tensor:
 def _real_tokens(logits: torch.Tensor, inputs) -> torch.Tensor:
     # Pad positions attend to nothing; eager softmaxes garbage there, the fused op returns 0.
     return logits[inputs["attention_mask"].bool()]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_patch_swaps_the_expected_modules_of_every_kind(reloaded, family):
+    report = ascend_vlm.patch(reloaded(family))
+    ascend_vlm.unpatch(reloaded(family))
+    swapped = tuple(report.swapped_count(kind) for kind in KINDS)
+    assert swapped == EXPECTED_SWAPPED[family], dict(zip(KINDS, swapped, strict=True))
 
 
 @pytest.mark.parametrize("case", list(CASES))
