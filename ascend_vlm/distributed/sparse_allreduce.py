@@ -229,16 +229,25 @@ class SparseAllReduceState:
     def _group(self) -> dist.ProcessGroup:
         return self.process_group if self.process_group is not None else dist.group.WORLD
 
-    def _record_completion(self, started: float) -> None:
-        # Completions may run on the backend's worker threads.
+    def _count(self, **increments: float) -> None:
+        """Add ``increments`` to the :attr:`stats` counters of the same names.
+
+        Every update and :meth:`reset_stats` hold ``stats_lock``: completions run on the
+        backend's worker threads and a reset may come from any thread, so each update lands
+        wholly before or wholly after a reset, never lost in between.
+        """
         with self.stats_lock:
-            self.stats.seconds += time.perf_counter() - started
+            for counter, amount in increments.items():
+                setattr(self.stats, counter, getattr(self.stats, counter) + amount)
+
+    def _record_completion(self, started: float) -> None:
+        self._count(seconds=time.perf_counter() - started)
 
     def _end_bucket(self, is_last: bool) -> None:
         # DDP reduces bucket 0 (``is_last``) last in each iteration.
         if is_last:
             self.iter += 1
-            self.stats.steps += 1
+            self._count(steps=1)
 
 
 class _Chunks:
@@ -337,7 +346,7 @@ def _average(
     """
     group = state._group()
     tensor.div_(group.size())
-    state.stats.bytes_sent += tensor.numel() * tensor.element_size()
+    state._count(bytes_sent=tensor.numel() * tensor.element_size())
 
     def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
         averaged = fut.value()[0]
@@ -356,24 +365,21 @@ def _exact_reduce(
     started: float,
 ) -> torch.futures.Future[torch.Tensor]:
     group = state._group()
-    stats = state.stats
     numel_dense_until = state.dense_until.get(bucket_index)
     if numel_dense_until is not None:
         numel, until = numel_dense_until
         if numel == buffer.numel() and state.iter < until:
-            stats.dense_fallbacks += 1
+            state._count(dense_fallbacks=1)
             return _average(state, buffer, buffer, started)
         del state.dense_until[bucket_index]
 
     chunks = _Chunks(buffer, state.chunk_size)
     mask = chunks.nonzero_mask()
     row_ids, with_tail, num_sent, mask_work = _agree_on_chunks(mask, chunks, group)
-    stats.bytes_sent += mask.numel() * mask.element_size()
-    stats.chunks_probed += chunks.count
-    stats.chunks_nonzero += num_sent
+    _count_mask(state, mask, chunks.count, num_sent)
 
     if num_sent > state.density_threshold * chunks.count:
-        stats.dense_fallbacks += 1
+        state._count(dense_fallbacks=1)
         if state.dense_recheck_steps:
             state.dense_until[bucket_index] = (
                 buffer.numel(),
@@ -382,6 +388,17 @@ def _exact_reduce(
         return _average(state, buffer, buffer, started)
     packed = chunks.gather(row_ids, with_tail)
     return _send_packed(state, packed, chunks, row_ids, with_tail, mask_work, started)
+
+
+def _count_mask(
+    state: SparseAllReduceState, mask: torch.Tensor, num_chunks: int, num_sent: int
+) -> None:
+    """Count a bucket's mask exchange: its bytes, the chunks probed and the chunks sent."""
+    state._count(
+        bytes_sent=mask.numel() * mask.element_size(),
+        chunks_probed=num_chunks,
+        chunks_nonzero=num_sent,
+    )
 
 
 def _send_packed(
@@ -422,7 +439,7 @@ def _topk_reduce(
 ) -> torch.futures.Future[torch.Tensor]:
     """Chunk-level DGC: send the union of each rank's top chunks, keep the rest as residual."""
     if state.iter < state.start_topk_iter:
-        state.stats.warmup_buckets += 1
+        state._count(warmup_buckets=1)
         return _average(state, buffer, buffer, started)
     residual = state.residuals.get(bucket_index)
     if residual is None or residual.numel() != buffer.numel():
@@ -437,10 +454,7 @@ def _topk_reduce(
     mask[norms.topk(keep).indices] = 1  # keep <= count because topk_ratio <= 1
     mask.mul_(norms > 0)
     row_ids, with_tail, num_sent, mask_work = _agree_on_chunks(mask, acc_chunks, state._group())
-    stats = state.stats
-    stats.bytes_sent += mask.numel() * mask.element_size()
-    stats.chunks_probed += acc_chunks.count
-    stats.chunks_nonzero += num_sent
+    _count_mask(state, mask, acc_chunks.count, num_sent)
 
     # What is sent is the bucket-dtype rounding of the accumulated chunks; the residual keeps
     # everything else, including that rounding error, so nothing is lost across steps.
@@ -506,8 +520,7 @@ def _reduce_bucket(
             f"bucket: expected gradients of dtype float32, bfloat16 or float16, got {buffer.dtype}"
         )
     started = time.perf_counter()
-    state.stats.buckets += 1
-    state.stats.bytes_dense += buffer.numel() * buffer.element_size()
+    state._count(buckets=1, bytes_dense=buffer.numel() * buffer.element_size())
     if state.mode == "exact":
         future = _exact_reduce(state, buffer, bucket_index, started)
     else:

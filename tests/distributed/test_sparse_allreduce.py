@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ascend_vlm.distributed import (
     SparseAllReduceState,
+    SparseAllReduceStats,
     register_sparse_allreduce,
     sparse_allreduce_hook,
 )
@@ -388,6 +390,21 @@ def test_state_pickles_without_its_process_group(single_rank_group: None) -> Non
     assert restored.stats.buckets == 7
     restored.reset_stats()
     assert restored.stats.buckets == 0
+
+
+def test_counting_waits_for_a_reset_in_progress(single_rank_group: None) -> None:
+    """A bucket counted while reset_stats() runs on another thread lands wholly after it."""
+    model = DDP(GradientSource((10,), torch.float32))
+    state = register_sparse_allreduce(model, SparseAllReduceState(chunk_size=4))
+    step = threading.Thread(target=lambda: model([torch.ones(10)]).backward())
+    with state.stats_lock:  # what reset_stats() holds while it swaps the counters
+        step.start()
+        step.join(timeout=0.2)  # without the lock in the hook, the step would finish here
+        state.stats = SparseAllReduceStats()
+    step.join()
+    stats = state.stats
+    assert (stats.buckets, stats.steps, stats.bytes_dense) == (1, 1, 40)
+    assert stats.seconds > 0.0
 
 
 def test_unsupported_bucket_dtype_is_rejected(single_rank_group: None) -> None:
