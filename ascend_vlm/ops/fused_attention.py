@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
+from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
 from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
 
 SPEC = load_spec("fused_attention")
 _QKV_DTYPES = SPEC.input_dtypes("query")
 _MASK_DTYPES = SPEC.input_dtypes("attention_mask")
-NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 LAYOUTS = ("BNSD", "BSH")
 # Additive-mask entries at or below this count as "masked" when deciding whether a whole row is
 # masked (HF builds masks from finfo(dtype).min, and exp(-1e4) is 0 in every float dtype).
@@ -39,9 +39,6 @@ MASKED_ADDITIVE_BELOW = -1e4
 # npu_fusion_attention sparse modes 2/3/4 take this compressed causal mask (npu_api.md §1).
 NPU_CAUSAL_MASK_SIZE = 2048
 NPU_SPARSE_RIGHT_DOWN_CAUSAL = 3
-# npu_fusion_attention limits (doc "约束说明"): Nq in 1..256, D in 1..768, S >= 1.
-NPU_MAX_QUERY_HEADS = 256
-NPU_MAX_HEAD_DIM = 768
 
 
 class AttentionShape(NamedTuple):
@@ -264,16 +261,6 @@ def npu_causal_mask(device: torch.device) -> torch.Tensor:
     return _NPU_CAUSAL_MASKS[device]
 
 
-def _fits_npu_kernel(shape: AttentionShape) -> bool:
-    """Whether the geometry is within npu_fusion_attention's documented limits."""
-    return (
-        shape.num_heads <= NPU_MAX_QUERY_HEADS
-        and shape.head_dim <= NPU_MAX_HEAD_DIM
-        and shape.q_len >= 1
-        and shape.kv_len >= 1
-    )
-
-
 # id(mask) -> (weak reference, version counter, has bias); an entry leaves with its mask.
 _ADDITIVE_BIAS_BY_MASK: dict[int, tuple[weakref.ref, int, bool]] = {}
 
@@ -317,9 +304,9 @@ def _npu(
     )
     float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
     if (
-        query.dtype not in NPU_DTYPES
+        not fits_npu_fusion_attention(query.dtype, shape.num_heads, shape.head_dim)
+        or min(shape.q_len, shape.kv_len) < 1  # the kernel needs S >= 1 (doc "约束说明")
         or dropout_p > 0.0  # the reference's seeded dropout keeps backward exact
-        or not _fits_npu_kernel(shape)
         or (float_mask and _has_additive_bias(attention_mask))
     ):
         return attention_reference(

@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
+from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
 
 SPEC = load_spec("rms_norm")
 _X_DTYPES = SPEC.input_dtypes("x")
 _WEIGHT_DTYPES = SPEC.input_dtypes("weight")
-_NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 _COMPUTE_DTYPES = (torch.float32, torch.float64)  # promote_types(x.dtype, float32) keeps these
 _NPU_MIN_RANK, _NPU_MAX_RANK = 2, 8  # npu_rms_norm: self has 2-8 dims
 
@@ -57,7 +57,7 @@ def _npu(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
 ) -> torch.Tensor:
     _check(x, weight, eps)
-    if x.dtype not in _NPU_DTYPES or weight.dtype not in _NPU_DTYPES:
+    if x.dtype not in NPU_DTYPES or weight.dtype not in NPU_DTYPES:
         return _reference(x, weight, eps, offset=offset)
     gamma = weight if (not offset and weight.dtype == x.dtype) else weight.float() + offset
     torch_npu = importlib.import_module("torch_npu")

@@ -19,13 +19,13 @@ import importlib
 import torch
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
+from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
 
 SPEC = load_spec("rotary_embedding")
 _X_DTYPES = SPEC.input_dtypes("x")
 _TABLE_DTYPES = SPEC.input_dtypes("cos")
-_NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 _NPU_MAX_HEAD_DIM = 896  # npu_rotary_mul: D < 896 (doc above)
 _NPU_MAX_BN = 1000  # half mode: B, N < 1000; interleave mode: B * N < 1000
 
@@ -119,7 +119,7 @@ def _npu(
     rotary_dim = cos4.shape[-1]
     batch, heads = x.shape[0], x.shape[1]
     kernel_fits = (
-        x.dtype in _NPU_DTYPES
+        x.dtype in NPU_DTYPES
         and rotary_dim < _NPU_MAX_HEAD_DIM
         and (batch * heads if interleaved else max(batch, heads)) < _NPU_MAX_BN
         # interleave mode only takes 11SD tables

@@ -15,13 +15,12 @@ import torch.nn.functional as F
 
 from ascend_vlm.device import use_npu_kernels
 from ascend_vlm.ops._checks import check_dtype, check_same_dtype, invalid
+from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
 
 SPEC = load_spec("swiglu")
 _X_DTYPES = SPEC.input_dtypes("x")
-# The NPU kernel's documented dtypes; float64 stays on the reference.
-_NPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 _NPU_MAX_RANK = 8  # npu_swiglu: 1-8 dims
 
 
@@ -45,7 +44,7 @@ def _reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def _npu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     _check(x, dim)
-    if x.dtype not in _NPU_DTYPES or x.dim() > _NPU_MAX_RANK:
+    if x.dtype not in NPU_DTYPES or x.dim() > _NPU_MAX_RANK:
         return _reference(x, dim)
     torch_npu = importlib.import_module("torch_npu")
     return torch_npu.npu_swiglu(x.contiguous(), dim=dim)

@@ -20,12 +20,10 @@ import math
 import torch
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
+from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
 from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
 from ascend_vlm.ops.fused_attention import (
-    NPU_DTYPES,
-    NPU_MAX_HEAD_DIM,
-    NPU_MAX_QUERY_HEADS,
     NPU_SPARSE_RIGHT_DOWN_CAUSAL,
     attention_reference,
     npu_causal_mask,
@@ -171,9 +169,7 @@ def _npu(
         for q_len, k_len in zip(q_lens, k_lens, strict=True)
     )
     fits_kernel = (
-        query.dtype in NPU_DTYPES
-        and query.shape[1] <= NPU_MAX_QUERY_HEADS
-        and query.shape[2] <= NPU_MAX_HEAD_DIM
+        fits_npu_fusion_attention(query.dtype, query.shape[1], query.shape[2])
         and len(q_lens) <= NPU_MAX_SEGMENTS
         and max(query.shape[0], key.shape[0]) <= NPU_MAX_TOKENS
     )

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from _op_samples import VarlenCase
+from _op_samples import KernelSpy, VarlenCase
 
 from ascend_vlm import ops
 
@@ -103,3 +103,26 @@ def test_bad_inputs_raise_value_error_naming_argument(name: str) -> None:
     call, message = BAD_CALLS[name]
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "dtype", "on_kernel"),
+    [
+        (2, 4, torch.float32, True),
+        (257, 4, torch.float32, False),
+        (2, 769, torch.float32, False),
+        (2, 4, torch.float64, False),
+    ],
+    ids=["fits", "257-heads", "D-769", "fp64"],
+)
+def test_npu_path_uses_the_kernel_only_within_its_limits(
+    heads, head_dim, dtype, on_kernel, mock_npu, monkeypatch
+) -> None:
+    spy = KernelSpy(monkeypatch, mock_npu.torch_npu, "npu_fusion_attention")
+    packed = torch.randn(5, heads, head_dim, dtype=dtype, device=mock_npu.device)
+    cu_seqlens = torch.tensor([0, 2, 5], dtype=torch.int32, device=mock_npu.device)
+    out = ops.varlen_attention(packed, packed, packed, cu_seqlens, cu_seqlens)
+    assert spy.calls == int(on_kernel)
+    monkeypatch.setenv("ASCEND_VLM_BACKEND", "cpu")
+    expected = ops.varlen_attention(packed, packed, packed, cu_seqlens, cu_seqlens)
+    torch.testing.assert_close(out, expected)
