@@ -85,7 +85,9 @@ def ascend_attention_forward(
     * padded/masked: ``attention_mask`` is the 4-D boolean (True = attend) or additive float mask
       made by the mask function registered with this name (`sdpa_mask`), or None. As in
       transformers' sdpa path, causal is ``module.is_causal`` (or the ``is_causal`` kwarg) when no
-      mask is given and more than one query is present -> ``ops.fused_attention``.
+      mask is given and more than one query is present -> ``ops.fused_attention``. A causal
+      call with more keys than queries and no mask is a prefill into an empty StaticCache (the
+      mask function relies on SDPA's top-left alignment): only the first Sq keys are used.
 
     Sliding windows and packed-sequence boundaries arrive encoded in the mask; the varlen path
     raises ValueError for ``dropout > 0`` and a ``sliding_window`` (it can honour neither). Attention weights

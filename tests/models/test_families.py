@@ -1,10 +1,10 @@
 """Per family: the patched model computes what the unpatched eager model computes.
 
 Each tiny model is built from its config, saved with `save_pretrained` and reloaded with
-`from_pretrained` (eager attention), once per module. Checks: logits for text-only, one image,
-several images and left/right padded batches (fp32, atol 1e-4); `unpatch` restores bit-identical
-logits; greedy `generate` of 32 new tokens (dynamic cache) and of 8 (StaticCache); loss and every
-parameter gradient in training mode.
+`from_pretrained` (eager attention), once per module. Checks: swapped module counts per kind;
+logits for text-only, one image, several images and left/right padded batches (fp32, atol 1e-4);
+`unpatch` restores bit-identical logits; greedy `generate` of 32 new tokens (dynamic cache) and of
+8 (StaticCache); loss and every parameter gradient in training mode.
 """
 
 from __future__ import annotations
