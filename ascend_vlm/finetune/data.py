@@ -149,7 +149,7 @@ def user_turn(question: str) -> list[dict[str, Any]]:
 
     Question before image lets the image tokens attend to the question (the language model is
     causal) and keeps the image at a fixed distance from the answer, whatever the question's
-    length; on the tiny default model both made answers learnable much sooner.
+    length.
     """
     return [{"role": "user", "content": [{"type": "text", "text": question}, {"type": "image"}]}]
 

@@ -9,6 +9,10 @@ The loss is the token-level cross entropy over the answer tokens of the whole gl
 Each rank back-propagates ``world_size * local_sum / N``; DDP's mean over ranks then yields the
 gradient of ``loss`` exactly, so the result does not depend on how the step is split across
 ranks or micro-batches.
+
+With the random tiny default model a full-parameter base phase runs first (see
+:func:`base_phase_config`): LoRA on random weights cannot learn ShapesVQA, so the base is
+trained into a ShapesVQA-capable model that LoRA then adapts.
 """
 
 from __future__ import annotations
