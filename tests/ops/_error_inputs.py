@@ -1,0 +1,175 @@
+"""Error inputs per op (OpInfo's ``error_inputs``): calls that must raise ``ValueError``.
+
+Each table maps a case name to ``(call, message)``; ``message`` names the argument, what was
+expected and what came. ``tests/ops/test_error_inputs.py`` runs them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ascend_vlm import ops
+
+ErrorTable = dict[str, tuple[Callable[[], object], str]]
+
+
+def _fused_attention_errors() -> ErrorTable:
+    Q = torch.randn(2, 4, 5, 8)
+    KV = torch.randn(2, 2, 6, 8)
+    return {
+        "layout": (
+            lambda: ops.fused_attention(Q, KV, KV, layout="BSND"),
+            "layout: expected one of",
+        ),
+        "rank": (lambda: ops.fused_attention(Q[0], KV, KV), "query: expected 4-D [B, Nq, Sq, D]"),
+        "bsh_heads": (
+            lambda: ops.fused_attention(Q[:, 0], KV[:, 0], KV[:, 0], layout="BSH"),
+            "num_heads: expected a positive int for layout 'BSH'",
+        ),
+        "gqa": (lambda: ops.fused_attention(Q[:, :3], KV, KV), "num_kv_heads: expected a divisor"),
+        "heads_arg": (
+            lambda: ops.fused_attention(Q, KV, KV, num_heads=3),
+            "num_heads: expected 4 (from the BNSD shapes) or None, got 3",
+        ),
+        "head_dim": (
+            lambda: ops.fused_attention(Q, KV[..., :4], KV[..., :4]),
+            "key: expected shape",
+        ),
+        "value": (lambda: ops.fused_attention(Q, KV, KV[:, :, :5]), "value: expected shape"),
+        "dtype": (
+            lambda: ops.fused_attention(Q.int(), KV.int(), KV.int()),
+            "query: expected dtype",
+        ),
+        "mixed_dtype": (lambda: ops.fused_attention(Q, KV.double(), KV), "key: expected dtype"),
+        "mask_shape": (
+            lambda: ops.fused_attention(Q, KV, KV, attention_mask=torch.ones(2, 5).bool()),
+            "attention_mask: expected 2-D [B, Skv]",
+        ),
+        "mask_4d": (
+            lambda: ops.fused_attention(Q, KV, KV, attention_mask=torch.ones(2, 3, 5, 6).bool()),
+            "attention_mask: expected 2-D [B, Skv] or 4-D broadcastable",
+        ),
+        "mask_dtype": (
+            lambda: ops.fused_attention(Q, KV, KV, attention_mask=torch.ones(2, 6).int()),
+            "attention_mask: expected dtype",
+        ),
+        "float_2d": (
+            lambda: ops.fused_attention(Q, KV, KV, attention_mask=torch.zeros(2, 6)),
+            "attention_mask: expected dtype bool for a 2-D",
+        ),
+        "dropout": (
+            lambda: ops.fused_attention(Q, KV, KV, dropout_p=1.0),
+            "dropout_p: expected a float in [0, 1)",
+        ),
+    }
+
+
+def _rms_norm_errors() -> ErrorTable:
+    X = torch.randn(2, 3, 8)
+    return {
+        "weight_shape": (
+            lambda: ops.rms_norm(X, torch.ones(7)),
+            "weight: expected shape (8,) matching x's last dim, got (7,)",
+        ),
+        "weight_rank": (lambda: ops.rms_norm(X, torch.ones(1, 8)), "weight: expected 1-D [H=8]"),
+        "dtype": (lambda: ops.rms_norm(X.int(), torch.ones(8)), "x: expected dtype in"),
+        "scalar": (
+            lambda: ops.rms_norm(torch.tensor(1.0), torch.ones(1)),
+            "x: expected at least 1-D",
+        ),
+        "eps": (lambda: ops.rms_norm(X, torch.ones(8), -1.0), "eps: expected a float >= 0"),
+    }
+
+
+def _rotary_embedding_errors() -> ErrorTable:
+    X = torch.randn(2, 3, 5, 8)
+    TABLE = torch.randn(5, 8).clamp(-1, 1)
+    return {
+        "x_rank": (
+            lambda: ops.rotary_embedding(X[0], TABLE, TABLE),
+            "x: expected 4-D [B, N, S, D]",
+        ),
+        "seq": (
+            lambda: ops.rotary_embedding(X, TABLE[:4], TABLE[:4]),
+            "cos: expected [2 or 1, S=5",
+        ),
+        "odd": (
+            lambda: ops.rotary_embedding(X, TABLE[:, :3], TABLE[:, :3]),
+            "cos: expected an even last dim Dr <= D=8",
+        ),
+        "sin": (lambda: ops.rotary_embedding(X, TABLE, TABLE[None]), "sin: expected shape (5, 8)"),
+        "mrope_rank": (
+            lambda: ops.rotary_embedding(X, TABLE, TABLE, mrope_section=[1, 1, 2]),
+            "cos: expected 4-D [3, B, S, Dr] with mrope_section",
+        ),
+        "mrope_sum": (
+            lambda: ops.rotary_embedding(
+                X, TABLE.expand(3, 2, 5, 8), TABLE.expand(3, 2, 5, 8), mrope_section=[1, 1, 1]
+            ),
+            "mrope_section: expected positive sizes summing to Dr/2=4",
+        ),
+        "dtype": (lambda: ops.rotary_embedding(X.int(), TABLE, TABLE), "x: expected dtype in"),
+    }
+
+
+def _swiglu_errors() -> ErrorTable:
+    X = torch.randn(2, 6)
+    return {
+        "odd": (
+            lambda: ops.swiglu(X[:, :5]),
+            "x: expected an even size along dim -1, got shape (2, 5)",
+        ),
+        "dim": (lambda: ops.swiglu(X, 2), "dim: expected in [-2, 1]"),
+        "dtype": (lambda: ops.swiglu(X.int()), "x: expected dtype in"),
+        "scalar": (lambda: ops.swiglu(torch.tensor(1.0)), "x: expected at least 1-D"),
+    }
+
+
+def _varlen_attention_errors() -> ErrorTable:
+    Q = torch.randn(6, 4, 8)
+    KV = torch.randn(6, 2, 8)
+    CU = torch.tensor([0, 2, 6])
+    return {
+        "rank": (lambda: ops.varlen_attention(Q[None], KV, KV, CU, CU), "query: expected 3-D"),
+        "gqa": (
+            lambda: ops.varlen_attention(Q[:, :3], KV, KV, CU, CU),
+            "key: expected a head count",
+        ),
+        "cu_dtype": (
+            lambda: ops.varlen_attention(Q, KV, KV, CU.float(), CU),
+            "cu_seqlens_q: expected dtype",
+        ),
+        "cu_rank": (
+            lambda: ops.varlen_attention(Q, KV, KV, CU[None], CU),
+            "cu_seqlens_q: expected 1-D",
+        ),
+        "cu_len": (
+            lambda: ops.varlen_attention(Q, KV, KV, CU, torch.tensor([0, 6])),
+            "cu_seqlens_k: expected shape (3,)",
+        ),
+        "cu_end": (
+            lambda: ops.varlen_attention(Q, KV, KV, torch.tensor([0, 2, 5]), CU),
+            "cu_seqlens_q: expected nondecreasing offsets from 0 to 6, got [0, 2, 5]",
+        ),
+        "cu_order": (
+            lambda: ops.varlen_attention(
+                Q, KV, KV, torch.tensor([0, 4, 2, 6]), torch.tensor([0, 2, 4, 6])
+            ),
+            "cu_seqlens_q: expected nondecreasing offsets",
+        ),
+        "max_seqlen": (
+            lambda: ops.varlen_attention(Q, KV, KV, CU, CU, max_seqlen_q=3),
+            "max_seqlen_q: expected >= the longest segment (4), got 3",
+        ),
+    }
+
+
+ERROR_INPUTS: dict[str, ErrorTable] = {
+    "fused_attention": _fused_attention_errors(),
+    "rms_norm": _rms_norm_errors(),
+    "rotary_embedding": _rotary_embedding_errors(),
+    "swiglu": _swiglu_errors(),
+    "varlen_attention": _varlen_attention_errors(),
+}
