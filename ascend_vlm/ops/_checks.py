@@ -4,7 +4,7 @@ expected and what came, e.g. ``query: expected 4-D [B, N, S, D] for layout 'BNSD
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import torch
 
@@ -18,8 +18,8 @@ def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
     return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
 
 
-def check_dtype(argument: str, tensor: torch.Tensor, allowed: Iterable[torch.dtype]) -> None:
-    allowed = frozenset(allowed)
+def check_dtype(argument: str, tensor: torch.Tensor, allowed: Collection[torch.dtype]) -> None:
+    """``allowed`` is tested as given (the ops pass the spec's frozensets): this runs per call."""
     if tensor.dtype not in allowed:
         raise invalid(argument, f"dtype in ({_dtype_names(allowed)})", tensor.dtype)
 
