@@ -10,7 +10,11 @@ in an order rotated every repetition:
 - ``dense/again``: the same once more, so its ratio shows the measurement noise;
 - ``exact``: ``sparse_allreduce_hook`` in exact mode (dense fallback cached for 16 steps);
 - ``exact/probe``: exact mode with ``dense_recheck_steps=0`` (mask exchanged every step);
-- ``topk``: top-k mode, ``topk_ratio=0.01`` after ``start_topk_iter=2`` warm-up steps.
+- ``topk``: top-k mode, ``topk_ratio=0.01`` after ``start_topk_iter=2`` warm-up steps;
+- ``bound``: only what exact mode cannot avoid, as if the union were known in advance: the
+  local scan of every bucket (``nonzero_mask``) and one all-reduce of a buffer of the union's
+  size; no mask round, gather, divide or scatter. ``dense / bound`` is the highest speedup any
+  exact-mode implementation can reach on this machine.
 
 Time is the slowest rank's wall time for the whole bucket set, as median and best over the
 repetitions; ``speedup`` divides the dense time (both dense rows pooled) by the method's, and
@@ -37,7 +41,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
 from ascend_vlm.distributed import SparseAllReduceState
-from ascend_vlm.distributed.sparse_allreduce import _reduce_bucket
+from ascend_vlm.distributed.sparse_allreduce import _Chunks, _reduce_bucket
 
 DENSITIES = (0.01, 0.10, 0.50, 1.00)
 DDP_BUCKET_CAP_MIB = 25  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
@@ -69,6 +73,27 @@ def chunk_sparse_buckets(
 def dense_allreduce(buffer: torch.Tensor, index: int, is_last: bool) -> torch.futures.Future:
     buffer.div_(dist.get_world_size())
     return dist.all_reduce(buffer, async_op=True).get_future()
+
+
+def union_bound(chunk_size: int, sources: list[torch.Tensor]):
+    """The ``bound`` method: per bucket, the chunk scan plus an all-reduce of the union's size."""
+    packed_sizes = []
+    for source in sources:
+        chunks = _Chunks(source, chunk_size)
+        mask = chunks.nonzero_mask()
+        dist.all_reduce(mask, op=dist.ReduceOp.MAX)
+        union = mask.bool()
+        full = int(union[: chunks.num_full].sum()) * chunk_size
+        packed_sizes.append(
+            full + (chunks.tail.numel() if union[-1] and chunks.tail.numel() else 0)
+        )
+    packed = [source.new_empty(size) for source, size in zip(sources, packed_sizes, strict=True)]
+
+    def reduce_bucket(buffer: torch.Tensor, index: int, is_last: bool) -> torch.futures.Future:
+        _Chunks(buffer, chunk_size).nonzero_mask()
+        return dist.all_reduce(packed[index], async_op=True).get_future()
+
+    return reduce_bucket
 
 
 def timed(reduce_bucket, sources: list[torch.Tensor]) -> float:
@@ -109,6 +134,7 @@ def rank_main(rank: int, world_size: int, store: str, args: argparse.Namespace) 
             name: (lambda b, i, last, s=state: _reduce_bucket(s, b, i, last))
             for name, state in states.items()
         }
+        methods["bound"] = union_bound(args.chunk_size, sources)
         seconds: dict[str, list[float]] = {name: [] for name in methods}
         for rep in range(WARMUP_REPS + args.reps):
             if rep == WARMUP_REPS:
