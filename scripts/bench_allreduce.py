@@ -41,7 +41,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
 from ascend_vlm.distributed import SparseAllReduceState
-from ascend_vlm.distributed.sparse_allreduce import _agree_on_chunks, _Chunks, _reduce_bucket
+from ascend_vlm.distributed.sparse_allreduce import _Chunks, _reduce_bucket, _union_rows
 
 DENSITIES = (0.01, 0.10, 0.50, 1.00)
 DDP_BUCKET_CAP_MIB = 25  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
@@ -78,15 +78,15 @@ def dense_allreduce(buffer: torch.Tensor, index: int, is_last: bool) -> torch.fu
 def union_bound(chunk_size: int, sources: list[torch.Tensor]):
     """The ``bound`` method: per bucket, the chunk scan plus an all-reduce of the union's size.
 
-    Returns ``(reduce_bucket, bytes_ratio)``; the union is agreed on once, before timing, with
-    the hook's own mask exchange.
+    Returns ``(reduce_bucket, bytes_ratio)``; the union is agreed on once, before timing, as
+    the hook agrees on it (MAX over the chunk masks).
     """
     packed = []
     for source in sources:
         chunks = _Chunks(source, chunk_size)
-        _, with_tail, num_sent, _ = _agree_on_chunks(
-            chunks.nonzero_mask(), chunks, dist.group.WORLD
-        )
+        union = chunks.nonzero_mask()
+        dist.all_reduce(union, op=dist.ReduceOp.MAX)
+        _, with_tail, num_sent = _union_rows(union, chunks)
         tail = chunks.tail.numel() if with_tail else 0
         packed.append(source.new_empty((num_sent - with_tail) * chunk_size + tail))
 
@@ -103,9 +103,9 @@ def timed(reduce_bucket, sources: list[torch.Tensor]) -> float:
     buffers = [source.clone() for source in sources]
     dist.barrier()
     started = time.perf_counter()
-    futures = [
-        reduce_bucket(buffer, index, index == 0)  # DDP reduces bucket 0 last
-        for index, buffer in reversed(list(enumerate(buffers)))
+    futures = [  # DDP hooks buckets in index order, the last one flagged is_last
+        reduce_bucket(buffer, index, index == len(buffers) - 1)
+        for index, buffer in enumerate(buffers)
     ]
     torch.futures.wait_all(futures)
     elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)

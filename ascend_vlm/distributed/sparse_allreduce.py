@@ -33,6 +33,7 @@ Where VLM fine-tuning gradients are chunk-sparse (frozen weights never enter DDP
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,8 +62,8 @@ _SUPPORTED_DTYPES = tuple(_SAME_WIDTH_INT)
 # and gloo supports int8 MAX too.
 _MASK_DTYPE = torch.int8
 
-# Both collectives use only async all_reduce + Work.get_future()/.then, which HCCL provides too
-# (Ascend/pytorch torch_npu/csrc/distributed/ProcessGroupHCCL.cpp, WorkHCCL::getFuture); this
+# Both collectives use only async all_reduce, Work.wait() and Work.get_future()/.then, which HCCL
+# provides too (Ascend/pytorch torch_npu/csrc/distributed/ProcessGroupHCCL.cpp); this
 # hook has only run on gloo here, not on NPU hardware.
 
 MODES = ("exact", "topk")
@@ -137,7 +138,9 @@ class SparseAllReduceState:
 
     3. ``density_threshold`` (``"exact"`` only, default 0.5): if more than this fraction of a
        bucket's chunks is non-zero on some rank, the bucket is all-reduced densely instead,
-       since packing would then cost more than it saves.
+       since packing would then cost more than it saves. Each bucket that is sent sparsely
+       keeps a packing buffer across steps, sized to its largest union so far plus 25% (at
+       most the bucket): extra memory of up to ``1.25 * density_threshold`` of the bucket.
 
     4. ``dense_recheck_steps`` (``"exact"`` only, default 16): after a dense fallback the
        bucket stays dense, without computing or exchanging a mask, for this many further steps
@@ -172,6 +175,8 @@ class SparseAllReduceState:
         "iter",
         "dense_until",
         "residuals",
+        "packing_spaces",
+        "mask_rounds",
         # Statistics.
         "stats",
         "stats_lock",
@@ -206,12 +211,17 @@ class SparseAllReduceState:
         self.dense_until: dict[int, tuple[int, int]] = {}
         # bucket index -> float32 residual of the chunks not yet sent (top-k mode).
         self.residuals: dict[int, torch.Tensor] = {}
+        # bucket index -> flat buffer the union's chunks are packed into (exact mode), kept
+        # across steps: a fresh multi-MiB allocation costs more page faults than the copy.
+        self.packing_spaces: dict[int, torch.Tensor] = {}
+        # Buckets whose chunk-mask all-reduce is in flight, oldest first (at most two).
+        self.mask_rounds: deque[_BucketReduction] = deque()
         self.stats = SparseAllReduceStats()
         self.stats_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        """For checkpoints: everything but the process group and the lock (not picklable)."""
-        unpicklable = ("process_group", "stats_lock")
+        """For checkpoints: everything but the process group, the lock and collectives in flight."""
+        unpicklable = ("process_group", "packing_spaces", "mask_rounds", "stats_lock")
         return {slot: getattr(self, slot) for slot in self.__slots__ if slot not in unpicklable}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
@@ -219,6 +229,8 @@ class SparseAllReduceState:
         for slot, value in saved.items():
             setattr(self, slot, value)
         self.process_group = None
+        self.packing_spaces = {}
+        self.mask_rounds = deque()
         self.stats_lock = threading.Lock()
 
     def reset_stats(self) -> None:
@@ -240,11 +252,23 @@ class SparseAllReduceState:
             for counter, amount in increments.items():
                 setattr(self.stats, counter, getattr(self.stats, counter) + amount)
 
+    def _packing_space(
+        self, bucket_index: int, chunks: "_Chunks", row_ids: torch.Tensor, with_tail: bool
+    ) -> torch.Tensor:
+        """This bucket's packing buffer, grown (with 25% slack, at most the bucket) to fit."""
+        numel = chunks.packed_numel(row_ids, with_tail)
+        space = self.packing_spaces.get(bucket_index)
+        if space is None or space.numel() < numel or space.dtype != chunks.flat.dtype:
+            capacity = min(chunks.flat.numel(), numel + numel // 4)
+            space = chunks.flat.new_empty(capacity)
+            self.packing_spaces[bucket_index] = space
+        return space
+
     def _record_completion(self, started: float) -> None:
         self._count(seconds=time.perf_counter() - started)
 
     def _end_bucket(self, is_last: bool) -> None:
-        # DDP reduces bucket 0 (``is_last``) last in each iteration.
+        # DDP hooks its buckets in index order; the highest index (``is_last``) comes last.
         if is_last:
             self.iter += 1
             self._count(steps=1)
@@ -298,10 +322,21 @@ class _Chunks:
             lambda rows: torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32)
         )
 
-    def gather(self, row_ids: torch.Tensor, with_tail: bool) -> torch.Tensor:
-        """Concatenate the selected rows (and the tail) into one new flat tensor."""
+    def packed_numel(self, row_ids: torch.Tensor, with_tail: bool) -> int:
+        """Elements of the selected rows (and the tail, if ``with_tail``)."""
+        return row_ids.numel() * self.chunk_size + (self.tail.numel() if with_tail else 0)
+
+    def gather(
+        self, row_ids: torch.Tensor, with_tail: bool, space: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Concatenate the selected rows (and the tail) into one flat tensor.
+
+        The result is a new tensor, or the front of ``space`` (flat, same dtype, at least
+        :meth:`packed_numel` elements) if given.
+        """
         tail_len = self.tail.numel() if with_tail else 0
-        packed = self.flat.new_empty(row_ids.numel() * self.chunk_size + tail_len)
+        numel = self.packed_numel(row_ids, with_tail)
+        packed = self.flat.new_empty(numel) if space is None else space[:numel]
         rows_out = packed[: row_ids.numel() * self.chunk_size].view(-1, self.chunk_size)
         torch.index_select(self.rows, 0, row_ids, out=rows_out)
         if with_tail:
@@ -316,78 +351,135 @@ class _Chunks:
             self.tail.copy_(packed[-self.tail.numel() :])
 
 
-def _agree_on_chunks(
-    local_mask: torch.Tensor, chunks: _Chunks, group: dist.ProcessGroup
-) -> tuple[torch.Tensor, bool, int, dist.Work]:
-    """All-reduce (MAX) the int8 chunk mask; return the union's row ids, tail flag and size.
-
-    Waits for the mask: packing needs it, and issuing every collective from the hook's thread
-    keeps their order identical on all ranks.
-    """
-    work = dist.all_reduce(local_mask, op=dist.ReduceOp.MAX, group=group, async_op=True)
-    work.wait()
-    union = local_mask.bool()
-    row_ids = union[: chunks.num_full].nonzero().view(-1)
+def _union_rows(union: torch.Tensor, chunks: _Chunks) -> tuple[torch.Tensor, bool, int]:
+    """Row ids of the full chunks set in the int8 ``union`` mask, the tail flag, and their count."""
+    row_ids = union[: chunks.num_full].bool().nonzero().view(-1)
     with_tail = chunks.count > chunks.num_full and bool(union[-1])
-    return row_ids, with_tail, row_ids.numel() + int(with_tail), work
+    return row_ids, with_tail, row_ids.numel() + int(with_tail)
 
 
-def _average(
-    state: SparseAllReduceState,
-    tensor: torch.Tensor,
-    result: torch.Tensor,
-    started: float,
-    unpack: Callable[[torch.Tensor], None] | None = None,
-) -> torch.futures.Future[torch.Tensor]:
-    """Average ``tensor`` over ranks as the default hook does, then resolve to ``result``.
+class _BucketReduction:
+    """One bucket's way through the hook; :attr:`result` is the future handed to DDP.
 
-    Divides by world size first (the default hook's order, which avoids fp16 overflow), sums
-    with an async all-reduce and, once done, calls ``unpack(averaged)`` if given.
+    ``result`` resolves to the bucket buffer once its all-reduce is done, or to the error of
+    whichever step failed. Every collective is issued on the hook's thread, in hook order, so
+    their order is the same on every rank with any backend.
     """
-    group = state._group()
-    tensor.div_(group.size())
-    state._count(bytes_sent=tensor.numel() * tensor.element_size())
 
-    def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
-        averaged = fut.value()[0]
-        if unpack is not None:
-            unpack(averaged)
-        state._record_completion(started)
-        return result
+    __slots__ = ("buffer", "continue_with", "mask", "mask_work", "result", "started", "state")
 
-    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(finish)
+    def __init__(self, state: SparseAllReduceState, buffer: torch.Tensor) -> None:
+        self.state = state
+        self.buffer = buffer
+        self.started = time.perf_counter()
+        self.mask: torch.Tensor | None = None
+        self.mask_work: dist.Work | None = None
+        self.continue_with: Callable[[torch.Tensor], None] | None = None
+        # UNVERIFIED on NPU: a manual Future over device tensors needs the device list for
+        # stream synchronisation (documented for CUDA; torch_npu registers the same guard).
+        devices = None if buffer.device.type == "cpu" else [buffer.device]
+        self.result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
+
+    def after_mask(self, mask: torch.Tensor, continue_with: Callable[[torch.Tensor], None]) -> None:
+        """Start the MAX all-reduce of ``mask``; :meth:`finish_mask_round` continues it later.
+
+        The round is queued on the state: the next bucket's hook (or this one's, if last) waits
+        for it and calls ``continue_with(union)``, so the mask travels while that next bucket's
+        gradients are computed and its chunks scanned.
+        """
+        self.mask, self.continue_with = mask, continue_with
+        self.mask_work = dist.all_reduce(
+            mask, op=dist.ReduceOp.MAX, group=self.state._group(), async_op=True
+        )
+        self.state.mask_rounds.append(self)
+
+    def finish_mask_round(self) -> None:
+        """Wait for the mask round started by :meth:`after_mask`, then continue with the union."""
+        self.mask_work.wait()
+        self.continue_with(self.mask)
+
+    def send(
+        self,
+        tensor: torch.Tensor | None,
+        unpack: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        """Average ``tensor`` over ranks as the default hook does, then ``unpack(averaged)``.
+
+        Divides by world size first (the default hook's order, which avoids fp16 overflow) and
+        sums with an async all-reduce. ``None``: nothing to send anywhere; the bucket resolves
+        unchanged.
+        """
+        if tensor is None:
+            self._resolve()
+            return
+        tensor.div_(self.state._group().size())
+        self.state._count(bytes_sent=tensor.numel() * tensor.element_size())
+        work = dist.all_reduce(tensor, group=self.state._group(), async_op=True)
+
+        def finish(averaged: torch.Tensor) -> None:
+            if unpack is not None:
+                unpack(averaged)
+            self._resolve()
+
+        work.get_future().then(lambda fut: self.guarded(lambda: finish(fut.value()[0])))
+
+    def guarded(self, step: Callable[[], None]) -> None:
+        """Run ``step``; an exception resolves :attr:`result` with it instead of propagating."""
+        try:
+            step()
+        except Exception as error:
+            if not self.result.done():
+                self.result.set_exception(error)
+
+    def _resolve(self) -> None:
+        self.state._record_completion(self.started)
+        self.result.set_result(self.buffer)
 
 
-def _exact_reduce(
-    state: SparseAllReduceState,
-    buffer: torch.Tensor,
-    bucket_index: int,
-    started: float,
-) -> torch.futures.Future[torch.Tensor]:
-    group = state._group()
+def _finish_mask_rounds(state: SparseAllReduceState, keep: int) -> None:
+    """Finish the oldest queued mask rounds, in bucket order, until ``keep`` are left."""
+    while len(state.mask_rounds) > keep:
+        reduction = state.mask_rounds.popleft()
+        reduction.guarded(reduction.finish_mask_round)
+
+
+def _exact_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
+    state, buffer = reduction.state, reduction.buffer
     numel_dense_until = state.dense_until.get(bucket_index)
     if numel_dense_until is not None:
         numel, until = numel_dense_until
         if numel == buffer.numel() and state.iter < until:
             state._count(dense_fallbacks=1)
-            return _average(state, buffer, buffer, started)
+            reduction.send(buffer)
+            return
         del state.dense_until[bucket_index]
 
     chunks = _Chunks(buffer, state.chunk_size)
-    mask = chunks.nonzero_mask()
-    row_ids, with_tail, num_sent, mask_work = _agree_on_chunks(mask, chunks, group)
-    _count_mask(state, mask, chunks.count, num_sent)
 
-    if num_sent > state.density_threshold * chunks.count:
-        state._count(dense_fallbacks=1)
-        if state.dense_recheck_steps:
-            state.dense_until[bucket_index] = (
-                buffer.numel(),
-                state.iter + 1 + state.dense_recheck_steps,
+    def with_union(union: torch.Tensor) -> None:
+        row_ids, with_tail, num_sent = _union_rows(union, chunks)
+        _count_mask(state, union, chunks.count, num_sent)
+        if num_sent > state.density_threshold * chunks.count:
+            state._count(dense_fallbacks=1)
+            if state.dense_recheck_steps:
+                state.dense_until[bucket_index] = (
+                    buffer.numel(),
+                    state.iter + 1 + state.dense_recheck_steps,
+                )
+            reduction.send(buffer)
+        elif num_sent == 0:
+            reduction.send(None)
+        else:
+            reduction.send(
+                chunks.gather(
+                    row_ids,
+                    with_tail,
+                    state._packing_space(bucket_index, chunks, row_ids, with_tail),
+                ),
+                unpack=lambda averaged: chunks.scatter_(row_ids, with_tail, averaged),
             )
-        return _average(state, buffer, buffer, started)
-    packed = chunks.gather(row_ids, with_tail)
-    return _send_packed(state, packed, chunks, row_ids, with_tail, mask_work, started)
+
+    reduction.after_mask(chunks.nonzero_mask(), with_union)
 
 
 def _count_mask(
@@ -401,46 +493,13 @@ def _count_mask(
     )
 
 
-def _send_packed(
-    state: SparseAllReduceState,
-    packed: torch.Tensor,
-    out_chunks: _Chunks,
-    row_ids: torch.Tensor,
-    with_tail: bool,
-    mask_work: dist.Work,
-    started: float,
-) -> torch.futures.Future[torch.Tensor]:
-    """Average ``packed`` (the agreed chunks) and scatter it into ``out_chunks``.
-
-    The future holds ``out_chunks.flat``, the bucket buffer, whose chunks outside the union
-    must already be +0.0 on every rank.
-    """
-    if packed.numel() == 0:
-        # Nothing is non-zero anywhere: resolve through the mask's completed collective.
-        def unchanged(fut: torch.futures.Future[Any]) -> torch.Tensor:
-            state._record_completion(started)
-            return out_chunks.flat
-
-        return mask_work.get_future().then(unchanged)
-    return _average(
-        state,
-        packed,
-        out_chunks.flat,
-        started,
-        unpack=lambda averaged: out_chunks.scatter_(row_ids, with_tail, averaged),
-    )
-
-
-def _topk_reduce(
-    state: SparseAllReduceState,
-    buffer: torch.Tensor,
-    bucket_index: int,
-    started: float,
-) -> torch.futures.Future[torch.Tensor]:
+def _topk_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
     """Chunk-level DGC: send the union of each rank's top chunks, keep the rest as residual."""
+    state, buffer = reduction.state, reduction.buffer
     if state.iter < state.start_topk_iter:
         state._count(warmup_buckets=1)
-        return _average(state, buffer, buffer, started)
+        reduction.send(buffer)
+        return
     residual = state.residuals.get(bucket_index)
     if residual is None or residual.numel() != buffer.numel():
         residual = torch.zeros(buffer.numel(), dtype=torch.float32, device=buffer.device)
@@ -453,17 +512,25 @@ def _topk_reduce(
     mask = torch.zeros(acc_chunks.count, dtype=_MASK_DTYPE, device=buffer.device)
     mask[norms.topk(keep).indices] = 1  # keep <= count because topk_ratio <= 1
     mask.mul_(norms > 0)
-    row_ids, with_tail, num_sent, mask_work = _agree_on_chunks(mask, acc_chunks, state._group())
-    _count_mask(state, mask, acc_chunks.count, num_sent)
 
-    # What is sent is the bucket-dtype rounding of the accumulated chunks; the residual keeps
-    # everything else, including that rounding error, so nothing is lost across steps.
-    accumulated_sent = acc_chunks.gather(row_ids, with_tail)
-    sent = accumulated_sent.to(buffer.dtype, copy=True)
-    acc_chunks.scatter_(row_ids, with_tail, accumulated_sent.sub_(sent))
-    buffer.zero_()
-    out_chunks = _Chunks(buffer, state.chunk_size)
-    return _send_packed(state, sent, out_chunks, row_ids, with_tail, mask_work, started)
+    def with_union(union: torch.Tensor) -> None:
+        row_ids, with_tail, num_sent = _union_rows(union, acc_chunks)
+        _count_mask(state, union, acc_chunks.count, num_sent)
+        # What is sent is the bucket-dtype rounding of the accumulated chunks; the residual
+        # keeps everything else, including that rounding error, so nothing is lost over steps.
+        accumulated_sent = acc_chunks.gather(row_ids, with_tail)
+        sent = accumulated_sent.to(buffer.dtype, copy=True)
+        acc_chunks.scatter_(row_ids, with_tail, accumulated_sent.sub_(sent))
+        buffer.zero_()
+        if num_sent == 0:
+            reduction.send(None)
+            return
+        out_chunks = _Chunks(buffer, state.chunk_size)
+        reduction.send(
+            sent, unpack=lambda averaged: out_chunks.scatter_(row_ids, with_tail, averaged)
+        )
+
+    reduction.after_mask(mask, with_union)
 
 
 def sparse_allreduce_hook(
@@ -476,7 +543,11 @@ def sparse_allreduce_hook(
     1. If the bucket fell back to dense within the last ``dense_recheck_steps`` steps, do what
        the default hook does (``buffer /= world_size``; all-reduce SUM) and stop.
     2. Local mask: chunk ``c`` is 1 if any element's bit pattern is not +0.0.
-    3. All-reduce the int8 mask with MAX: every rank now holds the union ``U``.
+    3. All-reduce the int8 mask with MAX: every rank now holds the union ``U``. This round is
+       not waited for here: the next bucket's hook (or this one, if it is the last) waits for
+       it and carries on with steps 4-5, so the mask travels while the next bucket's gradients
+       are computed. Every collective is issued from the hook, in bucket order, so all ranks
+       issue them in the same order with any backend, on the one process group.
     4. If ``|U| > density_threshold * num_chunks``, fall back to step 1's dense all-reduce.
     5. Gather the chunks in ``U`` into one contiguous buffer, divide it by ``world_size``
        (the same op the default hook applies, so the values match bit for bit), all-reduce it
@@ -519,14 +590,15 @@ def _reduce_bucket(
         raise TypeError(
             f"bucket: expected gradients of dtype float32, bfloat16 or float16, got {buffer.dtype}"
         )
-    started = time.perf_counter()
     state._count(buckets=1, bytes_dense=buffer.numel() * buffer.element_size())
-    if state.mode == "exact":
-        future = _exact_reduce(state, buffer, bucket_index, started)
-    else:
-        future = _topk_reduce(state, buffer, bucket_index, started)
+    reduction = _BucketReduction(state, buffer)
+    reduce = _exact_reduce if state.mode == "exact" else _topk_reduce
+    reduction.guarded(lambda: reduce(reduction, bucket_index))
+    # The previous bucket's mask round had this bucket's backward and scan to complete in; its
+    # data all-reduce goes out now. The last bucket of a step finishes every round.
+    _finish_mask_rounds(state, keep=0 if is_last else 1)
     state._end_bucket(is_last)
-    return future
+    return reduction.result
 
 
 def register_sparse_allreduce(

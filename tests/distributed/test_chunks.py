@@ -64,6 +64,11 @@ def test_gather_then_scatter_moves_exactly_the_selected_chunks(
     with_tail = source.count > source.num_full and bool(selected[-1])
     packed = source.gather(row_ids, with_tail)
     assert packed.dtype == dtype
+    space = torch.full((numel + 3,), float("nan"), dtype=dtype)
+    packed_in_space = source.gather(row_ids, with_tail, space)
+    assert packed_in_space.untyped_storage().data_ptr() == space.untyped_storage().data_ptr()
+    assert torch.equal(packed_in_space, packed)
+    assert source.packed_numel(row_ids, with_tail) == packed.numel()
     assert packed.numel() == int(selected.repeat_interleave(chunk_size)[:numel].sum())
     target = _Chunks(torch.zeros(numel, dtype=dtype), chunk_size)
     target.scatter_(row_ids, with_tail, packed)

@@ -159,6 +159,12 @@ def check_stats_bookkeeping() -> None:
     assert stats.bytes_dense == 4 * sum(SIZES)
     assert stats.bytes_sent == num_chunks + 3 * CHUNK * 4
     assert stats.seconds > 0.0
+    # The next step packs the same union into the buffer kept for its bucket.
+    (bucket_index,) = state.packing_spaces
+    space = state.packing_spaces[bucket_index]
+    reduced_gradients(model, targets)
+    assert state.packing_spaces[bucket_index] is space
+    assert space.numel() >= 3 * CHUNK
 
 
 def ddp_with_hook(module: nn.Module, state: SparseAllReduceState | None, **ddp_options) -> DDP:
