@@ -44,10 +44,18 @@ def _real_npu_available() -> bool:
         return False
 
 
+# backend() runs on every op call. os.environ.get costs four Python frames and a caught KeyError
+# when the variable is unset; the dict behind os.environ, which every os.environ write updates
+# (CPython's os._Environ), answers the same with one lookup.
+_ENVIRON_DATA = os.environ._data
+_ENV_KEY = os.environ.encodekey(ENV_VAR)
+
+
 def backend() -> str:
     """The selected backend: ``"npu"``, ``"mock"`` or ``"cpu"`` (see the module docstring)."""
-    override = os.environ.get(ENV_VAR)
+    override = _ENVIRON_DATA.get(_ENV_KEY)
     if override:
+        override = os.environ.decodevalue(override)
         if override not in BACKENDS:
             raise ValueError(f"{ENV_VAR}: expected one of {BACKENDS}, got {override!r}")
         if override == "mock" and not mock_installed():

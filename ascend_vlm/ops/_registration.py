@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ascend_vlm.device import use_npu_kernels
+from ascend_vlm.ops._checks import invalid
 from ascend_vlm.ops._spec import OpSpec
 
 _LOG = logging.getLogger(__name__)
@@ -35,20 +36,24 @@ _LIBRARY = torch.library.Library("ascend_vlm", "DEF")
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
-def _first_tensor_device(args: tuple[Any, ...]) -> torch.device:
-    if isinstance(args[0], torch.Tensor):  # every spec so far starts with a tensor
-        return args[0].device
-    return next(a.device for a in args if isinstance(a, torch.Tensor))
+def _eager_implementation(
+    args: tuple[Any, ...], npu: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor]
+) -> Callable[..., torch.Tensor] | None:
+    """The implementation to call directly, or None when the dispatcher is needed.
 
-
-def _dispatcher_not_needed(args: tuple[Any, ...]) -> bool:
-    """Whether calling the kernel directly is indistinguishable from calling the op."""
+    Direct calls are made only when indistinguishable from calling the op (module docstring)
+    and the first argument is a plain tensor (every spec starts with a required tensor input,
+    whose device selects the implementation); anything else goes to the dispatcher, which
+    also reports bad arguments.
+    """
+    first = args[0] if args else None
     if (
-        torch.compiler.is_compiling()
+        type(first) not in _PLAIN_TENSOR_TYPES
+        or torch.compiler.is_compiling()
         or torch._C._len_torch_function_stack()
         or torch._C._len_torch_dispatch_stack()
     ):
-        return False
+        return None
     grad_enabled = torch.is_grad_enabled()
     for value in args:
         if isinstance(value, torch.Tensor) and (
@@ -56,8 +61,8 @@ def _dispatcher_not_needed(args: tuple[Any, ...]) -> bool:
             or value.is_meta
             or (grad_enabled and value.requires_grad)
         ):
-            return False
-    return True
+            return None
+    return npu if use_npu_kernels(first.device) else reference
 
 
 def register_op(
@@ -75,11 +80,13 @@ def register_op(
     """
     _LIBRARY.define(spec.name + spec.schema())
 
-    def implementation(args: tuple[Any, ...]) -> Callable[..., torch.Tensor]:
-        return npu if use_npu_kernels(_first_tensor_device(args)) else reference
+    first_input = spec.raw["inputs"][0]["name"]
 
     def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
-        return implementation(args)(*args, **kwargs)
+        if not isinstance(args[0], torch.Tensor):  # the dispatcher lets None through
+            raise invalid(first_input, "a Tensor", type(args[0]).__name__)
+        implementation = npu if use_npu_kernels(args[0].device) else reference
+        return implementation(*args, **kwargs)
 
     _LIBRARY.impl(spec.name, kernel, "CompositeExplicitAutograd")
     torch.library.register_fake(spec.qualname, fake, lib=_LIBRARY)
@@ -123,12 +130,10 @@ def register_op(
     overload = getattr(torch.ops.ascend_vlm, spec.name).default
 
     def call(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if _dispatcher_not_needed(args):
-            # `kernel` inlined: two frames and one keyword-argument repacking fewer per call
-            if use_npu_kernels(_first_tensor_device(args)):
-                return npu(*args, **kwargs)
-            return reference(*args, **kwargs)
-        return overload(*args, **kwargs)
+        implementation = _eager_implementation(args, npu, reference)
+        if implementation is None:
+            return overload(*args, **kwargs)
+        return implementation(*args, **kwargs)
 
     return call
 

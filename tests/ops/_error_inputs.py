@@ -24,6 +24,10 @@ def _fused_attention_errors() -> ErrorTable:
             "layout: expected one of",
         ),
         "rank": (lambda: ops.fused_attention(Q[0], KV, KV), "query: expected 4-D [B, Nq, Sq, D]"),
+        "query_none": (
+            lambda: ops.fused_attention(None, KV, KV),
+            "query: expected a Tensor, got NoneType",
+        ),
         "bsh_heads": (
             lambda: ops.fused_attention(Q[:, 0], KV[:, 0], KV[:, 0], layout="BSH"),
             "num_heads: expected a positive int for layout 'BSH'",
@@ -75,6 +79,7 @@ def _rms_norm_errors() -> ErrorTable:
         ),
         "weight_rank": (lambda: ops.rms_norm(X, torch.ones(1, 8)), "weight: expected 1-D [H=8]"),
         "dtype": (lambda: ops.rms_norm(X.int(), torch.ones(8)), "x: expected dtype in"),
+        "x_none": (lambda: ops.rms_norm(None, torch.ones(8)), "x: expected a Tensor, got NoneType"),
         "scalar": (
             lambda: ops.rms_norm(torch.tensor(1.0), torch.ones(1)),
             "x: expected at least 1-D",

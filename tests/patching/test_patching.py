@@ -242,3 +242,36 @@ def test_patched_norm_keeps_the_stock_dtype_and_rounding(qwen, x_dtype, weight_d
         torch.testing.assert_close(patched, stock)
     else:
         assert torch.equal(patched, stock)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_adapters_rotate_q_and_k_in_one_call_exactly_as_two(dtype):
+    """The joined q+k op call equals two op calls bitwise (GQA head counts differ), and matches
+    transformers' functions in dtype, shape and (fp32 rounding) value, gradients included."""
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as stock
+
+    from ascend_vlm.patching import _rope_text, _rope_vision
+
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, generator=generator).to(dtype).requires_grad_()
+    k = torch.randn(2, 2, 5, 8, generator=generator).to(dtype).requires_grad_()
+    cos, sin = torch.randn(2, 2, 5, 8, generator=generator).to(dtype).unbind(0)
+    got = _rope_text(q, k, cos, sin)
+    separate = [ascend_vlm.ops.rotary_embedding(x, cos, sin) for x in (q, k)]
+    want = stock.apply_rotary_pos_emb(q, k, cos, sin)
+    for g, s, w in zip(got, separate, want, strict=True):
+        assert torch.equal(g, s)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if dtype == torch.float32:  # addcmul rounds once where transformers rounds twice
+            torch.testing.assert_close(g, w)
+    grads = [torch.autograd.grad(sum(t.float().sum() for t in out), (q, k)) for out in (got, want)]
+    for g, w in zip(*grads, strict=True):
+        torch.testing.assert_close(g, w)
+
+    qv, kv = torch.randn(2, 6, 3, 8, generator=generator).to(dtype).unbind(0)
+    cos_v, sin_v = torch.randn(2, 6, 8, generator=generator).unbind(0)
+    got_v = _rope_vision(qv, kv, cos_v, sin_v)
+    want_v = stock.apply_rotary_pos_emb_vision(qv, kv, cos_v, sin_v)
+    for g, w in zip(got_v, want_v, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w)
