@@ -30,9 +30,11 @@ Where VLM fine-tuning gradients are chunk-sparse (frozen weights never enter DDP
   ``mode="topk"`` is the option that compresses them.
 """
 
+import contextlib
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,6 +182,7 @@ class SparseAllReduceState:
         # Statistics.
         "stats",
         "stats_lock",
+        "__weakref__",
     ]
 
     def __init__(
@@ -221,7 +224,13 @@ class SparseAllReduceState:
 
     def __getstate__(self) -> dict[str, Any]:
         """For checkpoints: everything but the process group, the lock and collectives in flight."""
-        unpicklable = ("process_group", "packing_spaces", "mask_rounds", "stats_lock")
+        unpicklable = (
+            "process_group",
+            "packing_spaces",
+            "mask_rounds",
+            "stats_lock",
+            "__weakref__",
+        )
         return {slot: getattr(self, slot) for slot in self.__slots__ if slot not in unpicklable}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
@@ -369,7 +378,10 @@ class _BucketReduction:
     __slots__ = ("buffer", "continue_with", "mask", "mask_work", "result", "started", "state")
 
     def __init__(self, state: SparseAllReduceState, buffer: torch.Tensor) -> None:
-        self.state = state
+        # A weak reference: completions run on backend threads, and a callback holding the last
+        # reference to the state (and so to its process group) would destroy the group on that
+        # group's own worker thread, which aborts the process.
+        self.state = weakref.proxy(state)
         self.buffer = buffer
         self.started = time.perf_counter()
         self.mask: torch.Tensor | None = None
@@ -394,9 +406,15 @@ class _BucketReduction:
         self.state.mask_rounds.append(self)
 
     def finish_mask_round(self) -> None:
-        """Wait for the mask round started by :meth:`after_mask`, then continue with the union."""
-        self.mask_work.wait()
-        self.continue_with(self.mask)
+        """Wait for the mask round started by :meth:`after_mask`, then continue with the union.
+
+        Drops its references to the round first: a finished ``Work`` kept alive by this object
+        (itself referenced from the data all-reduce's callback) would outlive its process group.
+        """
+        work, mask, continue_with = self.mask_work, self.mask, self.continue_with
+        self.mask_work = self.mask = self.continue_with = None
+        work.wait()
+        continue_with(mask)
 
     def send(
         self,
@@ -432,7 +450,8 @@ class _BucketReduction:
                 self.result.set_exception(error)
 
     def _resolve(self) -> None:
-        self.state._record_completion(self.started)
+        with contextlib.suppress(ReferenceError):  # the state is gone: nobody reads its stats
+            self.state._record_completion(self.started)
         self.result.set_result(self.buffer)
 
 
