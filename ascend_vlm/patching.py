@@ -211,43 +211,26 @@ def _rope_text(q, k, cos, sin, unsqueeze_dim=1):
         raise ValueError(
             f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]), got {unsqueeze_dim}"
         )
-    return _rotate_pair(q, k, cos, sin)
+    rotary = _ops().rotary_embedding
+    return rotary(q, cos, sin), rotary(k, cos, sin)
 
 
 def _rope_vision(q, k, cos, sin):
-    """Drop-in for `apply_rotary_pos_emb_vision`: q/k [T, N, D], cos/sin [T, D], fp32 math.
-
-    q and k are rotated in one op call, joined on the heads axis (see `_rotate_pair`).
-    """
-    joined = _as_float32(torch.cat((q, k), dim=1)).transpose(0, 1).unsqueeze(0)  # [1, 2N, T, D]
+    """Drop-in for `apply_rotary_pos_emb_vision`: q/k [T, N, D], cos/sin [T, D], fp32 math."""
     rotary = _ops().rotary_embedding
-    rotated = rotary(joined, _as_float32(cos), _as_float32(sin))[0].transpose(0, 1)
-    heads = q.shape[1]
-    return _as_dtype(rotated[:, :heads], q.dtype), _as_dtype(rotated[:, heads:], k.dtype)
+    cos, sin = _as_float32(cos), _as_float32(sin)
 
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        as_bnsd = _as_float32(x).transpose(0, 1).unsqueeze(0)  # [1, N, T, D]
+        rotated = rotary(as_bnsd, cos, sin)[0].transpose(0, 1)
+        return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
 
-def _rotate_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """``ops.rotary_embedding`` of BNSD q and k with shared tables, in one op call.
-
-    q and k are joined on the heads axis (RoPE is per head, so the values are the same as two
-    calls) when they differ only there; the per-call checks and table selection, a large part
-    of RoPE's cost for small models, are then paid once per layer instead of twice, for one
-    extra copy of q and k.
-    """
-    rotary = _ops().rotary_embedding
-    if q.dtype != k.dtype or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        return rotary(q, cos, sin), rotary(k, cos, sin)
-    rotated = rotary(torch.cat((q, k), dim=1), cos, sin)
-    return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
+    return rotate(q), rotate(k)
 
 
 def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
-    return _as_dtype(tensor, torch.float32)
-
-
-def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # `.to(dtype)` is a no-op for the same dtype but still a dispatcher round trip, per layer.
-    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+    # `.float()` is a no-op for fp32 but still a dispatcher round trip, paid per layer.
+    return tensor if tensor.dtype == torch.float32 else tensor.float()
 
 
 _ROPE_STYLES = {

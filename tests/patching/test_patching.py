@@ -245,9 +245,9 @@ def test_patched_norm_keeps_the_stock_dtype_and_rounding(qwen, x_dtype, weight_d
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_adapters_rotate_q_and_k_in_one_call_exactly_as_two(dtype):
-    """The joined q+k op call equals two op calls bitwise (GQA head counts differ), and matches
-    transformers' functions in dtype, shape and (fp32 rounding) value, gradients included."""
+def test_rope_adapters_match_transformers(dtype):
+    """The RoPE adapters match transformers' functions in dtype, shape and (fp32 rounding)
+    value, gradients included, with GQA head counts."""
     from transformers.models.qwen2_vl import modeling_qwen2_vl as stock
 
     from ascend_vlm.patching import _rope_text, _rope_vision
@@ -257,10 +257,8 @@ def test_rope_adapters_rotate_q_and_k_in_one_call_exactly_as_two(dtype):
     k = torch.randn(2, 2, 5, 8, generator=generator).to(dtype).requires_grad_()
     cos, sin = torch.randn(2, 2, 5, 8, generator=generator).to(dtype).unbind(0)
     got = _rope_text(q, k, cos, sin)
-    separate = [ascend_vlm.ops.rotary_embedding(x, cos, sin) for x in (q, k)]
     want = stock.apply_rotary_pos_emb(q, k, cos, sin)
-    for g, s, w in zip(got, separate, want, strict=True):
-        assert torch.equal(g, s)
+    for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         if dtype == torch.float32:  # addcmul rounds once where transformers rounds twice
             torch.testing.assert_close(g, w)
