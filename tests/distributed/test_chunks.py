@@ -70,11 +70,12 @@ def test_gather_then_scatter_moves_exactly_the_selected_chunks(
     assert torch.equal(packed_in_space, packed)
     assert source.packed_numel(row_ids, with_tail) == packed.numel()
     assert packed.numel() == int(selected.repeat_interleave(chunk_size)[:numel].sum())
-    target = _Chunks(torch.zeros(numel, dtype=dtype), chunk_size)
-    target.scatter_(row_ids, with_tail, packed)
     element_selected = selected.repeat_interleave(chunk_size)[:numel]
     want = torch.where(element_selected, source.flat, torch.zeros((), dtype=dtype))
-    assert torch.equal(target.flat, want)
+    for via_numpy in (True, False):  # the CPU row assignment and the index_copy_ of devices
+        target = _Chunks(torch.zeros(numel, dtype=dtype), chunk_size)
+        target.scatter_(row_ids, with_tail, packed, via_numpy=via_numpy)
+        assert torch.equal(target.flat.view(torch.uint8), want.view(torch.uint8))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
