@@ -73,7 +73,24 @@ def backend() -> str:
     return "npu" if _real_npu_available() else "cpu"
 
 
-def use_npu_kernels(device: torch.device) -> bool:
-    """Whether an op on tensors of ``device`` should call the torch_npu kernels."""
-    selected = backend()
-    return selected == "mock" or (selected == "npu" and device.type == "npu")
+def use_npu_kernels(where: torch.device | torch.Tensor) -> bool:
+    """Whether an op on tensors of device ``where`` (a device, or a tensor on it) should call
+    the torch_npu kernels.
+
+    Without the override variable this is :func:`backend` answered inline, as it runs on every
+    op call: with no torch_npu imported there is neither the mock nor an NPU tensor; the mock
+    takes every device, a real NPU only its own tensors.
+    """
+    if _ENV_KEY not in _ENVIRON_DATA:
+        torch_npu = sys.modules.get("torch_npu")
+        if torch_npu is None:
+            return False
+        if getattr(torch_npu, MOCK_MARKER, False):
+            return True
+        selected = "npu" if _real_npu_available() else "cpu"
+    else:
+        selected = backend()
+    if selected == "mock":
+        return True
+    device = where.device if isinstance(where, torch.Tensor) else where
+    return selected == "npu" and device.type == "npu"

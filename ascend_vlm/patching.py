@@ -113,6 +113,15 @@ def ascend_attention_forward(
             )
         _check_varlen_honours(dropout, kwargs.get("sliding_window"))
         cu_seqlens_k = kwargs.get("cu_seq_lens_k")
+        segments = _equal_self_attention_segments(query, key, cu_seqlens_q, cu_seqlens_k, kwargs)
+        if segments is not None:
+            # One image, or same-size images: one batched call, [1, N, n*L, D] -> [n, N, L, D]
+            # as views, instead of the round trip through the packed [T, N, D] layout.
+            batched = [
+                t[0].unflatten(1, (segments, -1)).transpose(0, 1) for t in (query, key, value)
+            ]
+            output = ops.fused_attention(*batched, causal=bool(is_causal), scale=scaling)
+            return output.transpose(1, 2).reshape(1, query.shape[2], *output.shape[1:2], -1), None
         packed = [t[0].transpose(0, 1) for t in (query, key, value)]  # [T, N, D]
         output = ops.varlen_attention(
             *packed,
@@ -145,6 +154,37 @@ def ascend_attention_forward(
         dropout_p=dropout,
     )
     return output.transpose(1, 2).contiguous(), None
+
+
+def _equal_self_attention_segments(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
+    kwargs: dict,
+) -> int | None:
+    """The segment count ``n`` when the packed call is self-attention over ``n`` non-empty
+    segments of one length ``L`` (within any ``max_length_q``/``max_length_k`` given), else None.
+
+    Such a call equals ``ops.fused_attention`` on ``n`` batched sequences of length ``L``. Reads
+    ``cu_seqlens_q`` to the host once, as the varlen path does; anything else, including
+    malformed offsets, is left to ``ops.varlen_attention`` and its checks.
+    """
+    total = query.shape[2]
+    if (cu_seqlens_k is not None and cu_seqlens_k is not cu_seqlens_q) or key.shape[2] != total:
+        return None
+    bounds = cu_seqlens_q.tolist() if cu_seqlens_q.dim() == 1 else []
+    count = len(bounds) - 1
+    if count < 1 or total == 0 or total % count or bounds[0] != 0:
+        return None
+    length = total // count
+    if bounds != list(range(0, total + 1, length)):
+        return None
+    for name in ("max_length_q", "max_length_k"):
+        limit = kwargs.get(name)
+        if limit is not None and limit < length:
+            return None
+    return count
 
 
 def _check_varlen_honours(dropout: float, sliding_window: int | None) -> None:

@@ -7,8 +7,8 @@ tensor under the mock NPU) and the plain-torch reference otherwise.
 Eager fast path: the returned callable runs that same kernel directly, skipping the dispatcher
 and the Python autograd wrapper (~15-25 us per call on CPU, see scripts/bench_ops.py), when
 nothing could observe the difference: not compiling/exporting, no torch function or dispatch mode
-active, only plain non-meta tensors (``nn.Parameter`` included: module weights) and no gradient
-needed. Everything else — autograd, ``torch.compile``, ``torch.export``, fake tensors,
+active, only plain tensors (``nn.Parameter`` included: module weights), a first input not on
+the meta device (torch rejects meta inputs beside real ones either way) and no gradient needed. Everything else — autograd, ``torch.compile``, ``torch.export``, fake tensors,
 ``torch.ops.ascend_vlm.*`` callers — goes through the registered op.
 
 Autograd: backward *recomputes* the forward through the reference implementation under
@@ -36,33 +36,12 @@ _LIBRARY = torch.library.Library("ascend_vlm", "DEF")
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
-def _eager_implementation(
-    args: tuple[Any, ...], npu: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor]
-) -> Callable[..., torch.Tensor] | None:
-    """The implementation to call directly, or None when the dispatcher is needed.
-
-    Direct calls are made only when indistinguishable from calling the op (module docstring)
-    and the first argument is a plain tensor (every spec starts with a required tensor input,
-    whose device selects the implementation); anything else goes to the dispatcher, which
-    also reports bad arguments.
-    """
-    first = args[0] if args else None
-    if (
-        type(first) not in _PLAIN_TENSOR_TYPES
-        or torch.compiler.is_compiling()
-        or torch._C._len_torch_function_stack()
-        or torch._C._len_torch_dispatch_stack()
-    ):
-        return None
-    grad_enabled = torch.is_grad_enabled()
-    for value in args:
-        if isinstance(value, torch.Tensor) and (
-            type(value) not in _PLAIN_TENSOR_TYPES
-            or value.is_meta
-            or (grad_enabled and value.requires_grad)
-        ):
-            return None
-    return npu if use_npu_kernels(first.device) else reference
+# Bound once: the eager fast path below runs on every op call, and each `torch.x.y` spelled out
+# there is two more attribute lookups per call. Dynamo still recognises the bound functions.
+_is_compiling = torch.compiler.is_compiling
+_torch_function_modes = torch._C._len_torch_function_stack
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_grad_enabled = torch.is_grad_enabled
 
 
 def register_op(
@@ -85,7 +64,7 @@ def register_op(
     def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
         if not isinstance(args[0], torch.Tensor):  # the dispatcher lets None through
             raise invalid(first_input, "a Tensor", type(args[0]).__name__)
-        implementation = npu if use_npu_kernels(args[0].device) else reference
+        implementation = npu if use_npu_kernels(args[0]) else reference
         return implementation(*args, **kwargs)
 
     _LIBRARY.impl(spec.name, kernel, "CompositeExplicitAutograd")
@@ -130,10 +109,27 @@ def register_op(
     overload = getattr(torch.ops.ascend_vlm, spec.name).default
 
     def call(*args: Any, **kwargs: Any) -> torch.Tensor:
-        implementation = _eager_implementation(args, npu, reference)
-        if implementation is None:
-            return overload(*args, **kwargs)
-        return implementation(*args, **kwargs)
+        """Run the kernel directly when indistinguishable from calling the op (module
+        docstring) and the first argument is a plain tensor (every spec starts with a required
+        tensor input, whose device selects the implementation); else go through the
+        dispatcher, which also reports bad arguments. One frame: this runs per op call."""
+        first = args[0] if args else None
+        if (
+            type(first) in _PLAIN_TENSOR_TYPES
+            and not _is_compiling()  # first: Dynamo folds it to True and traces no further
+            and not first.is_meta  # other inputs on meta fail the device check either way
+            and not _dispatch_modes()
+            and not _torch_function_modes()
+        ):
+            grad_enabled = _grad_enabled()
+            for value in args:
+                if isinstance(value, torch.Tensor) and (
+                    type(value) not in _PLAIN_TENSOR_TYPES or (grad_enabled and value.requires_grad)
+                ):
+                    break
+            else:
+                return (npu if use_npu_kernels(first) else reference)(*args, **kwargs)
+        return overload(*args, **kwargs)
 
     return call
 

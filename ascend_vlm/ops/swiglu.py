@@ -83,19 +83,19 @@ def swiglu_projections(
     ``ValueError`` when the two projections disagree in shape or dtype or the dtype is
     unsupported.
     """
-    if use_npu_kernels(x.device):
+    if use_npu_kernels(x):
         gate, up = gate_proj(x), up_proj(x)
         _check_halves(gate, up)
         return swiglu(torch.cat((gate, up), dim=-1))
-    activated = F.silu(_checked_gate(gate_proj(x)))
+    gate = gate_proj(x)
+    if gate.dtype not in _X_DTYPES:  # before silu, which would reject it less clearly
+        check_dtype("gate_proj(x)", gate, _X_DTYPES)
+    activated = F.silu(gate)
+    del gate  # freed before up_proj runs
     up = up_proj(x)
-    _check_halves(activated, up)
+    if up.dtype != activated.dtype or up.shape != activated.shape:
+        _check_halves(activated, up)
     return activated * up
-
-
-def _checked_gate(gate: torch.Tensor) -> torch.Tensor:
-    check_dtype("gate_proj(x)", gate, _X_DTYPES)
-    return gate
 
 
 def _check_halves(gate: torch.Tensor, up: torch.Tensor) -> None:

@@ -3,6 +3,7 @@ otherwise (gradients, compile, modes, fake/meta tensors) they go through the reg
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _recording import RecordOps
 
@@ -34,6 +35,12 @@ def test_meta_tensors_use_the_fake_impl() -> None:
     mask = torch.ones(2, 4, dtype=torch.bool, device="meta")
     out = ops.fused_attention(q, q, q, attention_mask=mask, causal=True)
     assert out.is_meta and out.shape == q.shape
+
+
+def test_a_meta_input_beside_real_ones_raises_instead_of_returning_a_fake_result() -> None:
+    x, meta_weight = torch.randn(2, 8), torch.ones(8, device="meta")
+    with torch.no_grad(), pytest.raises(RuntimeError, match="meta"):
+        ops.rms_norm(x, meta_weight)
 
 
 def _profiled_op_names(call) -> set[str]:

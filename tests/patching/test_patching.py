@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import transformers
@@ -215,6 +217,56 @@ def test_packed_varlen_attention_refuses_what_it_cannot_honour(argument, options
         nn.Module(), packed, packed, packed, None, cu_seq_lens_q=lengths, sliding_window=None
     )
     assert output.shape == (1, 6, 2, 4)
+
+
+def _per_segment_attention(query, key, value, bounds, causal):
+    """Reference: SDPA on each packed segment alone (GQA by repeating key/value heads)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+    outputs = []
+    for start, end in itertools.pairwise(bounds):
+        q, k, v = (t[:, :, start:end] for t in (query, key, value))
+        outputs.append(nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    return torch.cat(outputs, dim=2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "mock"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "bounds",
+    [[0, 6], [0, 3, 6, 9], [0, 2, 6, 9]],  # one segment, equal segments, unequal segments
+    ids=["one", "equal", "unequal"],
+)
+def test_packed_attention_attends_within_each_segment(bounds, causal, backend, request):
+    if backend == "mock":
+        request.getfixturevalue("mock_npu")
+    generator = torch.Generator().manual_seed(len(bounds))
+    total = bounds[-1]
+    query = torch.randn(1, 4, total, 8, generator=generator)
+    key, value = (torch.randn(1, 2, total, 8, generator=generator) for _ in range(2))
+    module = nn.Module()
+    module.is_causal = causal
+    cu_seqlens = torch.tensor(bounds, dtype=torch.int32)
+    output, _ = ascend_attention_forward(
+        module, query, key, value, None, cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens
+    )
+    expected = _per_segment_attention(query, key, value, bounds, causal)
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_attention_checks_offsets_and_bounds():
+    packed = torch.randn(1, 2, 6, 4)
+    for bounds, limit in (([0, 3, 5], None), ([1, 3, 6], None), ([0, 3, 6], 2)):
+        with pytest.raises(ValueError, match=r"^(cu_seqlens_q|max_seqlen_q):"):
+            ascend_attention_forward(
+                nn.Module(),
+                packed,
+                packed,
+                packed,
+                None,
+                cu_seq_lens_q=torch.tensor(bounds),
+                max_length_q=limit,
+            )
 
 
 @pytest.mark.parametrize(

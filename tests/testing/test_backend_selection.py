@@ -22,6 +22,7 @@ def test_cpu_when_no_npu_and_no_mock(monkeypatch) -> None:
     monkeypatch.delenv("ASCEND_VLM_BACKEND", raising=False)
     assert backend() == "cpu"
     assert not use_npu_kernels(torch.device("cpu"))
+    assert not use_npu_kernels(torch.zeros(1))  # a tensor stands for its device
 
 
 def test_mock_when_installed_and_cpu_override_wins(monkeypatch) -> None:
@@ -29,8 +30,10 @@ def test_mock_when_installed_and_cpu_override_wins(monkeypatch) -> None:
     with mock_npu():
         assert backend() == "mock"
         assert use_npu_kernels(torch.device("cpu"))
+        assert use_npu_kernels(torch.zeros(1))
         monkeypatch.setenv("ASCEND_VLM_BACKEND", "cpu")
         assert backend() == "cpu"
+        assert not use_npu_kernels(torch.zeros(1))
 
 
 def test_mock_override_installs_the_mock(monkeypatch) -> None:
