@@ -117,11 +117,12 @@ def ascend_attention_forward(
         if segments is not None:
             # One image, or same-size images: one batched call, [1, N, n*L, D] -> [n, N, L, D]
             # as views, instead of the round trip through the packed [T, N, D] layout.
-            batched = [
-                t[0].unflatten(1, (segments, -1)).transpose(0, 1) for t in (query, key, value)
+            batched = [  # `view` splits the sequence axis; `unflatten` is a Python wrapper
+                t.view(t.shape[1], segments, -1, t.shape[3]).transpose(0, 1)
+                for t in (query, key, value)
             ]
             output = ops.fused_attention(*batched, causal=bool(is_causal), scale=scaling)
-            return output.transpose(1, 2).reshape(1, query.shape[2], *output.shape[1:2], -1), None
+            return output.transpose(1, 2).reshape(1, query.shape[2], output.shape[1], -1), None
         packed = [t[0].transpose(0, 1) for t in (query, key, value)]  # [T, N, D]
         output = ops.varlen_attention(
             *packed,

@@ -12,15 +12,19 @@ per-call overhead; `small`: 4 decoder layers of width 512, a 2-layer width-512 v
 The models (eager, sdpa, an identical second sdpa model as an A/A control, and sdpa +
 `ascend_vlm.patch`) are timed in interleaved rounds with a rotating order, so machine-load drift
 hits all alike, and each reports its best (least disturbed) round: on a shared machine medians
-move by tens of percent between runs. Ratios are unpatched / patched time (> 1 means patched is
+move by tens of percent between runs. Each implementation is built `--instances` times (same
+weights, different places in memory) and its time is the mean of its instances' bests: one
+instance alone carries a placement bias of several percent that no number of rounds removes
+(the A/A column shows what is left). Ratios are unpatched / patched time (> 1 means patched is
 faster) and patched / sdpa memory. torch runs with a fixed thread count (`--threads`, default 1).
 Run: python scripts/bench_patch.py [--sizes tiny small] [--families qwen2_vl llava_clip]
-[--repeats 20]
+[--repeats 20] [--instances 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -38,13 +42,15 @@ IMPLEMENTATIONS = ("eager", "sdpa", "sdpa_again", "patched")
 REPEAT_SCALE = {"tiny": 1.0, "small": 0.5}
 
 
-def _interleaved_best(functions: dict[str, Callable[[], object]], rounds: int) -> dict:
+def _interleaved_best(
+    functions: dict[tuple[str, int], Callable[[], object]], rounds: int
+) -> dict[tuple[str, int], float]:
     """Best seconds per function over `rounds` rounds; each round calls every function once,
     in an order rotated by one per round, after one warm-up call each."""
     for function in functions.values():
         function()
     names = list(functions)
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[tuple[str, int], list[float]] = {name: [] for name in names}
     for round_index in range(rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
@@ -52,6 +58,16 @@ def _interleaved_best(functions: dict[str, Callable[[], object]], rounds: int) -
             functions[name]()
             samples[name].append(time.perf_counter() - start)
     return {name: min(values) for name, values in samples.items()}
+
+
+def _mean_over_instances(best: dict[tuple[str, int], float]) -> dict[str, float]:
+    """{(implementation, instance): seconds} -> {implementation: mean seconds}."""
+    return {
+        implementation: statistics.mean(
+            t for (name, _), t in best.items() if name == implementation
+        )
+        for implementation in IMPLEMENTATIONS
+    }
 
 
 def _peak_bytes(function) -> int:
@@ -66,22 +82,27 @@ def _peak_bytes(function) -> int:
     return peak
 
 
-def bench_family(name: str, size: str, rounds: int, new_tokens: int) -> dict[str, dict]:
+def bench_family(
+    name: str, size: str, rounds: int, new_tokens: int, instances: int
+) -> dict[str, dict]:
     """{implementation: {"forward": s, "generate": s, "peak": bytes}} for one family and size."""
     models = {}
-    for implementation in IMPLEMENTATIONS:
-        attention = "eager" if implementation == "eager" else "sdpa"  # patched: sdpa + patch
-        models[implementation] = build_model(name, attn_implementation=attention, size=size)
-    ascend_vlm.patch(models["patched"])
-    inputs = make_inputs(name, models["sdpa"], n_images=1)
+    for instance in range(instances):
+        for implementation in IMPLEMENTATIONS:
+            attention = "eager" if implementation == "eager" else "sdpa"  # patched: sdpa + patch
+            model = build_model(name, attn_implementation=attention, size=size)
+            if implementation == "patched":
+                ascend_vlm.patch(model)
+            models[implementation, instance] = model
+    inputs = make_inputs(name, models["sdpa", 0], n_images=1)
     settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     forwards = {k: (lambda m=m: m(**inputs)) for k, m in models.items()}
     generates = {k: (lambda m=m: m.generate(**inputs, **settings)) for k, m in models.items()}
     with torch.no_grad():
-        forward = _interleaved_best(forwards, rounds)
-        generate = _interleaved_best(generates, max(5, rounds // 4))
+        forward = _mean_over_instances(_interleaved_best(forwards, rounds))
+        generate = _mean_over_instances(_interleaved_best(generates, max(5, rounds // 4)))
         return {
-            k: {"forward": forward[k], "generate": generate[k], "peak": _peak_bytes(forwards[k])}
+            k: {"forward": forward[k], "generate": generate[k], "peak": _peak_bytes(forwards[k, 0])}
             for k in IMPLEMENTATIONS
         }
 
@@ -91,16 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--repeats", type=int, default=20, help="forward rounds for tiny models")
+    parser.add_argument(
+        "--instances", type=int, default=2, help="models built per implementation (>= 1)"
+    )
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.instances < 1:
+        parser.error(f"--instances: expected an int >= 1, got {args.instances}")
     torch.set_num_threads(args.threads)
     print(
         "command: python scripts/bench_patch.py " + " ".join(sys.argv[1:] if argv is None else argv)
     )
     print(
         f"backend={backend()} torch={torch.__version__} threads={torch.get_num_threads()} "
-        f"repeats={args.repeats} new_tokens={args.new_tokens}"
+        f"repeats={args.repeats} instances={args.instances} new_tokens={args.new_tokens}"
     )
     header = (
         f"{'family':16} {'fwd ms':>8} {'fwd x eager':>11} {'fwd x sdpa':>10} "
@@ -113,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(header)
         print("-" * len(header))
         for name in args.families:
-            r = bench_family(name, size, rounds, args.new_tokens)
+            r = bench_family(name, size, rounds, args.new_tokens, args.instances)
             patched, eager, sdpa, again = r["patched"], r["eager"], r["sdpa"], r["sdpa_again"]
             print(
                 f"{name:16} {patched['forward'] * 1e3:8.2f} "
@@ -128,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     print(
-        "\nfwd/gen ms: best of the interleaved rounds; x eager / x sdpa: unpatched time / patched "
+        "\nfwd/gen ms: best of the interleaved rounds, mean over instances; x eager / x sdpa: unpatched time / patched "
         "time (>= 1 means patched is as fast or faster)"
     )
     print("mem/sdpa: patched peak / sdpa peak (torch.profiler CPU allocation events, one forward)")
