@@ -14,7 +14,8 @@ How (the *what* lives in `ascend_vlm.models`):
   (``ascend_vlm.ops.swiglu.swiglu_projections``).
 * RoPE: the attention module's own ``forward`` code is rebound on the instance with the
   module-level rotary function (e.g. ``apply_rotary_pos_emb``) resolved to an adapter around
-  ``ops.rotary_embedding``; the transformers module and class stay untouched.
+  ``ops.rotary_embedding_pair`` (q and k in one call); the transformers module and class stay
+  untouched.
 
 Modules wrapped by accelerate hooks (``device_map`` / offload) keep their hook: the forward it
 wraps (``_old_forward``) is rebound instead of ``forward``. Every change is recorded on the base model and ``unpatch`` restores exactly what was there.
@@ -252,21 +253,19 @@ def _rope_text(q, k, cos, sin, unsqueeze_dim=1):
         raise ValueError(
             f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]), got {unsqueeze_dim}"
         )
-    rotary = _ops().rotary_embedding
-    return rotary(q, cos, sin), rotary(k, cos, sin)
+    return _ops().rotary_embedding_pair(q, k, cos, sin)
 
 
 def _rope_vision(q, k, cos, sin):
     """Drop-in for `apply_rotary_pos_emb_vision`: q/k [T, N, D], cos/sin [T, D], fp32 math."""
-    rotary = _ops().rotary_embedding
-    cos, sin = _as_float32(cos), _as_float32(sin)
+    q_bnsd, k_bnsd = (_as_float32(x).transpose(0, 1).unsqueeze(0) for x in (q, k))  # [1, N, T, D]
+    q_out, k_out = _ops().rotary_embedding_pair(q_bnsd, k_bnsd, _as_float32(cos), _as_float32(sin))
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        as_bnsd = _as_float32(x).transpose(0, 1).unsqueeze(0)  # [1, N, T, D]
-        rotated = rotary(as_bnsd, cos, sin)[0].transpose(0, 1)
-        return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
+    def back(rotated: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # -> [T, N, D]
+        rotated = rotated[0].transpose(0, 1)
+        return rotated if rotated.dtype == dtype else rotated.to(dtype)
 
-    return rotate(q), rotate(k)
+    return back(q_out, q.dtype), back(k_out, k.dtype)
 
 
 def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
@@ -563,7 +562,9 @@ def _patch_rope(state: _PatchState, module: nn.Module, rope: Rope, enabled: bool
         return
     forward = _forward_with_rope(type(module).forward, rope.function, rope.style)
     state.rebind(module, "forward", types.MethodType(forward, module))
-    report._count(report.swapped, ("rope", name, f"ops.rotary_embedding (via {rope.function})"))
+    report._count(
+        report.swapped, ("rope", name, f"ops.rotary_embedding_pair (via {rope.function})")
+    )
 
 
 def _resolve_spec(base: nn.Module, strict: bool) -> tuple[str, ModelSpec, str | None]:

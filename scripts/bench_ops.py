@@ -100,8 +100,8 @@ def small_op_cases(dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]:
         return [
             ("rms_norm 4x512x2048", lambda: ops.rms_norm(hidden, weight), lambda: norm(hidden)),
             (
-                "rotary_embedding q+k",
-                lambda: (ops.rotary_embedding(q, cos, sin), ops.rotary_embedding(k, cos, sin)),
+                "rotary_embedding_pair q+k",
+                lambda: ops.rotary_embedding_pair(q, k, cos, sin),
                 lambda: apply_rotary_pos_emb(q, k, cos, sin),
             ),
             ("swiglu 4x512x5632", lambda: ops.swiglu(gate_up), lambda: F.silu(gate) * up),

@@ -29,7 +29,8 @@ class SwigluMlp:
 
 @dataclass(frozen=True)
 class Rope:
-    """Attention classes whose forward calls the module-level `function` -> `ops.rotary_embedding`.
+    """Attention classes whose forward calls the module-level `function`, which patching
+    resolves to an adapter around `ops.rotary_embedding_pair`.
 
     style "text": `function(q, k, cos, sin, unsqueeze_dim=1)` with q/k [B, N, S, D], cos/sin [B, S, D].
     style "vision": `function(q, k, cos, sin)` with q/k [T, N, D], cos/sin [T, D], math in fp32.

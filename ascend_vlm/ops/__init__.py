@@ -8,8 +8,15 @@ Each op's interface is declared once in ``op_plugins/<name>/spec.json``.
 
 from ascend_vlm.ops.fused_attention import fused_attention
 from ascend_vlm.ops.rms_norm import rms_norm
-from ascend_vlm.ops.rotary_embedding import rotary_embedding
+from ascend_vlm.ops.rotary_embedding import rotary_embedding, rotary_embedding_pair
 from ascend_vlm.ops.swiglu import swiglu
 from ascend_vlm.ops.varlen_attention import varlen_attention
 
-__all__ = ["fused_attention", "rms_norm", "rotary_embedding", "swiglu", "varlen_attention"]
+__all__ = [
+    "fused_attention",
+    "rms_norm",
+    "rotary_embedding",
+    "rotary_embedding_pair",
+    "swiglu",
+    "varlen_attention",
+]

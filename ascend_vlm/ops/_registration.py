@@ -73,7 +73,7 @@ def register_op(
     def setup_context(
         ctx: Any,
         inputs: tuple[Any, ...],
-        output: torch.Tensor,
+        output: torch.Tensor | tuple[torch.Tensor, ...],
         keyword_only_inputs: dict[str, Any] | None = None,
     ) -> None:
         # Only positional inputs can receive gradients (torch.library's autograd contract), so
@@ -83,7 +83,7 @@ def register_op(
         ctx.keyword_only_inputs = keyword_only_inputs or {}
         ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_slots))
 
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         inputs = list(ctx.other_inputs)
         wanted: list[int] = []
         for slot, saved in zip(ctx.tensor_slots, ctx.saved_tensors, strict=True):
@@ -93,9 +93,12 @@ def register_op(
             else:
                 inputs[slot] = saved
         with torch.enable_grad():
-            output = reference(*inputs, **ctx.keyword_only_inputs)
+            outputs = reference(*inputs, **ctx.keyword_only_inputs)
             grads = torch.autograd.grad(
-                output, [inputs[i] for i in wanted], grad_output, allow_unused=True
+                outputs if isinstance(outputs, tuple) else (outputs,),
+                [inputs[i] for i in wanted],
+                grad_outputs,
+                allow_unused=True,
             )
         result: list[torch.Tensor | None] = [None] * len(inputs)
         for slot, grad in zip(wanted, grads, strict=True):

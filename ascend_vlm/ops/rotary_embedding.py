@@ -15,6 +15,7 @@ interleave mode (Ascend/op-plugin docs/context/torch_npu-npu_rotary_mul.md).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 import torch
 
@@ -31,11 +32,16 @@ _NPU_MAX_BN = 1000  # half mode: B, N < 1000; interleave mode: B * N < 1000
 
 
 def _check(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mrope_section: list[int] | None
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mrope_section: list[int] | None,
+    name: str = "x",
 ) -> None:
-    check_dtype("x", x, _X_DTYPES)
+    """Validate ``x`` (called ``name`` in errors) against the cos/sin tables."""
+    check_dtype(name, x, _X_DTYPES)
     check_dtype("cos", cos, _TABLE_DTYPES)
-    check_rank("x", x, 4, "4-D [B, N, S, D] (BNSD)")
+    check_rank(name, x, 4, "4-D [B, N, S, D] (BNSD)")
     if sin.shape != cos.shape or sin.dtype != cos.dtype:
         raise invalid(
             "sin",
@@ -84,16 +90,19 @@ def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-def _reference(
+# (x, cos4, sin4, interleaved, tables shared by the inputs of one call) -> rotated x
+_Rotation = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, dict], torch.Tensor]
+
+
+def _rotated(
     x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    mrope_section: list[int] | None = None,
-    interleaved: bool = False,
+    cos4: torch.Tensor,
+    sin4: torch.Tensor,
+    interleaved: bool,
+    _tables: dict | None = None,
 ) -> torch.Tensor:
-    _check(x, cos, sin, mrope_section)
-    cos4, sin4 = _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
+    """The reference rotation of one checked ``x`` with selected ``[B|1, 1, S, Dr]`` tables
+    (a :data:`_Rotation`; the reference needs no kernel-ready tables)."""
     rotary_dim = cos4.shape[-1]
     partial = rotary_dim != x.shape[-1]
     rotated_part = x[..., :rotary_dim] if partial else x
@@ -106,16 +115,12 @@ def _reference(
     return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
 
 
-def _npu(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    mrope_section: list[int] | None = None,
-    interleaved: bool = False,
+def _npu_rotated(
+    x: torch.Tensor, cos4: torch.Tensor, sin4: torch.Tensor, interleaved: bool, tables: dict
 ) -> torch.Tensor:
-    _check(x, cos, sin, mrope_section)
-    cos4, sin4 = _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
+    """One checked ``x`` through ``npu_rotary_mul`` when the kernel takes it, else the
+    reference. ``tables`` caches the kernel-ready (dtype-cast, contiguous) r1/r2 per dtype, so
+    q and k of one call share them."""
     rotary_dim = cos4.shape[-1]
     batch, heads = x.shape[0], x.shape[1]
     kernel_fits = (
@@ -126,12 +131,15 @@ def _npu(
         and not (interleaved and cos4.shape[0] != 1)
     )
     if not kernel_fits:
-        return _reference(x, cos, sin, mrope_section=mrope_section, interleaved=interleaved)
+        return _rotated(x, cos4, sin4, interleaved, tables)
+    if x.dtype not in tables:
+        tables[x.dtype] = (cos4.to(x.dtype).contiguous(), sin4.to(x.dtype).contiguous())
+    r1, r2 = tables[x.dtype]
     torch_npu = importlib.import_module("torch_npu")
     rotated = torch_npu.npu_rotary_mul(
         x[..., :rotary_dim].contiguous(),
-        cos4.to(x.dtype).contiguous(),
-        sin4.to(x.dtype).contiguous(),
+        r1,
+        r2,
         rotary_mode="interleave" if interleaved else "half",
     )
     if rotary_dim == x.shape[-1]:
@@ -139,18 +147,30 @@ def _npu(
     return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
 
 
-def _fake(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    mrope_section: list[int] | None = None,
-    interleaved: bool = False,
-) -> torch.Tensor:
-    _check(x, cos, sin, mrope_section)
+def _empty_like(x: torch.Tensor, *_: object) -> torch.Tensor:
+    """The fake implementations' :data:`_Rotation`: shape and dtype only."""
     return torch.empty_like(x)
 
 
+def _single_op(rotate: _Rotation) -> Callable[..., torch.Tensor]:
+    """The rotary_embedding implementation that checks, selects the tables and ``rotate``s."""
+
+    def implementation(
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        mrope_section: list[int] | None = None,
+        interleaved: bool = False,
+    ) -> torch.Tensor:
+        _check(x, cos, sin, mrope_section)
+        cos4, sin4 = _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
+        return rotate(x, cos4, sin4, interleaved, {})
+
+    return implementation
+
+
+_reference, _npu, _fake = (_single_op(r) for r in (_rotated, _npu_rotated, _empty_like))
 _OP = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
 
 
@@ -166,3 +186,64 @@ def rotary_embedding(
     ``mrope_section``, ``[3, B, S, Dr]``. Returns ``x``'s shape and dtype (see module docstring
     for the formula)."""
     return _OP(x, cos, sin, mrope_section=mrope_section, interleaved=interleaved)
+
+
+PAIR_SPEC = load_spec("rotary_embedding_pair")
+
+
+def _pair_tables(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mrope_section: list[int] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check q and k against the tables, then select the tables once for both."""
+    _check(q, cos, sin, mrope_section, name="q")
+    _check(k, cos, sin, mrope_section, name="k")
+    if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise invalid("k", f"batch and sequence (dims 0, 2) of q {tuple(q.shape)}", tuple(k.shape))
+    return _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
+
+
+def _pair_op(rotate: _Rotation) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The rotary_embedding_pair implementation: tables selected once, q and k ``rotate``d
+    separately (never joined) with kernel-ready tables shared between them."""
+
+    def implementation(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        mrope_section: list[int] | None = None,
+        interleaved: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos4, sin4 = _pair_tables(q, k, cos, sin, mrope_section)
+        shared: dict = {}
+        return rotate(q, cos4, sin4, interleaved, shared), rotate(
+            k, cos4, sin4, interleaved, shared
+        )
+
+    return implementation
+
+
+_pair_reference, _pair_npu, _pair_fake = (
+    _pair_op(r) for r in (_rotated, _npu_rotated, _empty_like)
+)
+_PAIR_OP = register_op(PAIR_SPEC, reference=_pair_reference, npu=_pair_npu, fake=_pair_fake)
+
+
+def rotary_embedding_pair(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    mrope_section: list[int] | None = None,
+    interleaved: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin))`` (same options) in one
+    call: the tables are selected once, q and k are never joined. ``k`` may have fewer heads than
+    ``q`` (GQA) but shares its batch and sequence length."""
+    return _PAIR_OP(q, k, cos, sin, mrope_section=mrope_section, interleaved=interleaved)

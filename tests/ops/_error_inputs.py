@@ -119,6 +119,29 @@ def _rotary_embedding_errors() -> ErrorTable:
     }
 
 
+def _rotary_embedding_pair_errors() -> ErrorTable:
+    Q, K = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    TABLE = torch.randn(5, 8).clamp(-1, 1)
+    return {
+        "q_dtype": (
+            lambda: ops.rotary_embedding_pair(Q.int(), K, TABLE, TABLE),
+            "q: expected dtype in",
+        ),
+        "k_rank": (
+            lambda: ops.rotary_embedding_pair(Q, K[0], TABLE, TABLE),
+            "k: expected 4-D [B, N, S, D]",
+        ),
+        "k_seq": (
+            lambda: ops.rotary_embedding_pair(Q, K[:1], TABLE, TABLE),
+            "k: expected batch and sequence (dims 0, 2) of q (2, 4, 5, 8), got (1, 2, 5, 8)",
+        ),
+        "table": (
+            lambda: ops.rotary_embedding_pair(Q, K, TABLE[:4], TABLE[:4]),
+            "cos: expected [2 or 1, S=5",
+        ),
+    }
+
+
 def _swiglu_errors() -> ErrorTable:
     X = torch.randn(2, 6)
     return {
@@ -175,6 +198,7 @@ ERROR_INPUTS: dict[str, ErrorTable] = {
     "fused_attention": _fused_attention_errors(),
     "rms_norm": _rms_norm_errors(),
     "rotary_embedding": _rotary_embedding_errors(),
+    "rotary_embedding_pair": _rotary_embedding_pair_errors(),
     "swiglu": _swiglu_errors(),
     "varlen_attention": _varlen_attention_errors(),
 }
