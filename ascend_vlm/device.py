@@ -68,6 +68,11 @@ def backend() -> str:
                 + ("the mock NPU installed" if mock_installed() else "none usable")
             )
         return override
+    return _detected_backend()
+
+
+def _detected_backend() -> str:
+    """:func:`backend` without the override variable."""
     if getattr(sys.modules.get("torch_npu"), MOCK_MARKER, False):  # mock_installed(), inlined
         return "mock"
     return "npu" if _real_npu_available() else "cpu"
@@ -77,17 +82,14 @@ def use_npu_kernels(where: torch.device | torch.Tensor) -> bool:
     """Whether an op on tensors of device ``where`` (a device, or a tensor on it) should call
     the torch_npu kernels.
 
-    Without the override variable this is :func:`backend` answered inline, as it runs on every
-    op call: with no torch_npu imported there is neither the mock nor an NPU tensor; the mock
-    takes every device, a real NPU only its own tensors.
+    The mock takes every device, a real NPU only its own tensors. This runs on every op call:
+    without the override variable and with no torch_npu imported (so neither the mock nor an
+    NPU tensor can exist) it answers from two dictionary lookups.
     """
     if _ENV_KEY not in _ENVIRON_DATA:
-        torch_npu = sys.modules.get("torch_npu")
-        if torch_npu is None:
+        if "torch_npu" not in sys.modules:
             return False
-        if getattr(torch_npu, MOCK_MARKER, False):
-            return True
-        selected = "npu" if _real_npu_available() else "cpu"
+        selected = _detected_backend()
     else:
         selected = backend()
     if selected == "mock":

@@ -24,6 +24,7 @@ wraps (``_old_forward``) is rebound instead of ``forward``. Every change is reco
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import types
 from collections.abc import Callable
@@ -56,11 +57,10 @@ def _ops():
 
 
 @functools.cache
-def _swiglu_projections():
-    # ops.swiglu on cat(gate, up), without that copy when no fused kernel runs (not an op itself)
-    from ascend_vlm.ops.swiglu import swiglu_projections
-
-    return swiglu_projections
+def _op_module(name: str) -> types.ModuleType:
+    # Helpers of an op module that are not ops themselves (swiglu_projections,
+    # equal_segment_count), imported on first use like `_ops`.
+    return importlib.import_module(f"ascend_vlm.ops.{name}")
 
 
 # --------------------------------------------------------------------------- attention function
@@ -114,7 +114,16 @@ def ascend_attention_forward(
             )
         _check_varlen_honours(dropout, kwargs.get("sliding_window"))
         cu_seqlens_k = kwargs.get("cu_seq_lens_k")
-        segments = _equal_self_attention_segments(query, key, cu_seqlens_q, cu_seqlens_k, kwargs)
+        if cu_seqlens_k is None:
+            cu_seqlens_k = cu_seqlens_q
+        segments = _op_module("varlen_attention").equal_segment_count(
+            cu_seqlens_q,
+            cu_seqlens_k,
+            query.shape[2],
+            key.shape[2],
+            kwargs.get("max_length_q"),
+            kwargs.get("max_length_k"),
+        )
         if segments is not None:
             # One image, or same-size images: one batched call, [1, N, n*L, D] -> [n, N, L, D]
             # as views, instead of the round trip through the packed [T, N, D] layout.
@@ -128,7 +137,7 @@ def ascend_attention_forward(
         output = ops.varlen_attention(
             *packed,
             cu_seqlens_q,
-            cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k,
+            cu_seqlens_k,
             max_seqlen_q=kwargs.get("max_length_q"),
             max_seqlen_k=kwargs.get("max_length_k"),
             causal=bool(is_causal),
@@ -156,37 +165,6 @@ def ascend_attention_forward(
         dropout_p=dropout,
     )
     return output.transpose(1, 2).contiguous(), None
-
-
-def _equal_self_attention_segments(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor | None,
-    kwargs: dict,
-) -> int | None:
-    """The segment count ``n`` when the packed call is self-attention over ``n`` non-empty
-    segments of one length ``L`` (within any ``max_length_q``/``max_length_k`` given), else None.
-
-    Such a call equals ``ops.fused_attention`` on ``n`` batched sequences of length ``L``. Reads
-    ``cu_seqlens_q`` to the host once, as the varlen path does; anything else, including
-    malformed offsets, is left to ``ops.varlen_attention`` and its checks.
-    """
-    total = query.shape[2]
-    if (cu_seqlens_k is not None and cu_seqlens_k is not cu_seqlens_q) or key.shape[2] != total:
-        return None
-    bounds = cu_seqlens_q.tolist() if cu_seqlens_q.dim() == 1 else []
-    count = len(bounds) - 1
-    if count < 1 or total == 0 or total % count or bounds[0] != 0:
-        return None
-    length = total // count
-    if bounds != list(range(0, total + 1, length)):
-        return None
-    for name in ("max_length_q", "max_length_k"):
-        limit = kwargs.get(name)
-        if limit is not None and limit < length:
-            return None
-    return count
 
 
 def _check_varlen_honours(dropout: float, sliding_window: int | None) -> None:
@@ -243,7 +221,7 @@ def _rms_norm_forward(module: nn.Module, hidden_states: torch.Tensor, *, eps: fl
 
 
 def _swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    gated = _swiglu_projections()(hidden_states, module.gate_proj, module.up_proj)
+    gated = _op_module("swiglu").swiglu_projections(hidden_states, module.gate_proj, module.up_proj)
     return module.down_proj(gated)
 
 

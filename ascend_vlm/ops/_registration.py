@@ -8,7 +8,8 @@ Eager fast path: the returned callable runs that same kernel directly, skipping 
 and the Python autograd wrapper (~15-25 us per call on CPU, see scripts/bench_ops.py), when
 nothing could observe the difference: not compiling/exporting, no torch function or dispatch mode
 active, only plain tensors (``nn.Parameter`` included: module weights), a first input not on
-the meta device (torch rejects meta inputs beside real ones either way) and no gradient needed. Everything else — autograd, ``torch.compile``, ``torch.export``, fake tensors,
+the meta device (torch rejects meta inputs beside real ones either way) and no gradient needed.
+Everything else — autograd, ``torch.compile``, ``torch.export``, fake tensors,
 ``torch.ops.ascend_vlm.*`` callers — goes through the registered op.
 
 Autograd: backward *recomputes* the forward through the reference implementation under

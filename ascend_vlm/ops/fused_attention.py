@@ -15,16 +15,15 @@ head count; causal is ``sparse_mode=3`` (rightDownCausal) with the compressed 20
 
 from __future__ import annotations
 
-import functools
 import importlib
 import math
-import weakref
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
+from ascend_vlm.ops._host_values import HostValueCache
 from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
 from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
@@ -261,28 +260,11 @@ def npu_causal_mask(device: torch.device) -> torch.Tensor:
     return _NPU_CAUSAL_MASKS[device]
 
 
-# id(mask) -> (weak reference, version counter, has bias); an entry leaves with its mask.
-_ADDITIVE_BIAS_BY_MASK: dict[int, tuple[weakref.ref, int, bool]] = {}
-
-
-def _has_additive_bias(mask: torch.Tensor) -> bool:
-    """Whether a float mask carries values other than 0 and "masked" (npu needs pure masks).
-
-    Answering reads the device, so the answer is kept per mask object and in-place version:
-    transformers hands one mask to every layer, so this is one host sync per forward rather than
-    one per layer. Inference tensors have no version counter and are read on every call.
-    """
-    key = id(mask)
-    cached = _ADDITIVE_BIAS_BY_MASK.get(key)
-    trackable = not mask.is_inference()
-    if trackable and cached is not None and cached[0]() is mask and cached[1] == mask._version:
-        return cached[2]
-    has_bias = bool(((mask > MASKED_ADDITIVE_BELOW) & (mask != 0)).any())
-    if trackable:
-        forget = functools.partial(_ADDITIVE_BIAS_BY_MASK.pop, key, None)
-        reference = weakref.ref(mask, lambda _: forget())
-        _ADDITIVE_BIAS_BY_MASK[key] = (reference, mask._version, has_bias)
-    return has_bias
+# Whether a float mask carries values other than 0 and "masked" (npu needs pure masks); a host
+# read, so kept per mask object (one per forward, not one per layer).
+_has_additive_bias = HostValueCache(
+    lambda mask: bool(((mask > MASKED_ADDITIVE_BELOW) & (mask != 0)).any())
+)
 
 
 def _npu(

@@ -20,6 +20,7 @@ import math
 import torch
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
+from ascend_vlm.ops._host_values import HostValueCache
 from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
 from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
@@ -77,18 +78,51 @@ def _check_shapes(
         raise invalid("scale", "a finite float or None (1/sqrt(D))", scale)
 
 
+# The offsets of a cu_seqlens tensor on the host: read once per tensor (transformers hands the
+# same one to every vision layer), shared by the checks, the NPU call and equal_segment_count.
+host_bounds = HostValueCache(lambda cu_seqlens: tuple(cu_seqlens.tolist()))
+
+
 def _segment_lengths(
     name: str, cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None
 ) -> list[int]:
     """Check the values of ``cu_seqlens`` (starts at 0, nondecreasing, ends at ``total``)."""
-    bounds = cu_seqlens.tolist()
+    bounds = host_bounds(cu_seqlens)
     lengths = [b - a for a, b in itertools.pairwise(bounds)]
     if bounds[0] != 0 or bounds[-1] != total or any(n < 0 for n in lengths):
-        raise invalid(name, f"nondecreasing offsets from 0 to {total}", bounds)
+        raise invalid(name, f"nondecreasing offsets from 0 to {total}", list(bounds))
     if max_seqlen is not None and lengths and max(lengths) > max_seqlen:
         max_name = name.replace("cu_seqlens", "max_seqlen")
         raise invalid(max_name, f">= the longest segment ({max(lengths)})", max_seqlen)
     return lengths
+
+
+def equal_segment_count(
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    total_q: int,
+    total_k: int,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+) -> int | None:
+    """``n`` when the call is self-attention (one cu_seqlens tensor for queries and keys) over
+    ``n`` non-empty segments of one length ``L`` within the ``max_seqlen_*`` given, else None.
+
+    Such a call equals :func:`~ascend_vlm.ops.fused_attention` on ``n`` batched sequences of
+    length ``L``. Malformed offsets give None (the varlen op's checks then report them).
+    """
+    if cu_seqlens_k is not cu_seqlens_q or total_k != total_q or cu_seqlens_q.dim() != 1:
+        return None
+    bounds = host_bounds(cu_seqlens_q)
+    count = len(bounds) - 1
+    if count < 1 or total_q == 0 or total_q % count:
+        return None
+    length = total_q // count
+    if bounds != tuple(range(0, total_q + 1, length)):
+        return None
+    if any(limit is not None and limit < length for limit in (max_seqlen_q, max_seqlen_k)):
+        return None
+    return count
 
 
 def _query_and_key_lengths(
@@ -195,8 +229,8 @@ def _npu(
         atten_mask=npu_causal_mask(query.device) if causal else None,
         scale=1.0 / math.sqrt(query.shape[2]) if scale is None else scale,
         keep_prob=1.0,
-        actual_seq_qlen=cu_seqlens_q[1:].tolist(),
-        actual_seq_kvlen=cu_seqlens_k[1:].tolist(),
+        actual_seq_qlen=list(host_bounds(cu_seqlens_q)[1:]),
+        actual_seq_kvlen=list(host_bounds(cu_seqlens_k)[1:]),
         sparse_mode=NPU_SPARSE_RIGHT_DOWN_CAUSAL if causal else 0,
     )[0]
 
