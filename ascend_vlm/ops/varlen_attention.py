@@ -134,7 +134,8 @@ def _query_and_key_lengths(
     max_seqlen_k: int | None,
 ) -> tuple[list[int], list[int]]:
     """Checked segment lengths of the queries and keys. Self-attention callers (Qwen-VL vision)
-    pass one cu_seqlens tensor for both: it is then read and checked once, one host copy fewer."""
+    pass one cu_seqlens tensor for both: it is then checked once (reads go through
+    ``host_bounds``, one per tensor)."""
     q_lens = _segment_lengths("cu_seqlens_q", cu_seqlens_q, query.shape[0], max_seqlen_q)
     if (
         cu_seqlens_k is cu_seqlens_q
