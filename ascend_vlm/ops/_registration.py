@@ -4,7 +4,7 @@ Dispatch: one ``CompositeExplicitAutograd`` kernel serves every device. It calls
 implementation when :func:`ascend_vlm.device.use_npu_kernels` says so (real NPU tensors, or any
 tensor under the mock NPU) and the plain-torch reference otherwise.
 
-Eager fast path: the returned callable runs that same kernel directly, skipping the dispatcher
+Eager fast path: the public wrapper runs that same kernel directly, skipping the dispatcher
 and the Python autograd wrapper (~15-25 us per call on CPU, see scripts/bench_ops.py), when
 nothing could observe the difference: not compiling/exporting, no torch function or dispatch mode
 active, only plain tensors (``nn.Parameter`` included: module weights), a first input not on
@@ -51,9 +51,10 @@ def register_op(
     reference: Callable[..., torch.Tensor],
     npu: Callable[..., torch.Tensor],
     fake: Callable[..., torch.Tensor],
-) -> Callable[..., torch.Tensor]:
-    """Define ``torch.ops.ascend_vlm.<spec.name>`` and return the callable the public wrapper
-    uses: the op's default overload, with the eager fast path described in the module docstring.
+) -> Callable[..., Callable[..., Any]]:
+    """Define ``torch.ops.ascend_vlm.<spec.name>`` and return its ``kernel_for(*tensors)``: the
+    public wrapper calls ``kernel_for(<tensor args>)(<all args>)``, which is the op's default
+    overload or, on the eager fast path described in the module docstring, its implementation.
 
     ``reference``, ``npu`` and ``fake`` take the schema's arguments (kwarg-only ones by keyword)
     and must validate their inputs with the op's shared check function.
@@ -112,12 +113,13 @@ def register_op(
     _register_descriptor(spec)
     overload = getattr(torch.ops.ascend_vlm, spec.name).default
 
-    def call(*args: Any, **kwargs: Any) -> torch.Tensor:
-        """Run the kernel directly when indistinguishable from calling the op (module
-        docstring) and the first argument is a plain tensor (every spec starts with a required
-        tensor input, whose device selects the implementation); else go through the
-        dispatcher, which also reports bad arguments. One frame: this runs per op call."""
-        first = args[0] if args else None
+    def kernel_for(*tensors: torch.Tensor | None) -> Callable[..., Any]:
+        """What to call with this call's arguments: the implementation itself when that is
+        indistinguishable from calling the op (module docstring), else the registered overload,
+        which also reports bad arguments. ``tensors`` are the call's tensor arguments in schema
+        order (None for an absent optional one); the first selects the implementation. Called
+        per op call, and cheaper than forwarding ``*args, **kwargs`` through one more frame."""
+        first = tensors[0]
         if (
             type(first) in _PLAIN_TENSOR_TYPES
             and not _is_compiling()  # first: Dynamo folds it to True and traces no further
@@ -126,16 +128,16 @@ def register_op(
             and not _torch_function_modes()
         ):
             grad_enabled = _grad_enabled()
-            for value in args:
-                if isinstance(value, torch.Tensor) and (
-                    type(value) not in _PLAIN_TENSOR_TYPES or (grad_enabled and value.requires_grad)
+            for tensor in tensors:
+                if tensor is not None and (
+                    type(tensor) not in _PLAIN_TENSOR_TYPES
+                    or (grad_enabled and tensor.requires_grad)
                 ):
-                    break
-            else:
-                return (npu if use_npu_kernels(first) else reference)(*args, **kwargs)
-        return overload(*args, **kwargs)
+                    return overload
+            return npu if use_npu_kernels(first) else reference
+        return overload
 
-    return call
+    return kernel_for
 
 
 def _register_descriptor(spec: OpSpec) -> None:

@@ -62,6 +62,24 @@ def _check(
     scale: float | None,
     dropout_p: float,
 ) -> AttentionShape:
+    if (  # the common BNSD call, every rule below at once; the rest runs to explain a failure
+        layout == "BNSD"
+        and query.dtype in _QKV_DTYPES
+        and key.dtype == query.dtype
+        and value.dtype == query.dtype
+        and query.dim() == 4
+        and key.dim() == 4
+        and value.shape == key.shape
+        and num_heads is None
+        and num_kv_heads is None
+        and attention_mask is None
+        and (scale is None or math.isfinite(scale))
+        and 0.0 <= dropout_p < 1.0
+    ):
+        batch, heads, q_len, head_dim = query.shape
+        kv_batch, kv_heads, kv_len, kv_head_dim = key.shape
+        if kv_batch == batch and kv_head_dim == head_dim and kv_heads and not heads % kv_heads:
+            return AttentionShape(batch, heads, kv_heads, q_len, kv_len, head_dim)
     if layout not in LAYOUTS:
         raise invalid("layout", f"one of {LAYOUTS}", repr(layout))
     check_dtype("query", query, _QKV_DTYPES)
@@ -104,7 +122,7 @@ def _check(
         if kv_heads <= 0:
             raise invalid("num_kv_heads", "a positive int or None", kv_heads)
         expected_kv = (batch, kv_len, kv_heads * head_dim)
-    if heads % kv_heads:
+    if kv_heads <= 0 or heads % kv_heads:
         raise invalid("num_kv_heads", f"a divisor of the {heads} query heads (GQA/MQA)", kv_heads)
     if tuple(key.shape) != expected_kv:
         raise invalid(
@@ -211,29 +229,31 @@ def attention_reference(
     shape = _check(
         query, key, value, attention_mask, layout, num_heads, num_kv_heads, scale, dropout_p
     )
-    q = _to_bnsd(query, shape.num_heads, layout)
-    k = _to_bnsd(key, shape.num_kv_heads, layout)
-    v = _to_bnsd(value, shape.num_kv_heads, layout)
+    if layout == "BNSD":
+        q, k, v = query, key, value
+    else:
+        q = _to_bnsd(query, shape.num_heads, layout)
+        k = _to_bnsd(key, shape.num_kv_heads, layout)
+        v = _to_bnsd(value, shape.num_kv_heads, layout)
     # Plain causal over a square score matrix is SDPA's own (top-left == bottom-right) fast path.
     sdpa_causal = causal and attention_mask is None and shape.q_len == shape.kv_len
-    keep = None if sdpa_causal else _keep_mask(attention_mask, causal, shape, query.device)
-    dead = _dead_rows(keep)
-    if attention_mask is not None and attention_mask.dtype != torch.bool:
-        sdpa_mask = attention_mask.to(query.dtype)
-        if causal:
-            sdpa_mask = sdpa_mask.masked_fill(~keep, float("-inf"))
-    else:
-        sdpa_mask = keep
-    if dead is not None:  # let dead rows attend everywhere (no NaN), then zero them below
-        sdpa_mask = (
-            sdpa_mask | dead if sdpa_mask.dtype == torch.bool else sdpa_mask.masked_fill(dead, 0.0)
-        )
-    call = dict(
-        attn_mask=sdpa_mask,
-        is_causal=sdpa_causal,
-        scale=scale,
-        enable_gqa=shape.num_kv_heads != shape.num_heads,
-    )
+    sdpa_mask = dead = None
+    if attention_mask is not None or (causal and not sdpa_causal):
+        keep = _keep_mask(attention_mask, causal, shape, query.device)
+        dead = _dead_rows(keep)
+        if attention_mask is not None and attention_mask.dtype != torch.bool:
+            sdpa_mask = attention_mask.to(query.dtype)
+            if causal:
+                sdpa_mask = sdpa_mask.masked_fill(~keep, float("-inf"))
+        else:
+            sdpa_mask = keep
+        if dead is not None:  # let dead rows attend everywhere (no NaN), then zero them below
+            sdpa_mask = (
+                sdpa_mask | dead
+                if sdpa_mask.dtype == torch.bool
+                else sdpa_mask.masked_fill(dead, 0.0)
+            )
+    enable_gqa = shape.num_kv_heads != shape.num_heads
     if dropout_p > 0.0:
         # A fixed seed makes the dropout mask reproducible, so backward (which recomputes this
         # forward) sees the same mask.
@@ -241,12 +261,16 @@ def attention_reference(
         rng_devices = [] if device.type == "cpu" else [device.index or 0]
         with torch.random.fork_rng(devices=rng_devices, device_type=device.type):
             torch.manual_seed(dropout_seed)
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **call)
+            out = F.scaled_dot_product_attention(
+                q, k, v, sdpa_mask, dropout_p, sdpa_causal, scale=scale, enable_gqa=enable_gqa
+            )
     else:
-        out = F.scaled_dot_product_attention(q, k, v, **call)
+        out = F.scaled_dot_product_attention(
+            q, k, v, sdpa_mask, 0.0, sdpa_causal, scale=scale, enable_gqa=enable_gqa
+        )
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
-    return _from_bnsd(out, layout)
+    return out if layout == "BNSD" else _from_bnsd(out, layout)
 
 
 _NPU_CAUSAL_MASKS: dict[torch.device, torch.Tensor] = {}
@@ -355,7 +379,7 @@ def _fake(
     return torch.empty_like(query)
 
 
-_OP = register_op(SPEC, reference=attention_reference, npu=_npu, fake=_fake)
+_kernel_for = register_op(SPEC, reference=attention_reference, npu=_npu, fake=_fake)
 
 
 def fused_attention(
@@ -388,7 +412,7 @@ def fused_attention(
                 "dropout_p", "0.0 outside grad mode (dropout is training-only)", dropout_p
             )
         dropout_seed = int(torch.randint(0, 2**62, ()).item())
-    return _OP(
+    return _kernel_for(query, key, value, attention_mask)(
         query,
         key,
         value,

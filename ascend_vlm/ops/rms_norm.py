@@ -50,15 +50,16 @@ def _reference(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
 ) -> torch.Tensor:
     _check(x, weight, eps)
+    dtype = x.dtype
     # Conversions only when needed: in fp32 models each no-op `.to` is a measurable share of a
     # small norm's time (scripts/bench_patch.py).
-    compute_dtype = x.dtype if x.dtype in _COMPUTE_DTYPES else torch.float32
+    compute_dtype = dtype if dtype in _COMPUTE_DTYPES else torch.float32
     gamma = weight if weight.dtype == compute_dtype else weight.to(compute_dtype)
     if offset:
         gamma = gamma + offset
-    x_compute = x if x.dtype == compute_dtype else x.to(compute_dtype)
+    x_compute = x if dtype == compute_dtype else x.to(compute_dtype)
     y = torch.rms_norm(x_compute, (x.shape[-1],), gamma, eps)  # F.rms_norm: one frame more
-    return y if y.dtype == x.dtype else y.to(x.dtype)
+    return y if y.dtype == dtype else y.to(dtype)
 
 
 def _npu(
@@ -82,7 +83,7 @@ def _fake(
     return torch.empty_like(x)
 
 
-_OP = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
+_kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
 
 
 def rms_norm(
@@ -93,4 +94,4 @@ def rms_norm(
     Computed in fp32 (fp64 for fp64 input) and returned in ``x.dtype``; ``offset=1.0`` is Gemma's
     ``(1 + weight)`` convention. ``weight`` is 1-D of size ``x.shape[-1]``.
     """
-    return _OP(x, weight, eps, offset=offset)
+    return _kernel_for(x, weight)(x, weight, eps, offset=offset)

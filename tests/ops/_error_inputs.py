@@ -33,6 +33,18 @@ def _fused_attention_errors() -> ErrorTable:
             "num_heads: expected a positive int for layout 'BSH'",
         ),
         "gqa": (lambda: ops.fused_attention(Q[:, :3], KV, KV), "num_kv_heads: expected a divisor"),
+        "no_kv_heads": (
+            lambda: ops.fused_attention(Q, KV[:, :0], KV[:, :0]),
+            "num_kv_heads: expected a divisor of the 4 query heads (GQA/MQA), got 0",
+        ),
+        "batch": (
+            lambda: ops.fused_attention(Q, KV[:1], KV[:1]),
+            "key: expected shape (2, 2, 6, 8)",
+        ),
+        "scale": (
+            lambda: ops.fused_attention(Q, KV, KV, scale=float("inf")),
+            "scale: expected a finite float",
+        ),
         "heads_arg": (
             lambda: ops.fused_attention(Q, KV, KV, num_heads=3),
             "num_heads: expected 4 (from the BNSD shapes) or None, got 3",
