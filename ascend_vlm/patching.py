@@ -45,6 +45,7 @@ _MISSING = object()
 _SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
 _TEXT_ROPE_PARAMETERS = ("q", "k", "cos", "sin", "unsqueeze_dim")
 _VISION_ROPE_PARAMETERS = ("q", "k", "cos", "sin")
+_FLOAT32 = torch.float32  # the vision RoPE adapter compares dtypes per call
 
 
 @functools.cache
@@ -204,7 +205,9 @@ def _register_attention() -> None:
 # --------------------------------------------------------------------------- norm / mlp / rope
 
 
-def _rms_norm_forward(module: nn.Module, hidden_states: torch.Tensor, *, eps: float, offset: float):
+def _rms_norm_forward(
+    kernel_for: Callable, module: nn.Module, eps: float, offset: float, hidden_states: torch.Tensor
+):
     """The module's norm through ``ops.rms_norm``, with the stock module's output dtype.
 
     Gemma-style norms (``offset`` 1) compute ``(x_norm * (1 + w)).to(x.dtype)``, which is the op.
@@ -213,45 +216,49 @@ def _rms_norm_forward(module: nn.Module, hidden_states: torch.Tensor, *, eps: fl
     ``x_norm`` rounded to ``x.dtype`` first, so the op normalises with a unit weight and ``w`` is
     applied after it. With equal dtypes the op applies ``w`` inside its fp32 math and rounds once
     where the stock module rounds twice (within one unit of the last place of ``x.dtype``).
+
+    ``kernel_for`` is the op module's: the adapters run ``ops.<op>``'s one-line body themselves,
+    which saves a Python frame per call on the hot path of every layer (scripts/bench_patch.py).
     """
     weight = module.weight
     if offset or weight.dtype == hidden_states.dtype:
-        return _ops().rms_norm(hidden_states, weight, eps, offset=offset)
+        return kernel_for(hidden_states, weight)(hidden_states, weight, eps, offset=offset)
     unit = torch.ones(
         hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device
     )
     return weight * _ops().rms_norm(hidden_states, unit, eps)
 
 
-def _swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    gated = _op_module("swiglu").swiglu_projections(hidden_states, module.gate_proj, module.up_proj)
+def _swiglu_mlp_forward(
+    swiglu_projections: Callable, module: nn.Module, hidden_states: torch.Tensor
+) -> torch.Tensor:
+    gated = swiglu_projections(hidden_states, module.gate_proj, module.up_proj)
     return module.down_proj(gated)
 
 
-def _rope_text(q, k, cos, sin, unsqueeze_dim=1):
-    """Drop-in for transformers' `apply_rotary_pos_emb`: q/k [B, N, S, D], cos/sin [B, S, D]."""
+def _rope_text(kernel_for: Callable, q, k, cos, sin, unsqueeze_dim=1):
+    """Drop-in for transformers' `apply_rotary_pos_emb` (once ``kernel_for``, the
+    rotary_embedding_pair module's, is bound): q/k [B, N, S, D], cos/sin [B, S, D]."""
     if unsqueeze_dim != 1:
         raise ValueError(
             f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]), got {unsqueeze_dim}"
         )
-    return _ops().rotary_embedding_pair(q, k, cos, sin)
+    return kernel_for(q, k, cos, sin)(q, k, cos, sin)
 
 
-def _rope_vision(q, k, cos, sin):
-    """Drop-in for `apply_rotary_pos_emb_vision`: q/k [T, N, D], cos/sin [T, D], fp32 math."""
-    q_bnsd, k_bnsd = (_as_float32(x).transpose(0, 1).unsqueeze(0) for x in (q, k))  # [1, N, T, D]
-    q_out, k_out = _ops().rotary_embedding_pair(q_bnsd, k_bnsd, _as_float32(cos), _as_float32(sin))
-
-    def back(rotated: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # -> [T, N, D]
-        rotated = rotated[0].transpose(0, 1)
-        return rotated if rotated.dtype == dtype else rotated.to(dtype)
-
-    return back(q_out, q.dtype), back(k_out, k.dtype)
-
-
-def _as_float32(tensor: torch.Tensor) -> torch.Tensor:
-    # `.float()` is a no-op for fp32 but still a dispatcher round trip, paid per layer.
-    return tensor if tensor.dtype == torch.float32 else tensor.float()
+def _rope_vision(kernel_for: Callable, q, k, cos, sin):
+    """Drop-in for `apply_rotary_pos_emb_vision` (once ``kernel_for`` is bound): q/k [T, N, D],
+    cos/sin [T, D], fp32 math. The op sees q/k as [1, N, T, D] views."""
+    q_bnsd = (q if q.dtype == _FLOAT32 else q.float()).transpose(0, 1).unsqueeze(0)
+    k_bnsd = (k if k.dtype == _FLOAT32 else k.float()).transpose(0, 1).unsqueeze(0)
+    cos = cos if cos.dtype == _FLOAT32 else cos.float()
+    sin = sin if sin.dtype == _FLOAT32 else sin.float()
+    q_out, k_out = kernel_for(q_bnsd, k_bnsd, cos, sin)(q_bnsd, k_bnsd, cos, sin)
+    q_out, k_out = q_out[0].transpose(0, 1), k_out[0].transpose(0, 1)  # -> [T, N, D]
+    return (
+        q_out if q_out.dtype == q.dtype else q_out.to(q.dtype),
+        k_out if k_out.dtype == k.dtype else k_out.to(k.dtype),
+    )
 
 
 _ROPE_STYLES = {
@@ -260,15 +267,20 @@ _ROPE_STYLES = {
 }
 
 
+def _rope_adapter(style: str) -> Callable:
+    """The drop-in for the module-level rotary function of ``style`` ("text" or "vision")."""
+    adapter, _ = _ROPE_STYLES[style]
+    return functools.partial(adapter, _op_module("rotary_embedding").pair_kernel_for)
+
+
 @functools.cache
 def _forward_with_rope(forward: types.FunctionType, function_name: str, style: str):
     """`forward`'s own code with the global `function_name` resolved to our RoPE adapter.
 
     One globals snapshot per (forward, function) pair; the original module is not modified.
     """
-    adapter, _ = _ROPE_STYLES[style]
     rebound_globals = dict(forward.__globals__)
-    rebound_globals[function_name] = adapter
+    rebound_globals[function_name] = _rope_adapter(style)
     clone = types.FunctionType(
         forward.__code__,
         rebound_globals,
@@ -506,7 +518,8 @@ def _patch_norm(state: _PatchState, module: nn.Module, offset: float, enabled: b
             report.left_alone, ("norm", name, "no weight/eps attributes to hand to the op")
         )
     else:
-        forward = functools.partial(_rms_norm_forward, module, eps=float(eps), offset=offset)
+        kernel_for = _op_module("rms_norm").kernel_for
+        forward = functools.partial(_rms_norm_forward, kernel_for, module, float(eps), offset)
         state.rebind(module, "forward", forward)
         state.rebind(
             module,
@@ -528,7 +541,8 @@ def _patch_mlp(state: _PatchState, module: nn.Module, enabled: bool) -> None:
         why = f"activation is {activation}, ops.swiglu computes silu(gate) * up"
         report._count(report.left_alone, ("mlp", name, why))
     else:
-        state.rebind(module, "forward", types.MethodType(_swiglu_mlp_forward, module))
+        projections = _op_module("swiglu").swiglu_projections
+        state.rebind(module, "forward", functools.partial(_swiglu_mlp_forward, projections, module))
         state.rebind(
             module, "extra_repr", functools.partial(_tagged_extra_repr, module.extra_repr, "swiglu")
         )

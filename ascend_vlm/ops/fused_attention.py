@@ -379,7 +379,7 @@ def _fake(
     return torch.empty_like(query)
 
 
-_kernel_for = register_op(SPEC, reference=attention_reference, npu=_npu, fake=_fake)
+kernel_for = register_op(SPEC, reference=attention_reference, npu=_npu, fake=_fake)
 
 
 def fused_attention(
@@ -412,7 +412,7 @@ def fused_attention(
                 "dropout_p", "0.0 outside grad mode (dropout is training-only)", dropout_p
             )
         dropout_seed = int(torch.randint(0, 2**62, ()).item())
-    return _kernel_for(query, key, value, attention_mask)(
+    return kernel_for(query, key, value, attention_mask)(
         query,
         key,
         value,

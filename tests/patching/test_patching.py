@@ -302,7 +302,9 @@ def test_rope_adapters_match_transformers(dtype):
     value, gradients included, with GQA head counts."""
     from transformers.models.qwen2_vl import modeling_qwen2_vl as stock
 
-    from ascend_vlm.patching import _rope_text, _rope_vision
+    from ascend_vlm.patching import _rope_adapter
+
+    _rope_text, _rope_vision = _rope_adapter("text"), _rope_adapter("vision")
 
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 5, 8, generator=generator).to(dtype).requires_grad_()
