@@ -72,14 +72,23 @@ def _check(
         and value.shape == key.shape
         and num_heads is None
         and num_kv_heads is None
-        and attention_mask is None
         and (scale is None or math.isfinite(scale))
         and 0.0 <= dropout_p < 1.0
     ):
         batch, heads, q_len, head_dim = query.shape
         kv_batch, kv_heads, kv_len, kv_head_dim = key.shape
         if kv_batch == batch and kv_head_dim == head_dim and kv_heads and not heads % kv_heads:
-            return AttentionShape(batch, heads, kv_heads, q_len, kv_len, head_dim)
+            if attention_mask is None:
+                return AttentionShape(batch, heads, kv_heads, q_len, kv_len, head_dim)
+            if attention_mask.dim() == 4 and attention_mask.dtype in _MASK_DTYPES:
+                mask_batch, mask_heads, mask_q, mask_kv = attention_mask.shape
+                if (
+                    mask_batch in (1, batch)
+                    and mask_heads in (1, heads)
+                    and mask_q in (1, q_len)
+                    and mask_kv in (1, kv_len)
+                ):
+                    return AttentionShape(batch, heads, kv_heads, q_len, kv_len, head_dim)
     if layout not in LAYOUTS:
         raise invalid("layout", f"one of {LAYOUTS}", repr(layout))
     check_dtype("query", query, _QKV_DTYPES)
@@ -167,16 +176,18 @@ def _causal_keep(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
     return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
 
 
+def _mask_keep(attention_mask: torch.Tensor) -> torch.Tensor:
+    """A checked ``attention_mask`` as a bool "attend" mask (4-D, broadcastable)."""
+    if attention_mask.dtype == torch.bool:
+        return attention_mask if attention_mask.dim() == 4 else attention_mask[:, None, None]
+    return attention_mask > MASKED_ADDITIVE_BELOW
+
+
 def _keep_mask(
     attention_mask: torch.Tensor | None, causal: bool, shape: AttentionShape, device: torch.device
 ) -> torch.Tensor | None:
     """The bool "attend" mask (4-D, broadcastable) combining padding and causality, or None."""
-    keep = None
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            keep = attention_mask if attention_mask.dim() == 4 else attention_mask[:, None, None]
-        else:
-            keep = attention_mask > MASKED_ADDITIVE_BELOW
+    keep = None if attention_mask is None else _mask_keep(attention_mask)
     if causal and shape.q_len > 1:  # a single (last) query sees every key: nothing to mask
         causal_keep = _causal_keep(shape.q_len, shape.kv_len, device)
         keep = causal_keep[None, None] if keep is None else keep & causal_keep
@@ -194,6 +205,11 @@ def _dead_rows(keep: torch.Tensor | None) -> torch.Tensor | None:
         return None
     dead = _dead_row_mask(keep)
     return dead if bool(dead.any()) else None
+
+
+# Whether a mask alone leaves some query row without a visible key: a host read per mask object
+# (transformers hands one mask to every layer), so the reference asks once per forward.
+_mask_has_dead_rows = HostValueCache(lambda mask: bool(_dead_row_mask(_mask_keep(mask)).any()))
 
 
 def _to_bnsd(tensor: torch.Tensor, heads: int, layout: str) -> torch.Tensor:
@@ -240,7 +256,10 @@ def attention_reference(
     sdpa_mask = dead = None
     if attention_mask is not None or (causal and not sdpa_causal):
         keep = _keep_mask(attention_mask, causal, shape, query.device)
-        dead = _dead_rows(keep)
+        if causal:
+            dead = _dead_rows(keep)
+        elif _mask_has_dead_rows(attention_mask):
+            dead = _dead_row_mask(keep)
         if attention_mask is not None and attention_mask.dtype != torch.bool:
             sdpa_mask = attention_mask.to(query.dtype)
             if causal:

@@ -7,11 +7,13 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _op_samples import AttentionCase, KernelSpy, on_device
 from _recording import RecordOps
 
 from ascend_vlm import ops
 from ascend_vlm.ops.fused_attention import _npu as npu_fused_attention
+from ascend_vlm.ops.fused_attention import attention_reference
 
 
 def _fp64_case(**overrides) -> AttentionCase:
@@ -86,6 +88,24 @@ def test_fully_masked_rows_are_zero_not_nan() -> None:
     q, k, v = (torch.randn(1, 2, 3, 4) for _ in range(3))
     out = ops.fused_attention(q, k, v, attention_mask=torch.zeros(1, 3, dtype=torch.bool))
     assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_reference_reads_a_mask_once_and_again_after_an_in_place_change() -> None:
+    """Dead rows of a mask-only call are asked once per mask object and version (transformers
+    hands one mask to every layer); a row killed in place is still zeroed."""
+    q, k, v = (torch.randn(2, 2, 3, 4) for _ in range(3))
+    mask = torch.ones(2, 1, 3, 3, dtype=torch.bool)
+
+    def attend() -> torch.Tensor:
+        # The reference itself: the registered op is one opaque call to RecordOps.
+        return attention_reference(q, k, v, mask)
+
+    assert _host_reads(attend) == 1
+    assert _host_reads(attend) == 0
+    mask[1, :, 2] = False  # query 2 of batch 1 now sees no key
+    out = attend()
+    assert torch.equal(out[1, :, 2], torch.zeros_like(out[1, :, 2]))
+    torch.testing.assert_close(out[:, :, :2], F.scaled_dot_product_attention(q, k, v)[:, :, :2])
 
 
 @pytest.mark.parametrize(
