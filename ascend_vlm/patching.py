@@ -148,7 +148,13 @@ def ascend_attention_forward(
             scale=scaling,
         )
         return output.unsqueeze(0), None
-    if attention_mask is not None and attention_mask.dim() == 4:
+    if (
+        attention_mask is not None
+        and attention_mask.dim() == 4
+        and attention_mask.shape[-1] != key.shape[-2]
+    ):
+        # Sliced only when longer than the keys: every layer then hands the op the same mask
+        # object, so its host reads (dead rows, additive bias) happen once per forward.
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
     query_length, key_length = query.shape[2], key.shape[2]
     causal = bool(is_causal) and attention_mask is None and query_length > 1

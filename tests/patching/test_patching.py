@@ -165,6 +165,28 @@ def test_attention_function_refuses_softcap_and_batched_varlen():
         ascend_attention_forward(module, query, query, query, None, cu_seq_lens_q=lengths)
 
 
+def test_attention_function_hands_every_layer_the_callers_mask_object(monkeypatch):
+    """transformers hands one mask to every layer; passing it on as that same object (sliced
+    only when longer than the keys) lets the op read it on the host once per forward."""
+    masks: list[torch.Tensor] = []
+
+    def spy(query, key, value, *, attention_mask=None, **options):
+        masks.append(attention_mask)
+        return torch.zeros_like(query)
+
+    monkeypatch.setattr(ascend_vlm.ops, "fused_attention", spy)
+    query, key = torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4)
+    exact, longer = (
+        torch.ones(1, 1, 3, 5, dtype=torch.bool),
+        torch.ones(1, 1, 3, 7, dtype=torch.bool),
+    )
+    for _ in range(2):
+        ascend_attention_forward(nn.Module(), query, key, key, exact)
+    ascend_attention_forward(nn.Module(), query, key, key, longer)
+    assert masks[0] is exact and masks[1] is exact
+    assert masks[2].shape == (1, 1, 3, 5) and masks[2].data_ptr() == longer.data_ptr()
+
+
 def _attach_accelerate_style_hook(module: nn.Module, calls: list[str]) -> None:
     """What accelerate's `add_hook_to_module` does to a module (accelerate is not installed
     here): the original forward goes to `_old_forward`, `_hf_hook` holds the hook and the
