@@ -255,12 +255,17 @@ def attention_reference(
     sdpa_causal = causal and attention_mask is None and shape.q_len == shape.kv_len
     sdpa_mask = dead = None
     if attention_mask is not None or (causal and not sdpa_causal):
-        keep = _keep_mask(attention_mask, causal, shape, query.device)
+        float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
+        keep = None  # built only where used: a float mask alone goes to SDPA as it is
         if causal:
+            keep = _keep_mask(attention_mask, causal, shape, query.device)
             dead = _dead_rows(keep)
-        elif _mask_has_dead_rows(attention_mask):
+        elif _mask_has_dead_rows(attention_mask):  # a host read once per mask object
+            keep = _mask_keep(attention_mask)
             dead = _dead_row_mask(keep)
-        if attention_mask is not None and attention_mask.dtype != torch.bool:
+        elif not float_mask:
+            keep = _mask_keep(attention_mask)
+        if float_mask:
             sdpa_mask = attention_mask.to(query.dtype)
             if causal:
                 sdpa_mask = sdpa_mask.masked_fill(~keep, float("-inf"))
