@@ -18,11 +18,17 @@ How (the *what* lives in `ascend_vlm.models`):
   untouched.
 
 Modules wrapped by accelerate hooks (``device_map`` / offload) keep their hook: the forward it
-wraps (``_old_forward``) is rebound instead of ``forward``. Every change is recorded on the base model and ``unpatch`` restores exactly what was there.
+wraps (``_old_forward``) is rebound instead of ``forward``. Every change is recorded on the base
+model and ``unpatch`` restores exactly what was there.
+
+A patched model pickles (``torch.save(model)``, ``copy.deepcopy``) whenever the stock one does:
+everything rebound refers to importable functions, and unpickling registers our attention
+function with transformers, so the loaded model runs patched and still unpatches exactly.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import importlib
 import inspect
@@ -41,11 +47,20 @@ from ascend_vlm.models._spec import KINDS, ModelSpec, PartSpec, Rope
 
 ATTENTION_NAME = "ascend_flash"
 _STATE_KEY = "_ascend_vlm_patch_state"
-_MISSING = object()
 _SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
 _TEXT_ROPE_PARAMETERS = ("q", "k", "cos", "sin", "unsqueeze_dim")
 _VISION_ROPE_PARAMETERS = ("q", "k", "cos", "sin")
 _FLOAT32 = torch.float32  # the vision RoPE adapter compares dtypes per call
+
+
+class _Missing(enum.Enum):
+    """Marks an instance attribute that did not exist before `patch`; an enum member stays the
+    same object through pickling, so `unpatch` still recognises it on an unpickled model."""
+
+    MISSING = "missing"
+
+
+_MISSING = _Missing.MISSING
 
 
 @functools.cache
@@ -277,7 +292,9 @@ _ROPE_STYLES = {
 def _rope_adapter(style: str) -> Callable:
     """The drop-in for the module-level rotary function of ``style`` ("text" or "vision")."""
     adapter, _ = _ROPE_STYLES[style]
-    return functools.partial(adapter, _op_module("rotary_embedding").pair_kernel_for)
+    return functools.partial(
+        adapter, _op_module("rotary_embedding").rotary_embedding_pair_kernel_for
+    )
 
 
 @functools.cache
@@ -298,6 +315,23 @@ def _forward_with_rope(forward: types.FunctionType, function_name: str, style: s
     clone.__kwdefaults__ = forward.__kwdefaults__
     clone.__qualname__ = forward.__qualname__
     return clone
+
+
+class _RopeForward(functools.partial):
+    """A module's ``forward`` rebound by `_forward_with_rope`, bound to the module (called like
+    the bound method). Pickles as its recipe: the rebound function has no importable name."""
+
+    recipe: tuple[str, str]  # (function_name, style)
+
+    def __reduce__(self):
+        return _rope_forward, (self.args[0], *self.recipe)
+
+
+def _rope_forward(module: nn.Module, function_name: str, style: str) -> _RopeForward:
+    """``module.forward`` with its class forward's `function_name` resolved to our adapter."""
+    forward = _RopeForward(_forward_with_rope(type(module).forward, function_name, style), module)
+    forward.recipe = (function_name, style)
+    return forward
 
 
 def _rope_refusal(module: nn.Module, rope: Rope) -> str | None:
@@ -402,6 +436,12 @@ class _PatchState:
             name = "_old_forward"
         self.rebinds.append((module, name, module.__dict__.get(name, _MISSING)))
         module.__dict__[name] = value
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickling a patched model (possibly in a fresh process): its configs name our
+        # attention function, so transformers must know it before the first forward.
+        _register_attention()
+        self.__dict__.update(state)
 
     def set_attn_implementation(self, config) -> None:
         self.configs.append((config, config._attn_implementation_internal))
@@ -525,7 +565,7 @@ def _patch_norm(state: _PatchState, module: nn.Module, offset: float, enabled: b
             report.left_alone, ("norm", name, "no weight/eps attributes to hand to the op")
         )
     else:
-        kernel_for = _op_module("rms_norm").kernel_for
+        kernel_for = _op_module("rms_norm").rms_norm_kernel_for
         forward = functools.partial(_rms_norm_forward, kernel_for, module, float(eps), offset)
         state.rebind(module, "forward", forward)
         state.rebind(
@@ -562,8 +602,7 @@ def _patch_rope(state: _PatchState, module: nn.Module, rope: Rope, enabled: bool
     if refusal is not None:
         report._count(report.left_alone, ("rope", name, refusal))
         return
-    forward = _forward_with_rope(type(module).forward, rope.function, rope.style)
-    state.rebind(module, "forward", types.MethodType(forward, module))
+    state.rebind(module, "forward", _rope_forward(module, rope.function, rope.style))
     report._count(
         report.swapped, ("rope", name, f"ops.rotary_embedding_pair (via {rope.function})")
     )

@@ -57,7 +57,9 @@ def register_op(
     overload or, on the eager fast path described in the module docstring, its implementation.
 
     ``reference``, ``npu`` and ``fake`` take the schema's arguments (kwarg-only ones by keyword)
-    and must validate their inputs with the op's shared check function.
+    and must validate their inputs with the op's shared check function. Bind the result in
+    ``reference``'s module as ``<spec.name>_kernel_for``: it carries that name, so pickle finds
+    it there (patched modules hold it, and a pickled patched model refers to it by name).
     """
     _LIBRARY.define(spec.name + spec.schema())
 
@@ -137,6 +139,8 @@ def register_op(
             return npu if use_npu_kernels(first) else reference
         return overload
 
+    kernel_for.__module__ = reference.__module__
+    kernel_for.__name__ = kernel_for.__qualname__ = f"{spec.name}_kernel_for"
     return kernel_for
 
 

@@ -403,7 +403,7 @@ def _fake(
     return torch.empty_like(query)
 
 
-kernel_for = register_op(SPEC, reference=attention_reference, npu=_npu, fake=_fake)
+fused_attention_kernel_for = register_op(SPEC, reference=attention_reference, npu=_npu, fake=_fake)
 
 
 def fused_attention(
@@ -436,7 +436,7 @@ def fused_attention(
                 "dropout_p", "0.0 outside grad mode (dropout is training-only)", dropout_p
             )
         dropout_seed = int(torch.randint(0, 2**62, ()).item())
-    return kernel_for(query, key, value, attention_mask)(
+    return fused_attention_kernel_for(query, key, value, attention_mask)(
         query,
         key,
         value,

@@ -83,7 +83,7 @@ def _fake(
     return torch.empty_like(x)
 
 
-kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
+rms_norm_kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
 
 
 def rms_norm(
@@ -94,4 +94,4 @@ def rms_norm(
     Computed in fp32 (fp64 for fp64 input) and returned in ``x.dtype``; ``offset=1.0`` is Gemma's
     ``(1 + weight)`` convention. ``weight`` is 1-D of size ``x.shape[-1]``.
     """
-    return kernel_for(x, weight)(x, weight, eps, offset=offset)
+    return rms_norm_kernel_for(x, weight)(x, weight, eps, offset=offset)

@@ -185,7 +185,7 @@ def _single_op(rotate: _Rotation) -> Callable[..., torch.Tensor]:
 
 
 _reference, _npu, _fake = (_single_op(r) for r in (_rotated, _npu_rotated, _empty_like))
-kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
+rotary_embedding_kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
 
 
 def rotary_embedding(
@@ -199,7 +199,7 @@ def rotary_embedding(
     """Apply RoPE to ``x`` ``[B, N, S, D]``; cos/sin ``[B|1, S, Dr]``, ``[S, Dr]`` or, with
     ``mrope_section``, ``[3, B, S, Dr]``. Returns ``x``'s shape and dtype (see module docstring
     for the formula)."""
-    return kernel_for(x, cos, sin)(
+    return rotary_embedding_kernel_for(x, cos, sin)(
         x, cos, sin, mrope_section=mrope_section, interleaved=interleaved
     )
 
@@ -247,7 +247,9 @@ def _pair_op(rotate: _Rotation) -> Callable[..., tuple[torch.Tensor, torch.Tenso
 _pair_reference, _pair_npu, _pair_fake = (
     _pair_op(r) for r in (_rotated, _npu_rotated, _empty_like)
 )
-pair_kernel_for = register_op(PAIR_SPEC, reference=_pair_reference, npu=_pair_npu, fake=_pair_fake)
+rotary_embedding_pair_kernel_for = register_op(
+    PAIR_SPEC, reference=_pair_reference, npu=_pair_npu, fake=_pair_fake
+)
 
 
 def rotary_embedding_pair(
@@ -262,6 +264,6 @@ def rotary_embedding_pair(
     """``(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin))`` (same options) in one
     call: the tables are selected once, q and k are never joined. ``k`` may have fewer heads than
     ``q`` (GQA) but shares its batch and sequence length."""
-    return pair_kernel_for(q, k, cos, sin)(
+    return rotary_embedding_pair_kernel_for(q, k, cos, sin)(
         q, k, cos, sin, mrope_section=mrope_section, interleaved=interleaved
     )

@@ -57,7 +57,7 @@ def _fake(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return x.new_empty(shape)
 
 
-kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
+swiglu_kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
 
 
 def swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -66,7 +66,7 @@ def swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     Raises ``ValueError`` for an odd size along ``dim``, an out-of-range ``dim`` or an
     unsupported dtype.
     """
-    return kernel_for(x)(x, dim)
+    return swiglu_kernel_for(x)(x, dim)
 
 
 def swiglu_projections(

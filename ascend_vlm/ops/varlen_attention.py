@@ -252,7 +252,7 @@ def _fake(
     return torch.empty_like(query)
 
 
-kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
+varlen_attention_kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
 
 
 def varlen_attention(
@@ -270,7 +270,7 @@ def varlen_attention(
     """Attention within packed segments: q ``[T, Nq, D]``, k/v ``[Tk, Nkv, D]``, cu_seqlens
     int32/int64 ``[n + 1]`` from 0 to T (Tk). Returns ``[T, Nq, D]``. ``max_seqlen_*`` are
     optional upper bounds (checked). Bad shapes or offsets raise ``ValueError``."""
-    return kernel_for(query, key, value, cu_seqlens_q, cu_seqlens_k)(
+    return varlen_attention_kernel_for(query, key, value, cu_seqlens_q, cu_seqlens_k)(
         query,
         key,
         value,

@@ -3,6 +3,9 @@ otherwise (gradients, compile, modes, fake/meta tensors) they go through the reg
 
 from __future__ import annotations
 
+import importlib
+import pickle
+
 import pytest
 import torch
 from _recording import RecordOps
@@ -55,3 +58,11 @@ def test_module_parameters_skip_the_dispatcher_in_inference_only() -> None:
         inference = _profiled_op_names(lambda: ops.rms_norm(x, weight))
     assert "ascend_vlm::rms_norm" not in inference  # patched norms hand their weight Parameter
     assert "ascend_vlm::rms_norm" in _profiled_op_names(lambda: ops.rms_norm(x, weight))
+
+
+@pytest.mark.parametrize("op_name", ops.__all__)
+def test_each_ops_kernel_selector_pickles_by_name(op_name: str) -> None:
+    # Patched modules hold these selectors; pickling a patched model refers to them by name.
+    module = importlib.import_module(f"ascend_vlm.ops.{op_name.removesuffix('_pair')}")
+    selector = getattr(module, f"{op_name}_kernel_for")
+    assert pickle.loads(pickle.dumps(selector)) is selector

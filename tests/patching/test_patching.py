@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import itertools
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -113,6 +116,47 @@ def test_peft_lora_patch_and_unpatch(qwen):
     ascend_vlm.unpatch(lora)
     assert not is_patched(qwen)
     assert torch.equal(_logits(lora, inputs), reference)
+
+
+def _pickled_and_loaded(model):
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def test_a_patched_model_pickles_loads_patched_and_unpatches_to_the_original(qwen):
+    inputs = make_inputs("qwen2_vl", qwen, n_images=1)
+    stock = _logits(qwen, inputs)
+    report = ascend_vlm.patch(qwen)
+    patched = _logits(qwen, inputs)
+    loaded = _pickled_and_loaded(qwen)
+    assert is_patched(loaded) and str(ascend_vlm.patch(loaded)) == str(report)
+    text_attention = loaded.model.language_model.layers[0].self_attn
+    assert "rotary_embedding_pair" in repr(
+        text_attention.forward.func.__globals__["apply_rotary_pos_emb"]
+    )  # the RoPE rebinding survives (a bound method would unpickle as the stock forward)
+    assert torch.equal(_logits(loaded, inputs), patched)
+    ascend_vlm.unpatch(loaded)
+    assert all("forward" not in m.__dict__ for m in loaded.modules())
+    assert torch.equal(_logits(loaded, inputs), stock)
+
+
+def test_a_patched_model_unpickled_in_a_fresh_process_runs_its_attention(qwen, tmp_path):
+    inputs = make_inputs("qwen2_vl", qwen, n_images=1)
+    ascend_vlm.patch(qwen)
+    torch.save({"model": qwen, "inputs": inputs, "logits": _logits(qwen, inputs)}, tmp_path / "m")
+    code = (
+        "import torch\n"
+        f"saved = torch.load({str(tmp_path / 'm')!r}, weights_only=False)\n"
+        "with torch.no_grad():\n"
+        "    logits = saved['model'](**saved['inputs']).logits\n"
+        "assert torch.equal(logits, saved['logits']), 'logits differ'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def _tiny_llama():
