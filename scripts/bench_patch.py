@@ -13,9 +13,9 @@ The models (eager, sdpa, an identical second sdpa model as an A/A control, and s
 `ascend_vlm.patch`) are timed in interleaved rounds with a rotating order, so machine-load drift
 hits all alike, and each reports its best (least disturbed) round: on a shared machine medians
 move by tens of percent between runs. Each implementation is built `--instances` times (same
-weights, different places in memory) and its time is the mean of its instances' bests: one
-instance alone carries a placement bias of several percent that no number of rounds removes
-(the A/A column shows what is left). Ratios are unpatched / patched time (> 1 means patched is
+weights, different places in memory, built in an order rotated per instance) and its time is
+the mean of its instances' bests: one instance alone carries a placement bias of several percent
+that no number of rounds removes (the A/A column shows what is left). Ratios are unpatched / patched time (> 1 means patched is
 faster) and patched / sdpa memory. torch runs with a fixed thread count (`--threads`, default 1).
 Run: python scripts/bench_patch.py [--sizes tiny small] [--families qwen2_vl llava_clip]
 [--repeats 20] [--instances 2]
@@ -60,6 +60,12 @@ def _interleaved_best(
     return {name: min(values) for name, values in samples.items()}
 
 
+def _generate_rounds(forward_rounds: int) -> int:
+    """Generate rounds for `forward_rounds` forward rounds: a generate costs ~new_tokens
+    forwards, but fewer than 8 rounds left the small-size A/A generate column at 0.93-1.04x."""
+    return max(8, forward_rounds // 2)
+
+
 def _mean_over_instances(best: dict[tuple[str, int], float]) -> dict[str, float]:
     """{(implementation, instance): seconds} -> {implementation: mean seconds}."""
     return {
@@ -88,7 +94,10 @@ def bench_family(
     """{implementation: {"forward": s, "generate": s, "peak": bytes}} for one family and size."""
     models = {}
     for instance in range(instances):
-        for implementation in IMPLEMENTATIONS:
+        # Build order rotates per instance: where a model is built in the process moves its
+        # time by a few percent, and a fixed order would hand that to one implementation.
+        shift = instance % len(IMPLEMENTATIONS)
+        for implementation in IMPLEMENTATIONS[shift:] + IMPLEMENTATIONS[:shift]:
             attention = "eager" if implementation == "eager" else "sdpa"  # patched: sdpa + patch
             model = build_model(name, attn_implementation=attention, size=size)
             if implementation == "patched":
@@ -100,7 +109,7 @@ def bench_family(
     generates = {k: (lambda m=m: m.generate(**inputs, **settings)) for k, m in models.items()}
     with torch.no_grad():
         forward = _mean_over_instances(_interleaved_best(forwards, rounds))
-        generate = _mean_over_instances(_interleaved_best(generates, max(5, rounds // 4)))
+        generate = _mean_over_instances(_interleaved_best(generates, _generate_rounds(rounds)))
         return {
             k: {"forward": forward[k], "generate": generate[k], "peak": _peak_bytes(forwards[k, 0])}
             for k in IMPLEMENTATIONS
@@ -135,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for size in args.sizes:
         rounds = max(3, round(args.repeats * REPEAT_SCALE[size]))
-        print(f"\nsize={size} ({SIZES[size]}), forward rounds={rounds}\n")
+        print(
+            f"\nsize={size} ({SIZES[size]}), forward rounds={rounds}, "
+            f"generate rounds={_generate_rounds(rounds)}\n"
+        )
         print(header)
         print("-" * len(header))
         for name in args.families:
