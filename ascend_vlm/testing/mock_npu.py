@@ -24,6 +24,7 @@ import sys
 import threading
 import types
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,12 +51,47 @@ RMS_NORM_DTYPE_PAIRS = {
 # npu_rotary_mul
 ROPE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ROPE_MAX_HEAD_DIM = 896  # D < 896
-ROPE_MAX_BN = 1000  # half: B, N < 1000; interleave: B * N < 1000
-# Dims of r1/r2 that may be non-broadcast, per x layout (BNSD, BSND, SBND), per rotary_mode.
-ROPE_TABLE_DIMS = {
-    "half": ({2, 3}, {0, 2, 3}, {0, 1, 2, 3}, {1, 3}, {0, 1, 3}, {0, 3}),
-    "interleave": ({2, 3}, {1, 3}, {0, 3}),
-}
+ROPE_MAX_BN = 1000  # half: B, N < 1000; interleave: B * N < 1000 (B and N of x's layout)
+ROPE_MODES = ("half", "interleave")
+
+
+@dataclass(frozen=True)
+class _RopeLayout:
+    """One x layout of npu_rotary_mul: where its B and N axes are, and the dims its r1/r2
+    tables may share with x (all others 1), per rotary_mode (half: 3 patterns, interleave: 1)."""
+
+    name: str
+    batch_axis: int
+    heads_axis: int
+    half_tables: tuple[frozenset[int], ...]
+    interleave_table: frozenset[int]
+
+
+# The kernel infers the layout from the tables; a shape that fits several (unit dims) is read
+# as the first here, in the docs' order.
+ROPE_LAYOUTS = (
+    _RopeLayout(
+        "BNSD",
+        0,
+        1,
+        (frozenset({2, 3}), frozenset({0, 2, 3}), frozenset({0, 1, 2, 3})),
+        frozenset({2, 3}),
+    ),
+    _RopeLayout(
+        "BSND",
+        0,
+        2,
+        (frozenset({1, 3}), frozenset({0, 1, 3}), frozenset({0, 1, 2, 3})),
+        frozenset({1, 3}),
+    ),
+    _RopeLayout(
+        "SBND",
+        1,
+        2,
+        (frozenset({0, 3}), frozenset({0, 1, 3}), frozenset({0, 1, 2, 3})),
+        frozenset({0, 3}),
+    ),
+)
 SWIGLU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -414,14 +450,33 @@ def npu_rms_norm(
     return (x * rstd * gamma.float()).to(self.dtype), rstd
 
 
+def _rope_layout(input: torch.Tensor, r1: torch.Tensor, rotary_mode: str) -> _RopeLayout:
+    """The layout whose documented table pattern `r1` fits (see ROPE_LAYOUTS), else ValueError."""
+    for layout in ROPE_LAYOUTS:
+        patterns = layout.half_tables if rotary_mode == "half" else (layout.interleave_table,)
+        for pattern in patterns:
+            if all(r1.shape[i] == (input.shape[i] if i in pattern else 1) for i in range(4)):
+                return layout
+    patterns = (
+        "11SD/1S1D/S11D"
+        if rotary_mode == "interleave"
+        else "11SD, B1SD, BNSD (or the BSND/SBND equivalents)"
+    )
+    raise _bad(
+        "r1",
+        f"a {patterns} table for input {tuple(input.shape)} in {rotary_mode!r} mode",
+        f"shape {tuple(r1.shape)}",
+    )
+
+
 def npu_rotary_mul(
     input: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str = "half"
 ) -> torch.Tensor:
     """Stand-in for ``torch_npu.npu_rotary_mul``: ``out = r1 * x + r2 * rotate(x)`` with
     ``rotate`` = ``cat(-x2, x1)`` of the halves ("half") or ``(-x[1::2], x[0::2])`` pairs
     ("interleave"). All 4-D; r1/r2 in [-1, 1] with a documented broadcast pattern."""
-    if rotary_mode not in ROPE_TABLE_DIMS:
-        raise _bad("rotary_mode", f"one of {tuple(ROPE_TABLE_DIMS)}", repr(rotary_mode))
+    if rotary_mode not in ROPE_MODES:
+        raise _bad("rotary_mode", f"one of {ROPE_MODES}", repr(rotary_mode))
     for name, tensor in (("input", input), ("r1", r1), ("r2", r2)):
         _check_dtype(name, tensor, ROPE_DTYPES)
         if tensor.dim() != 4:
@@ -433,33 +488,19 @@ def npu_rotary_mul(
     head_dim = input.shape[-1]
     if head_dim % 2 or head_dim >= ROPE_MAX_HEAD_DIM:
         raise _bad("input", f"an even last dim D < {ROPE_MAX_HEAD_DIM}", tuple(input.shape))
-    lead0, lead1 = input.shape[0], input.shape[1]
+    layout = _rope_layout(input, r1, rotary_mode)
+    batch, heads = input.shape[layout.batch_axis], input.shape[layout.heads_axis]
     too_big = (
-        lead0 * lead1 >= ROPE_MAX_BN
+        batch * heads >= ROPE_MAX_BN
         if rotary_mode == "interleave"
-        else max(lead0, lead1) >= ROPE_MAX_BN
+        else max(batch, heads) >= ROPE_MAX_BN
     )
     if too_big:
+        limit = "B * N" if rotary_mode == "interleave" else "B and N"
         raise _bad(
             "input",
-            f"leading dims within the {rotary_mode} limit ({ROPE_MAX_BN})",
+            f"{limit} < {ROPE_MAX_BN} in {rotary_mode!r} mode ({layout.name}: B={batch}, N={heads})",
             tuple(input.shape),
-        )
-    # Each documented pattern lists the dims r1 shares with x; all other dims must be 1.
-    fits = any(
-        all(r1.shape[i] == (input.shape[i] if i in pattern else 1) for i in range(4))
-        for pattern in ROPE_TABLE_DIMS[rotary_mode]
-    )
-    if not fits:
-        patterns = (
-            "11SD/1S1D/S11D"
-            if rotary_mode == "interleave"
-            else ("11SD, B1SD, BNSD (or the BSND/SBND equivalents)")
-        )
-        raise _bad(
-            "r1",
-            f"a {patterns} table for input {tuple(input.shape)} in {rotary_mode!r} mode",
-            f"shape {tuple(r1.shape)}",
         )
     for name, table in (("r1", r1), ("r2", r2)):
         if bool((table.abs() > 1.0 + 1e-3).any()):

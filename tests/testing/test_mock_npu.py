@@ -315,6 +315,32 @@ def test_rotary_rejects_undocumented_table_shapes(table_shape, mode, message) ->
         mock.npu_rotary_mul(torch.randn(2, 3, 5, 8), angle.cos(), angle.sin(), rotary_mode=mode)
 
 
+def test_rotary_takes_the_documented_bsnd_case_with_a_long_sequence() -> None:
+    # docs' case 2: x [2, 8192, 5, 128] with 1S1D tables; B=2 and N=5 are within the limit
+    x, angle = torch.randn(2, 8192, 5, 128), _angles(1, 8192, 1, 128)
+    x1, x2 = x.chunk(2, dim=-1)
+    expected = angle.cos() * x + angle.sin() * torch.cat((-x2, x1), dim=-1)
+    torch.testing.assert_close(mock.npu_rotary_mul(x, angle.cos(), angle.sin()), expected)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "table_shape", "mode", "message"),
+    [
+        ((1000, 2, 5, 8), (1, 1, 5, 8), "half", "(BNSD: B=1000, N=2)"),
+        ((2, 5, 1000, 8), (1, 5, 1, 8), "half", "(BSND: B=2, N=1000)"),
+        ((5, 2, 1000, 8), (5, 1, 1, 8), "half", "(SBND: B=2, N=1000)"),
+        ((40, 25, 25, 8), (1, 25, 1, 8), "interleave", "B * N < 1000 in 'interleave' mode"),
+    ],
+    ids=["BNSD-batch", "BSND-heads", "SBND-heads", "BSND-interleave"],
+)
+def test_rotary_limits_b_and_n_of_the_layout_its_tables_give(
+    x_shape, table_shape, mode, message
+) -> None:
+    angle = _angles(*table_shape)
+    with _raises(ValueError, message):
+        mock.npu_rotary_mul(torch.randn(x_shape), angle.cos(), angle.sin(), rotary_mode=mode)
+
+
 def test_rotary_rejects_tables_outside_unit_range_and_mixed_dtypes() -> None:
     x = torch.randn(1, 2, 5, 8)
     table = torch.full((1, 1, 5, 8), 2.0)
