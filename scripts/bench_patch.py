@@ -16,7 +16,7 @@ move by tens of percent between runs. Each implementation is built `--instances`
 weights, different places in memory, built in an order rotated per instance) and its time is
 the mean of its instances' bests: one instance alone carries a placement bias of several percent
 that no number of rounds removes (the A/A column shows what is left: with 3 instances it moved by
-up to 12% at the tiny size on a 2-core VM, with 8 by up to 2%, one row 6%). Ratios are unpatched
+up to 12% at the tiny size on a 2-core VM, with 8 by up to 3%, one row 6%). Ratios are unpatched
 / patched time (> 1 means patched is faster) and patched / sdpa memory. torch runs with a fixed
 thread count (`--threads`, default 1). The defaults are a quick look; the README's figures use
 `--sizes tiny --repeats 40 --instances 8` and `--sizes small --repeats 20 --instances 4`.
