@@ -57,40 +57,29 @@ ROPE_MODES = ("half", "interleave")
 
 @dataclass(frozen=True)
 class _RopeLayout:
-    """One x layout of npu_rotary_mul: where its B and N axes are, and the dims its r1/r2
-    tables may share with x (all others 1), per rotary_mode (half: 3 patterns, interleave: 1)."""
+    """One x layout of npu_rotary_mul by the axes of its B, N and S (D is last). Its r1/r2
+    tables share S and D with x and are 1 elsewhere (11SD-like); in half mode they may also
+    share B (B1SD-like) or be x's full shape."""
 
     name: str
     batch_axis: int
     heads_axis: int
-    half_tables: tuple[frozenset[int], ...]
-    interleave_table: frozenset[int]
+    seq_axis: int
+
+    def table_patterns(self, rotary_mode: str) -> tuple[frozenset[int], ...]:
+        """The sets of axes a table may share with x (all its other dims are 1)."""
+        shared = frozenset({self.seq_axis, 3})
+        if rotary_mode == "interleave":
+            return (shared,)
+        return (shared, shared | {self.batch_axis}, frozenset(range(4)))
 
 
-# The kernel infers the layout from the tables; a shape that fits several (unit dims) is read
-# as the first here, in the docs' order.
+# The kernel infers the layout from the tables; a table that fits several (full-shape tables,
+# or unit dims) is read as the first here, in the docs' order.
 ROPE_LAYOUTS = (
-    _RopeLayout(
-        "BNSD",
-        0,
-        1,
-        (frozenset({2, 3}), frozenset({0, 2, 3}), frozenset({0, 1, 2, 3})),
-        frozenset({2, 3}),
-    ),
-    _RopeLayout(
-        "BSND",
-        0,
-        2,
-        (frozenset({1, 3}), frozenset({0, 1, 3}), frozenset({0, 1, 2, 3})),
-        frozenset({1, 3}),
-    ),
-    _RopeLayout(
-        "SBND",
-        1,
-        2,
-        (frozenset({0, 3}), frozenset({0, 1, 3}), frozenset({0, 1, 2, 3})),
-        frozenset({0, 3}),
-    ),
+    _RopeLayout("BNSD", batch_axis=0, heads_axis=1, seq_axis=2),
+    _RopeLayout("BSND", batch_axis=0, heads_axis=2, seq_axis=1),
+    _RopeLayout("SBND", batch_axis=1, heads_axis=2, seq_axis=0),
 )
 SWIGLU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -453,8 +442,7 @@ def npu_rms_norm(
 def _rope_layout(input: torch.Tensor, r1: torch.Tensor, rotary_mode: str) -> _RopeLayout:
     """The layout whose documented table pattern `r1` fits (see ROPE_LAYOUTS), else ValueError."""
     for layout in ROPE_LAYOUTS:
-        patterns = layout.half_tables if rotary_mode == "half" else (layout.interleave_table,)
-        for pattern in patterns:
+        for pattern in layout.table_patterns(rotary_mode):
             if all(r1.shape[i] == (input.shape[i] if i in pattern else 1) for i in range(4)):
                 return layout
     patterns = (
