@@ -61,6 +61,7 @@ def _check(
     num_kv_heads: int | None,
     scale: float | None,
     dropout_p: float,
+    dropout_seed: int | None,
 ) -> AttentionShape:
     if (  # the common BNSD call, every rule below at once; the rest runs to explain a failure
         layout == "BNSD"
@@ -73,7 +74,7 @@ def _check(
         and num_heads is None
         and num_kv_heads is None
         and (scale is None or math.isfinite(scale))
-        and 0.0 <= dropout_p < 1.0
+        and (dropout_p == 0.0 or (0.0 < dropout_p < 1.0 and dropout_seed is not None))
     ):
         batch, heads, q_len, head_dim = query.shape
         kv_batch, kv_heads, kv_len, kv_head_dim = key.shape
@@ -148,6 +149,13 @@ def _check(
         raise invalid("scale", "a finite float or None (1/sqrt(D))", scale)
     if not 0.0 <= dropout_p < 1.0:
         raise invalid("dropout_p", "a float in [0, 1)", dropout_p)
+    if dropout_p > 0.0 and dropout_seed is None:
+        raise invalid(
+            "dropout_seed",
+            "an int when dropout_p > 0 (ascend_vlm.ops.fused_attention draws one from torch's "
+            "RNG; callers of torch.ops.ascend_vlm.fused_attention pass it)",
+            None,
+        )
     return shape
 
 
@@ -238,12 +246,22 @@ def attention_reference(
     causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
-    dropout_seed: int = 0,
+    dropout_seed: int | None = None,
 ) -> torch.Tensor:
     """Plain-torch fused_attention (also what backward differentiates): one SDPA call with GQA
-    via ``enable_gqa``, masks merged into one SDPA mask, dead rows zeroed afterwards."""
+    via ``enable_gqa``, masks merged into one SDPA mask, dead rows zeroed afterwards; with
+    dropout, the same math spelled out around the seeded mask of `_dropout_attention`."""
     shape = _check(
-        query, key, value, attention_mask, layout, num_heads, num_kv_heads, scale, dropout_p
+        query,
+        key,
+        value,
+        attention_mask,
+        layout,
+        num_heads,
+        num_kv_heads,
+        scale,
+        dropout_p,
+        dropout_seed,
     )
     if layout == "BNSD":
         q, k, v = query, key, value
@@ -279,15 +297,9 @@ def attention_reference(
             )
     enable_gqa = shape.num_kv_heads != shape.num_heads
     if dropout_p > 0.0:
-        # A fixed seed makes the dropout mask reproducible, so backward (which recomputes this
-        # forward) sees the same mask.
-        device = query.device
-        rng_devices = [] if device.type == "cpu" else [device.index or 0]
-        with torch.random.fork_rng(devices=rng_devices, device_type=device.type):
-            torch.manual_seed(dropout_seed)
-            out = F.scaled_dot_product_attention(
-                q, k, v, sdpa_mask, dropout_p, sdpa_causal, scale=scale, enable_gqa=enable_gqa
-            )
+        out = _dropout_attention(
+            q, k, v, sdpa_mask, sdpa_causal, scale, enable_gqa, dropout_p, dropout_seed
+        )
     else:
         out = F.scaled_dot_product_attention(
             q, k, v, sdpa_mask, 0.0, sdpa_causal, scale=scale, enable_gqa=enable_gqa
@@ -295,6 +307,42 @@ def attention_reference(
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
     return out if layout == "BNSD" else _from_bnsd(out, layout)
+
+
+def _dropout_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    dropout_p: float,
+    dropout_seed: int,
+) -> torch.Tensor:
+    """SDPA's math (BNSD; ``mask`` bool "attend" or additive, ``causal`` only for square scores)
+    with dropout on the probabilities: entry ``[b, h, i, j]`` is kept iff the float32
+    ``torch.rand([B, Nq, Sq, Skv], generator=Generator(q.device).manual_seed(dropout_seed))``
+    is ``>= dropout_p`` there, and kept entries are scaled by ``1 / (1 - dropout_p)``.
+
+    The mask is a function of the seed alone (a private generator, no global RNG state touched),
+    so backward's recomputation of this forward drops exactly the entries the forward dropped.
+    """
+    if enable_gqa:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if causal:
+        mask = _causal_keep(q.shape[2], k.shape[2], q.device)
+    if mask is not None:
+        scores = (
+            scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        )
+    probs = scores.softmax(dim=-1)
+    generator = torch.Generator(device=q.device).manual_seed(dropout_seed)
+    kept = torch.rand(probs.shape, generator=generator, dtype=torch.float32, device=q.device)
+    kept = kept >= dropout_p
+    return (probs * kept) @ v / (1.0 - dropout_p)
 
 
 _NPU_CAUSAL_MASKS: dict[torch.device, torch.Tensor] = {}
@@ -327,16 +375,28 @@ def _npu(
     causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
-    dropout_seed: int = 0,
+    dropout_seed: int | None = None,
 ) -> torch.Tensor:
     shape = _check(
-        query, key, value, attention_mask, layout, num_heads, num_kv_heads, scale, dropout_p
+        query,
+        key,
+        value,
+        attention_mask,
+        layout,
+        num_heads,
+        num_kv_heads,
+        scale,
+        dropout_p,
+        dropout_seed,
     )
     float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
     if (
         not fits_npu_fusion_attention(query.dtype, shape.num_heads, shape.head_dim)
         or min(shape.q_len, shape.kv_len) < 1  # the kernel needs S >= 1 (doc "约束说明")
-        or dropout_p > 0.0  # the reference's seeded dropout keeps backward exact
+        # The kernel draws its dropout mask from the device generator (its seed and offset only
+        # feed torch_npu's own grad op), while backward here recomputes through the reference:
+        # only the reference's seeded mask is the same in both.
+        or dropout_p > 0.0
         or (float_mask and _has_additive_bias(attention_mask))
     ):
         return attention_reference(
@@ -397,9 +457,20 @@ def _fake(
     causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
-    dropout_seed: int = 0,
+    dropout_seed: int | None = None,
 ) -> torch.Tensor:
-    _check(query, key, value, attention_mask, layout, num_heads, num_kv_heads, scale, dropout_p)
+    _check(
+        query,
+        key,
+        value,
+        attention_mask,
+        layout,
+        num_heads,
+        num_kv_heads,
+        scale,
+        dropout_p,
+        dropout_seed,
+    )
     return torch.empty_like(query)
 
 
@@ -410,14 +481,15 @@ def fused_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
     *,
     layout: str = "BNSD",
     num_heads: int | None = None,
     num_kv_heads: int | None = None,
-    attention_mask: torch.Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
 ) -> torch.Tensor:
     """Softmax attention; output has the query's layout and shape.
 
@@ -426,16 +498,17 @@ def fused_attention(
     required. ``Nq % Nkv == 0``. ``scale`` defaults to ``1/sqrt(D)``. ``attention_mask``: bool
     (True = attend) ``[B, Skv]`` padding mask or 4-D broadcastable to ``[B, Nq, Sq, Skv]``, or a
     4-D float additive mask. ``causal`` is bottom-right aligned and combines with the mask.
-    Fully masked rows give 0. ``dropout_p > 0`` only in grad mode (training). Bad inputs raise
-    ``ValueError`` naming the argument.
+    Fully masked rows give 0.
+
+    ``dropout_p > 0`` drops attention probabilities whenever it is given, in grad mode or not
+    (as ``torch.nn.functional.scaled_dot_product_attention`` does; callers pass 0 in eval). The
+    mask is a function of ``dropout_seed`` (see `_dropout_attention`); when it is None, one seed
+    is drawn from torch's default CPU generator per call, so ``torch.manual_seed`` reproduces a
+    run and checkpointing with ``preserve_rng_state`` (the default) recomputes the same mask.
+    Bad inputs raise ``ValueError`` naming the argument.
     """
-    dropout_seed = 0
-    if dropout_p > 0.0:
-        if not torch.is_grad_enabled():
-            raise invalid(
-                "dropout_p", "0.0 outside grad mode (dropout is training-only)", dropout_p
-            )
-        dropout_seed = int(torch.randint(0, 2**62, ()).item())
+    if dropout_seed is None and dropout_p > 0.0:
+        dropout_seed = int(torch.randint(2**62, ()).item())
     return fused_attention_kernel_for(query, key, value, attention_mask)(
         query,
         key,

@@ -1,14 +1,14 @@
-"""fused_attention specifics: gradients, dropout, fully masked rows, input errors (the
-naive-formula comparisons for both paths live in test_op_info.py)."""
+"""fused_attention specifics: gradients, dropout, fully masked rows, input errors (the naive-formula
+comparisons for both paths live in test_op_info.py)."""
 
 from __future__ import annotations
 
-import re
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _op_samples import AttentionCase, KernelSpy, on_device
+from _op_samples import AttentionCase, KernelSpy, on_device, to_bsh
 from _recording import RecordOps
 
 from ascend_vlm import ops
@@ -67,21 +67,105 @@ def test_npu_path_gradients_match_reference(mock_npu) -> None:
         torch.testing.assert_close(from_npu_path, from_reference, atol=1e-5, rtol=1e-5)
 
 
-def test_dropout_is_training_only_and_reproducible_in_backward() -> None:
-    (q, k, v), _ = _fp64_case(mask_kind="none", causal=False).op_args()
-    with (
-        torch.no_grad(),
-        pytest.raises(ValueError, match=re.escape("dropout_p: expected 0.0 outside grad")),
-    ):
-        ops.fused_attention(q, k, v, dropout_p=0.1)
-    inputs = tuple(t.requires_grad_() for t in (q, k, v))
-    dropped = ops.fused_attention(*inputs, dropout_p=0.5)
-    assert not torch.allclose(dropped, ops.fused_attention(*inputs))
-    # A fixed seed makes the op deterministic, so finite differences see the same mask.
-    assert torch.autograd.gradcheck(
-        lambda *t: torch.ops.ascend_vlm.fused_attention(*t, None, dropout_p=0.5, dropout_seed=11),
-        inputs,
+# --- dropout: applied whenever dropout_p > 0, whatever the grad mode (as SDPA does) -------
+
+DROPOUT_P = 0.4
+
+
+DROPOUT_CASES = [
+    _fp64_case(),
+    _fp64_case(layout="BSH", mask_kind="additive", causal=False, scale=0.7, group=1, kv_heads=2),
+    _fp64_case(mask_kind="none", q_len=4, kv_len=4),  # plain causal over square scores
+]
+
+
+def _dropout_case_id(case: AttentionCase) -> str:
+    return f"{case.layout}-{case.mask_kind}-{'causal' if case.causal else 'full'}"
+
+
+def _naive_dropout_attention(case: AttentionCase, seed: int, p: float) -> torch.Tensor:
+    """float64 softmax attention whose probabilities are kept where the float32
+    ``torch.rand([B, Nq, Sq, Skv])`` of a generator seeded with ``seed`` is ``>= p`` and scaled
+    by ``1 / (1 - p)`` (the documented contract); rows with no visible key are 0."""
+    q, k, v = case.bnsd_inputs()
+    k = k.repeat_interleave(case.group, dim=1)
+    v = v.repeat_interleave(case.group, dim=1)
+    scale = 1.0 / math.sqrt(case.head_dim) if case.scale is None else case.scale
+    scores = q @ k.transpose(-1, -2) * scale
+    keep = case.expected_keep()
+    keep = torch.ones(scores.shape, dtype=torch.bool) if keep is None else keep.expand_as(scores)
+    dead = ~keep.any(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(~keep & ~dead, -math.inf), dim=-1)
+    kept = torch.rand(weights.shape, generator=torch.Generator().manual_seed(seed)) >= p
+    out = ((weights * kept / (1 - p)) @ v).masked_fill(dead, 0.0)
+    return to_bsh(out) if case.layout == "BSH" else out
+
+
+def _seed_drawn_after(manual_seed: int) -> int:
+    """The dropout seed the wrapper draws right after ``torch.manual_seed(manual_seed)``."""
+    torch.manual_seed(manual_seed)
+    return int(torch.randint(2**62, ()))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "grad", "requires_grad"])
+@pytest.mark.parametrize("case", DROPOUT_CASES, ids=_dropout_case_id)
+def test_dropout_applies_whatever_the_grad_mode(case: AttentionCase, mode: str) -> None:
+    (q, k, v), kwargs = case.op_args()
+    if mode == "requires_grad":  # the registered op (autograd) instead of the eager fast path
+        q.requires_grad_()
+    seed = _seed_drawn_after(5)
+    torch.manual_seed(5)
+    with torch.set_grad_enabled(mode != "no_grad"):
+        out = ops.fused_attention(q, k, v, dropout_p=DROPOUT_P, **kwargs)
+    expected = _naive_dropout_attention(case, seed, DROPOUT_P)
+    torch.testing.assert_close(out.detach(), expected, atol=1e-12, rtol=1e-12)
+    no_dropout = ops.fused_attention(q, k, v, **kwargs).detach()
+    assert not torch.allclose(out.detach(), no_dropout)
+
+
+def test_the_seed_comes_from_torchs_rng_and_an_explicit_seed_wins() -> None:
+    (q, k, v), kwargs = DROPOUT_CASES[0].op_args()
+    torch.manual_seed(3)
+    first = ops.fused_attention(q, k, v, dropout_p=DROPOUT_P, **kwargs)
+    second = ops.fused_attention(q, k, v, dropout_p=DROPOUT_P, **kwargs)
+    torch.manual_seed(3)
+    assert torch.equal(ops.fused_attention(q, k, v, dropout_p=DROPOUT_P, **kwargs), first)
+    assert not torch.equal(first, second)  # one fresh seed per call
+    explicit = ops.fused_attention(q, k, v, dropout_p=DROPOUT_P, dropout_seed=11, **kwargs)
+    torch.testing.assert_close(
+        explicit, _naive_dropout_attention(DROPOUT_CASES[0], 11, DROPOUT_P), atol=1e-12, rtol=1e-12
     )
+
+
+def test_npu_path_drops_the_same_entries(mock_npu, monkeypatch) -> None:
+    """On the NPU path dropout runs through the reference (the kernel's own mask cannot be
+    recomputed by backward), outside grad mode too."""
+    spy = KernelSpy(monkeypatch, mock_npu.torch_npu, "npu_fusion_attention")
+    case = _fp64_case(dtype=torch.float32)
+    args, kwargs = on_device(*case.op_args(), mock_npu.device)
+    with torch.no_grad():
+        out = ops.fused_attention(*args, dropout_p=DROPOUT_P, dropout_seed=11, **kwargs)
+        assert spy.calls == 0
+        ops.fused_attention(*args, **kwargs)
+        assert spy.calls == 1  # the mock is really in place
+    expected = _naive_dropout_attention(case, 11, DROPOUT_P).float()
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_see_the_forwards_mask() -> None:
+    """A fixed seed makes the op a function of its inputs: finite differences agree with the
+    backward, which recomputes the forward."""
+    (q, k, v), kwargs = DROPOUT_CASES[1].op_args()
+    inputs = tuple(t.requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda *t: ops.fused_attention(*t, dropout_p=0.5, dropout_seed=11, **kwargs), inputs
+    )
+
+
+def test_registered_op_needs_a_seed_for_dropout() -> None:
+    q, k, v = DROPOUT_CASES[0].bnsd_inputs()
+    with pytest.raises(ValueError, match=r"dropout_seed: expected an int when dropout_p > 0"):
+        torch.ops.ascend_vlm.fused_attention(q, k, v, dropout_p=DROPOUT_P)
 
 
 def test_fully_masked_rows_are_zero_not_nan() -> None:
