@@ -9,6 +9,7 @@ beside the package) or in the installed copy (``ascend_vlm/_op_plugins/``, made 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,24 @@ class OpSpec:
         """Schema arguments in order as ``(name, kwarg_only)``: tensor inputs, then attrs."""
         entries = self.raw["inputs"] + self.raw["attrs"]
         return [(e["name"], bool(e.get("kwarg_only", False))) for e in entries]
+
+    def signature(self) -> inspect.Signature:
+        """The Python signature the schema implies, which the public wrapper
+        ``ascend_vlm.ops.<name>`` must have: the same names in the same order, ``*`` before the
+        first kwarg-only one, the spec's defaults (None for an optional tensor)."""
+        parameters = []
+        for entry in self.raw["inputs"] + self.raw["attrs"]:
+            if "type" in entry:
+                default = entry["default"]
+            else:
+                default = None if entry["optional"] else inspect.Parameter.empty
+            kind = (
+                inspect.Parameter.KEYWORD_ONLY
+                if entry.get("kwarg_only", False)
+                else inspect.Parameter.POSITIONAL_OR_KEYWORD
+            )
+            parameters.append(inspect.Parameter(entry["name"], kind, default=default))
+        return inspect.Signature(parameters)
 
     def schema(self) -> str:
         """The ``torch.library`` schema, e.g. ``(Tensor x, Tensor weight, float eps=1e-06) -> Tensor``."""
@@ -171,10 +190,11 @@ def available_specs() -> list[OpSpec]:
 
 
 def markdown_table(specs: list[OpSpec]) -> str:
-    """The README ops table generated from the specs."""
+    """The README ops table generated from the specs: each op's Python call signature (which
+    its wrapper has, see `OpSpec.signature`), summary, tensor inputs and NPU kernel."""
     lines = [
-        "| op | what it computes | inputs (dtypes; formats) | attrs (default) | NPU kernel |",
-        "|---|---|---|---|---|",
+        "| op (Python signature) | what it computes | inputs (dtypes; formats) | NPU kernel |",
+        "|---|---|---|---|",
     ]
     for spec in specs:
         raw = spec.raw
@@ -183,9 +203,8 @@ def markdown_table(specs: list[OpSpec]) -> str:
             f"{', '.join(e['formats'])}"
             for e in raw["inputs"]
         )
-        attrs = "<br>".join(f"`{e['name']}` ({e['default']!r})" for e in raw["attrs"]) or "-"
         lines.append(
-            f"| `ascend_vlm.ops.{spec.name}` | {raw['summary']} | {inputs} | {attrs} | "
+            f"| `ascend_vlm.ops.{spec.name}{spec.signature()}` | {raw['summary']} | {inputs} | "
             f"`{raw['npu_kernel']}` |"
         )
     return "\n".join(lines)

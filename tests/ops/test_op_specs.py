@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import re
 import subprocess
@@ -25,6 +26,18 @@ def test_every_public_op_has_a_spec_and_the_registered_schema_comes_from_it() ->
         registered = getattr(torch.ops.ascend_vlm, name).default._schema
         reparsed = torch._C.parse_schema(f"ascend_vlm::{name}{spec.schema()}")
         assert str(registered) == str(reparsed)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_python_wrapper_takes_exactly_the_spec_arguments(name: str) -> None:
+    """Names, order, positional/keyword-only and defaults of ``ascend_vlm.ops.<name>`` are the
+    spec's, so the README table (generated from the spec) documents what the wrapper accepts."""
+
+    def plain(signature: inspect.Signature) -> list[tuple[str, object, object]]:
+        return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+
+    wrapper = inspect.signature(getattr(ops, name))
+    assert plain(wrapper) == plain(_spec.load_spec(name).signature())
 
 
 def test_schema_marks_optional_and_keyword_only_arguments() -> None:
