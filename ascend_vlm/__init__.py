@@ -1,8 +1,14 @@
 """ascend_vlm: fused Ascend NPU kernels and runtime plumbing for Hugging Face VLMs.
 
 Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules :mod:`ops`,
-:mod:`runtime` and :mod:`distributed`, and the errors :class:`AclError`, :class:`PatchError`.
-Submodules load lazily so that ``import ascend_vlm`` stays cheap.
+:mod:`runtime`, :mod:`distributed`, :mod:`device` (backend selection) and :mod:`testing` (the
+mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
+
+Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schemas, kernels,
+fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-ed program or a
+compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
+:mod:`ops` (with :mod:`device`); everything heavier (transformers through ``patch``,
+:mod:`distributed`, :mod:`testing`) loads on first access.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ascend_vlm import device, ops
 from ascend_vlm._errors import AclError, PatchError
 
 __version__ = "0.1.0"
@@ -18,14 +25,16 @@ __all__ = [
     "AclError",
     "PatchError",
     "PatchReport",
+    "device",
     "distributed",
     "ops",
     "patch",
     "runtime",
+    "testing",
     "unpatch",
 ]
 
-_LAZY_SUBMODULES = {"ops", "runtime", "distributed"}
+_LAZY_SUBMODULES = {"runtime", "distributed", "testing"}
 _LAZY_ATTRIBUTES = {
     "patch": "ascend_vlm.patching",
     "unpatch": "ascend_vlm.patching",
@@ -33,7 +42,7 @@ _LAZY_ATTRIBUTES = {
 }
 
 if TYPE_CHECKING:
-    from ascend_vlm import distributed, ops, runtime
+    from ascend_vlm import distributed, runtime, testing
     from ascend_vlm.patching import PatchReport, patch, unpatch
 
 
