@@ -8,6 +8,7 @@
 #include <string>
 
 #include "runtime/acl_error.h"
+#include "runtime/acl_symbols.h"
 #include "runtime/context.h"
 #include "runtime/memory.h"
 #include "runtime/op_registry.h"
@@ -106,6 +107,26 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_device", [](int32_t device) { Runtime::instance().set_device(device); });
   m.def("current_device", [] { return Runtime::instance().current_device(); });
   m.def("mem_info", [] { return Runtime::instance().mem_info(); });
+  m.def("sync_timeout_ms", [] { return Runtime::instance().sync_timeout_ms(); });
+  m.def("set_sync_timeout_ms",
+        [](int32_t timeout_ms) { Runtime::instance().set_sync_timeout_ms(timeout_ms); });
+  m.def("capabilities", [] {
+    const ascend_vlm::Capabilities caps = Runtime::instance().capabilities();
+    py::dict out;
+    out["soc_name"] = caps.soc_name;
+    out["host_register_exported"] = caps.host_register_exported;
+    out["host_register_soc"] = caps.host_register_soc;
+    out["stream_sync_timeout"] = caps.stream_sync_timeout;
+    out["event_sync_timeout"] = caps.event_sync_timeout;
+    return out;
+  });
+  m.def("host_register_requirement",
+        [] { return std::string(ascend_vlm::kHostRegisterRequirement); });
+  m.def("find_buffer_range", [](uintptr_t address) -> py::object {
+    const auto range = ascend_vlm::find_buffer_range(address);
+    if (!range) return py::none();
+    return py::make_tuple(range->base, range->size, range->kind, range->device_side);
+  });
 
   py::enum_<BufferKind>(m, "BufferKind")
       .value("DEVICE", BufferKind::kDevice)
@@ -114,7 +135,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Buffer>(m, "Buffer", py::buffer_protocol())
       .def(py::init([](BufferKind kind, int64_t nbytes, int policy) {
-             return new Buffer(kind, nbytes, static_cast<aclrtMemMallocPolicy>(policy));
+             return new Buffer(kind, nbytes, policy);
            }),
            py::arg("kind"), py::arg("nbytes"), py::arg("policy") = 0)
       .def_property_readonly("kind", &Buffer::kind)
@@ -137,7 +158,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("priority", &Stream::priority)
       .def_property_readonly("device", &Stream::device)
       .def_property_readonly("destroyed", &Stream::destroyed)
-      .def("synchronize", &Stream::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("synchronize", &Stream::synchronize, py::arg("timeout_ms") = Stream::kDefaultTimeout,
+           py::call_guard<py::gil_scoped_release>())
       .def("wait_event", &Stream::wait_event)
       .def(
           "memcpy_async",
@@ -155,9 +177,11 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<bool>(), py::arg("timing") = true)
       .def_property_readonly("handle", [](const Event& e) { return address(e.handle()); })
       .def_property_readonly("timing", &Event::timing)
+      .def_property_readonly("device", &Event::device)
       .def("record", &Event::record)
       .def("query", &Event::query)
-      .def("synchronize", &Event::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("synchronize", &Event::synchronize, py::arg("timeout_ms") = Stream::kDefaultTimeout,
+           py::call_guard<py::gil_scoped_release>())
       .def("elapsed_ms", &Event::elapsed_ms);
 
   m.def(
@@ -208,6 +232,27 @@ PYBIND11_MODULE(_C, m) {
 #endif
       },
       py::arg("stream"), py::arg("dst"), py::arg("src"), py::arg("count"));
+  m.def("sim_resources", []() -> py::dict {
+#ifdef ASCEND_VLM_BACKEND_SIM
+    aclsimResourceCounts counts{};
+    ascend_vlm::check_acl(aclsimGetResourceCounts(&counts), "aclsimGetResourceCounts");
+    py::dict out;
+    out["streams"] = counts.streams;
+    out["events"] = counts.events;
+    out["device_allocations"] = counts.deviceAllocations;
+    out["host_allocations"] = counts.hostAllocations;
+    out["host_registrations"] = counts.hostRegistrations;
+    out["subscribed_streams"] = counts.subscribedStreams;
+    out["device_refs"] = counts.deviceRefs;
+    out["live_contexts"] = counts.liveContexts;
+    out["resets_with_live_handles"] = counts.resetsWithLiveHandles;
+    out["init_calls"] = counts.initCalls;
+    out["finalize_calls"] = counts.finalizeCalls;
+    return out;
+#else
+    sim_only("sim_resources");
+#endif
+  });
   m.def("sim_set_device_memory", [](int32_t device, size_t nbytes) {
 #ifdef ASCEND_VLM_BACKEND_SIM
     Runtime::instance().enter();
@@ -237,16 +282,43 @@ PYBIND11_MODULE(_C, m) {
     Runtime::instance().enter();
     ASCEND_VLM_ACL_CALL(aclrtFreeHost, pointer(ptr));
   });
-  acl.def("host_register", [](uintptr_t ptr, uint64_t nbytes) {
-    Runtime::instance().enter();
-    void* device = nullptr;
-    ASCEND_VLM_ACL_CALL(aclrtHostRegister, pointer(ptr), nbytes, ACL_HOST_REGISTER_MAPPED, &device);
-    return address(device);
-  });
+  acl.def(
+      "host_register",
+      [](uintptr_t ptr, uint64_t nbytes, int type) {
+        Runtime::instance().enter();
+        auto host_register = ascend_vlm::optional_acl().host_register;
+        if (host_register == nullptr) {
+          throw AclError(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "aclrtHostRegister",
+                         ascend_vlm::kHostRegisterRequirement);
+        }
+        void* device = nullptr;
+        ascend_vlm::check_acl(host_register(pointer(ptr), nbytes, type, &device),
+                              "aclrtHostRegister");
+        return address(device);
+      },
+      py::arg("ptr"), py::arg("nbytes"), py::arg("type") = ascend_vlm::kAclHostRegisterMapped);
   acl.def("host_unregister", [](uintptr_t ptr) {
     Runtime::instance().enter();
-    ASCEND_VLM_ACL_CALL(aclrtHostUnregister, pointer(ptr));
+    auto host_unregister = ascend_vlm::optional_acl().host_unregister;
+    if (host_unregister == nullptr) {
+      throw AclError(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "aclrtHostUnregister",
+                     ascend_vlm::kHostRegisterRequirement);
+    }
+    ascend_vlm::check_acl(host_unregister(pointer(ptr)), "aclrtHostUnregister");
   });
+  acl.def("malloc_host", [](size_t nbytes) {
+    Runtime::instance().enter();
+    void* ptr = nullptr;
+    ASCEND_VLM_ACL_CALL(aclrtMallocHost, &ptr, nbytes);
+    return address(ptr);
+  });
+  acl.def(
+      "process_report",
+      [](int32_t timeout) {
+        Runtime::instance().enter();
+        return aclrtProcessReport(timeout);
+      },
+      py::call_guard<py::gil_scoped_release>());
   acl.def("destroy_stream", [](uintptr_t handle) {
     Runtime::instance().enter();
     ASCEND_VLM_ACL_CALL(aclrtDestroyStream, pointer(handle));

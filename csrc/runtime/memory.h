@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "acl/acl.h"
 
@@ -18,12 +19,18 @@ enum class BufferKind {
 
 const char* buffer_kind_name(BufferKind kind);
 
+// What the requirement of host registration is, for error messages and capabilities().
+extern const char* const kHostRegisterRequirement;
+
 class Buffer {
  public:
   // Allocates `nbytes` (> 0) of `kind` memory on the current device. A negative size raises
   // AclError(ACL_ERROR_INVALID_PARAM) naming the allocating function; zero is rejected by
   // AscendCL itself with the same code; a full device pool raises ACL_ERROR_RT_MEMORY_ALLOCATION.
-  Buffer(BufferKind kind, int64_t nbytes, aclrtMemMallocPolicy policy = ACL_MEM_MALLOC_HUGE_FIRST);
+  // A mapped buffer where this AscendCL cannot register host memory raises
+  // AclError(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "aclrtHostRegister") naming the requirement.
+  // `policy` is passed to aclrtMalloc as is (CANN documents its own handling of any value).
+  Buffer(BufferKind kind, int64_t nbytes, int policy = ACL_MEM_MALLOC_HUGE_FIRST);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -41,25 +48,38 @@ class Buffer {
   int32_t device() const { return device_; }
   // Address copies use: the device pointer of device memory, the host pointer otherwise.
   void* ptr() const;
-  // Host address (pinned and mapped kinds).
+  // Host address (pinned and mapped kinds). Mapped memory starts on a 4 KB page boundary.
   void* host_ptr() const;
   // Device address (device and mapped kinds). For mapped memory this is the address device code
-  // dereferences; CANN documents it as unusable for aclrtMemcpy unless the host memory was
-  // allocated with the VA flag (the simulator accepts it as a device-side source or target).
+  // dereferences; CANN documents it as unusable for aclrtMemcpy (the simulator accepts it only
+  // in its copy kernel).
   void* device_ptr() const;
 
  private:
   void require_open(const char* what) const;
-  void release() noexcept;
 
   BufferKind kind_;
   size_t nbytes_ = 0;
   int32_t device_ = -1;
   uint64_t session_ = 0;
+  uint64_t resource_ = 0;  // ledger id
   void* host_ = nullptr;
   void* device_address_ = nullptr;
   bool closed_ = false;
 };
+
+// A live buffer address range: [base, base + size) of `kind` memory (for mapped buffers, the
+// host range and the device range are both registered).
+struct BufferRange {
+  uintptr_t base;
+  size_t size;
+  BufferKind kind;
+  bool device_side;  // the range is a device address (device memory, or a mapped device alias)
+};
+
+// The live buffer range containing `address`, if any: lets callers check raw addresses before
+// they reach AscendCL.
+std::optional<BufferRange> find_buffer_range(uintptr_t address);
 
 }  // namespace ascend_vlm
 

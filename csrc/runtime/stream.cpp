@@ -1,24 +1,77 @@
 #include "stream.h"
 
+#include <cstdio>
+#include <string>
 #include <utility>
 
 #include "acl_error.h"
+#include "acl_symbols.h"
 #include "context.h"
 
 namespace ascend_vlm {
+namespace {
+
+int32_t effective_timeout(int32_t timeout_ms) {
+  if (timeout_ms == Stream::kDefaultTimeout) return Runtime::instance().sync_timeout_ms();
+  if (timeout_ms < -1) {
+    throw AclError(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeStreamWithTimeout",
+                   "timeout_ms: expected -1 (forever) or >= 0, got " + std::to_string(timeout_ms));
+  }
+  return timeout_ms;
+}
+
+std::string describe(const char* what, const void* handle, int32_t device, int32_t timeout_ms) {
+  char address[32];
+  std::snprintf(address, sizeof(address), "%p", handle);
+  return std::string(what) + " " + address + " on device " + std::to_string(device) +
+         " did not complete within " + std::to_string(timeout_ms) + " ms";
+}
+
+// Waits for `stream`, at most `timeout_ms` where this AscendCL offers the timed wait (without it,
+// a plain aclrtSynchronizeStream waits forever: capabilities() says which).
+aclError synchronize_stream(aclrtStream stream, int32_t timeout_ms) {
+  auto timed = optional_acl().synchronize_stream_with_timeout;
+  if (timed != nullptr && timeout_ms != -1) return timed(stream, timeout_ms);
+  return aclrtSynchronizeStream(stream);
+}
+
+void check_stream_sync(aclError rc, aclrtStream stream, int32_t device, int32_t timeout_ms) {
+  if (rc == kAclErrorRtStreamSyncTimeout) {
+    throw AclError(rc, "aclrtSynchronizeStreamWithTimeout",
+                   describe("stream", stream, device, timeout_ms));
+  }
+  check_acl(rc, "aclrtSynchronizeStream");
+}
+
+}  // namespace
 
 Stream::Stream(uint32_t priority) : priority_(priority) {
   Runtime& runtime = Runtime::instance();
-  session_ = runtime.enter();
-  device_ = runtime.current_device();
-  ASCEND_VLM_ACL_CALL(aclrtCreateStreamWithConfig, &handle_, priority, 0u);
+  session_ = runtime.enter(&device_);
+  runtime.retain_device(device_);
   try {
-    runtime.subscribe(handle_);
+    ASCEND_VLM_ACL_CALL(aclrtCreateStreamWithConfig, &handle_, priority, 0u);
+    try {
+      runtime.subscribe(handle_, device_);
+    } catch (...) {
+      (void)aclrtDestroyStream(handle_);
+      throw;
+    }
   } catch (...) {
-    (void)aclrtDestroyStream(handle_);
     handle_ = nullptr;
+    runtime.release_device(device_);
     throw;
   }
+  const aclrtStream stream = handle_;
+  const int32_t device = device_;
+  // Also what a session end runs: drain (bounded), unsubscribe, destroy.
+  resource_ = runtime.track(session_, device_, ResourceOrder::kStream, [stream, device] {
+    Runtime& owner = Runtime::instance();
+    (void)synchronize_stream(stream, owner.sync_timeout_ms());
+    const aclError unsubscribed = owner.unsubscribe(stream, device);
+    const aclError destroyed = aclrtDestroyStream(stream);
+    return destroyed != ACL_SUCCESS ? destroyed : unsubscribed;
+  });
 }
 
 Stream::~Stream() {
@@ -26,7 +79,7 @@ Stream::~Stream() {
   try {
     destroy();
   } catch (const AclError&) {
-    // Destructors must not throw; a stream we cannot destroy is reclaimed by aclFinalize.
+    // Destructors must not throw; the session end or shutdown releases what is left.
   }
 }
 
@@ -47,7 +100,7 @@ aclrtStream Stream::handle() const {
     std::lock_guard lock(mutex_);
     stream = open_handle_locked("aclrtStream");
   }
-  Runtime::instance().enter_session(session_, "aclrtStream");
+  Runtime::instance().enter_session(session_, device_, "aclrtStream");
   return stream;
 }
 
@@ -70,12 +123,15 @@ void Stream::use(const std::function<void(aclrtStream)>& call) {
       if (--self.users_ == 0) self.idle_.notify_all();
     }
   } leave{*this};
-  Runtime::instance().enter_session(session_, "aclrtStream");
+  Runtime::instance().enter_session(session_, device_, "aclrtStream");
   call(stream);
 }
 
-void Stream::synchronize() {
-  use([](aclrtStream stream) { ASCEND_VLM_ACL_CALL(aclrtSynchronizeStream, stream); });
+void Stream::synchronize(int32_t timeout_ms) {
+  const int32_t timeout = effective_timeout(timeout_ms);
+  use([this, timeout](aclrtStream stream) {
+    check_stream_sync(synchronize_stream(stream, timeout), stream, device_, timeout);
+  });
 }
 
 void Stream::wait_event(const Event& event) {
@@ -104,11 +160,12 @@ void Stream::destroy() {
     idle_.wait(lock, [this] { return users_ == 0; });
   }
   // Drain first (as CANN asks before aclrtDestroyStream), while callbacks can still be reported;
-  // a stream error surfaces here and the stream stays valid.
+  // a stream error or timeout surfaces here and the stream stays valid.
+  const int32_t timeout = Runtime::instance().sync_timeout_ms();
   aclError drained = ACL_SUCCESS;
   try {
-    Runtime::instance().enter_session(session_, "aclrtDestroyStream");
-    drained = aclrtSynchronizeStream(stream);
+    Runtime::instance().enter_session(session_, device_, "aclrtDestroyStream");
+    drained = synchronize_stream(stream, timeout);
   } catch (...) {
     std::lock_guard lock(mutex_);
     closing_ = false;
@@ -120,44 +177,71 @@ void Stream::destroy() {
     // From here on the handle is gone whatever AscendCL reports.
     if (drained == ACL_SUCCESS) handle_ = nullptr;
   }
-  check_acl(drained, "aclrtSynchronizeStream");
-  const aclError unsubscribed = Runtime::instance().unsubscribe(stream);
-  ASCEND_VLM_ACL_CALL(aclrtDestroyStream, stream);
-  check_acl(unsubscribed, "aclrtUnSubscribeReport");
+  check_stream_sync(drained, stream, device_, timeout);
+  check_acl(Runtime::instance().release(resource_), "aclrtDestroyStream");
 }
 
 Event::Event(bool timing) : timing_(timing) {
-  session_ = Runtime::instance().enter();
+  Runtime& runtime = Runtime::instance();
+  session_ = runtime.enter(&device_);
+  runtime.retain_device(device_);
   const uint32_t flags = timing ? (ACL_EVENT_SYNC | ACL_EVENT_TIME_LINE) : ACL_EVENT_SYNC;
-  ASCEND_VLM_ACL_CALL(aclrtCreateEventWithFlag, &handle_, flags);
+  const aclError rc = aclrtCreateEventWithFlag(&handle_, flags);
+  if (rc != ACL_SUCCESS) {
+    runtime.release_device(device_);
+    check_acl(rc, "aclrtCreateEventWithFlag");
+  }
+  const aclrtEvent event = handle_;
+  resource_ = runtime.track(session_, device_, ResourceOrder::kEvent,
+                            [event] { return aclrtDestroyEvent(event); });
 }
 
-Event::~Event() {
-  if (handle_ != nullptr && Runtime::instance().session_alive(session_)) {
-    (void)aclrtDestroyEvent(handle_);
-  }
-}
+Event::~Event() { (void)Runtime::instance().release(resource_); }
 
 aclrtEvent Event::handle() const {
-  Runtime::instance().enter_session(session_, "aclrtEvent");
+  if (!Runtime::instance().session_alive(session_)) {
+    throw AclError(ACL_ERROR_UNINITIALIZE, "aclrtEvent",
+                   "the object was created before the runtime was finalized");
+  }
+  return handle_;
+}
+
+aclrtEvent Event::enter(const char* function) const {
+  Runtime::instance().enter_session(session_, device_, function);
   return handle_;
 }
 
 void Event::record(Stream& stream) {
+  // In the stream's context: an event of another device is refused by AscendCL
+  // (ACL_ERROR_RT_STREAM_CONTEXT).
   stream.use([this](aclrtStream queue) { ASCEND_VLM_ACL_CALL(aclrtRecordEvent, handle(), queue); });
 }
 
 bool Event::query() const {
   aclrtEventRecordedStatus status = ACL_EVENT_RECORDED_STATUS_NOT_READY;
-  ASCEND_VLM_ACL_CALL(aclrtQueryEventStatus, handle(), &status);
+  ASCEND_VLM_ACL_CALL(aclrtQueryEventStatus, enter("aclrtQueryEventStatus"), &status);
   return status == ACL_EVENT_RECORDED_STATUS_COMPLETE;
 }
 
-void Event::synchronize() const { ASCEND_VLM_ACL_CALL(aclrtSynchronizeEvent, handle()); }
+void Event::synchronize(int32_t timeout_ms) const {
+  const int32_t timeout = effective_timeout(timeout_ms);
+  const aclrtEvent event = enter("aclrtSynchronizeEvent");
+  auto timed = optional_acl().synchronize_event_with_timeout;
+  if (timed == nullptr || timeout == -1) {
+    ASCEND_VLM_ACL_CALL(aclrtSynchronizeEvent, event);
+    return;
+  }
+  const aclError rc = timed(event, timeout);
+  if (rc == kAclErrorRtEventSyncTimeout) {
+    throw AclError(rc, "aclrtSynchronizeEventWithTimeout",
+                   describe("event", event, device_, timeout));
+  }
+  check_acl(rc, "aclrtSynchronizeEventWithTimeout");
+}
 
 float Event::elapsed_ms(const Event& end) const {
   float ms = 0.0f;
-  ASCEND_VLM_ACL_CALL(aclrtEventElapsedTime, &ms, handle(), end.handle());
+  ASCEND_VLM_ACL_CALL(aclrtEventElapsedTime, &ms, enter("aclrtEventElapsedTime"), end.handle());
   return ms;
 }
 

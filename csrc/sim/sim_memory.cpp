@@ -10,9 +10,11 @@
 // full).
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <string>
 
 #include "acl/acl.h"
 #include "sim_state.h"
@@ -22,6 +24,12 @@ namespace {
 
 constexpr size_t kDeviceAlignment = 512;
 constexpr size_t kPageSize = 4096;
+constexpr size_t kHostOffset = 64;  // aclrtMallocHost addresses: 64-byte, not 4 KB, aligned
+
+bool soc_supports_host_register() {
+  const std::string soc = aclrtGetSocName();
+  return soc.rfind("Ascend910B", 0) == 0 || soc.rfind("Ascend910_93", 0) == 0;
+}
 
 size_t round_up(size_t value, size_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -69,10 +77,11 @@ Resolved resolve(const State& s, const void* ptr, size_t count) {
     out.valid = address + count <= alias->first + region.size;
     return out;
   }
-  out.pinned = containing(s.host_allocations, address, [](size_t size) { return size; }) !=
-                   s.host_allocations.end() ||
-               containing(s.mapped_by_host, address,
-                          [](const MappedRegion& r) { return r.size; }) != s.mapped_by_host.end();
+  out.pinned =
+      containing(s.host_allocations, address, [](const HostAllocation& a) { return a.size; }) !=
+          s.host_allocations.end() ||
+      containing(s.mapped_by_host, address, [](const MappedRegion& r) { return r.size; }) !=
+          s.mapped_by_host.end();
   return out;
 }
 
@@ -94,8 +103,9 @@ std::atomic<uint64_t>& counter_for(State& s, const CopyPlan& plan) {
 
 aclError plan_copy_locked(void* dst, size_t dest_max, const void* src, size_t count,
                           aclrtMemcpyKind kind, CopyPlan* plan) {
+  // Kinds 0-7 are the documented aclrtMemcpyKind values; anything else is refused.
   if (dst == nullptr || src == nullptr || count > dest_max || kind < ACL_MEMCPY_HOST_TO_HOST ||
-      kind > ACL_MEMCPY_DEFAULT) {
+      kind > ACL_MEMCPY_INTER_DEVICE_TO_DEVICE) {
     return ACL_ERROR_INVALID_PARAM;
   }
   State& s = state();
@@ -109,7 +119,9 @@ aclError plan_copy_locked(void* dst, size_t dest_max, const void* src, size_t co
   const aclrtMemcpyKind actual =
       to_device ? (from_device ? ACL_MEMCPY_DEVICE_TO_DEVICE : ACL_MEMCPY_HOST_TO_DEVICE)
                 : (from_device ? ACL_MEMCPY_DEVICE_TO_HOST : ACL_MEMCPY_HOST_TO_HOST);
-  if (kind != ACL_MEMCPY_DEFAULT && kind != actual) return ACL_ERROR_RT_PARAM_INVALID;
+  // The direction is what the addresses say, whatever `kind` claims: hicann/runtime
+  // docs/zh/api_ref/11-03_memory_copy_and_set.md documents `kind` of aclrtMemcpy as reserved, the
+  // runtime working out from the two addresses whether (and how) the copy can be done.
   *plan = {to.address,
            from.address,
            count,
@@ -185,12 +197,19 @@ aclError aclrtMallocHost(void** hostPtr, size_t size) {
   if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
   if (hostPtr == nullptr || size == 0) return ACL_ERROR_INVALID_PARAM;
   void* block = nullptr;
-  // Page-aligned like real pinned memory, so it can be passed to aclrtHostRegister.
-  if (posix_memalign(&block, ascend_vlm::sim::kPageSize, size) != 0) return ACL_ERROR_BAD_ALLOC;
+  // hicann/runtime docs/zh/api_ref/11-02_host_memory_management.md: aclrtMallocHost promises a
+  // 64-byte aligned start, nothing more. The simulator hands out an address 64 bytes past a page
+  // boundary, so code that registers it without aligning to 4 KB itself fails here as on CANN.
+  if (size > SIZE_MAX - ascend_vlm::sim::kHostOffset ||
+      posix_memalign(&block, ascend_vlm::sim::kPageSize, size + ascend_vlm::sim::kHostOffset) !=
+          0) {
+    return ACL_ERROR_BAD_ALLOC;
+  }
+  char* address = static_cast<char*>(block) + ascend_vlm::sim::kHostOffset;
   State& s = state();
   std::unique_lock lock(s.memory_mutex);
-  s.host_allocations[reinterpret_cast<uintptr_t>(block)] = size;
-  *hostPtr = block;
+  s.host_allocations[reinterpret_cast<uintptr_t>(address)] = {size, block};
+  *hostPtr = address;
   return ACL_SUCCESS;
 }
 
@@ -205,16 +224,22 @@ aclError aclrtFreeHost(void* hostPtr) {
   if (it == s.host_allocations.end() || s.mapped_by_host.count(base) != 0) {
     return ACL_ERROR_RT_PARAM_INVALID;
   }
+  void* block = it->second.block;
   s.host_allocations.erase(it);
-  std::free(hostPtr);
+  std::free(block);
   return ACL_SUCCESS;
 }
 
 aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegisterType type, void** devPtr) {
   if (aclError rc = ascend_vlm::sim::require_initialized()) return rc;
-  if (ptr == nullptr || devPtr == nullptr || size == 0 || type != ACL_HOST_REGISTER_MAPPED) {
-    return ACL_ERROR_INVALID_PARAM;
+  if (ptr == nullptr || devPtr == nullptr || size == 0) return ACL_ERROR_INVALID_PARAM;
+  // IOMEMORY and READONLY are documented as reserved, "currently not supported".
+  if (type == ACL_HOST_REGISTER_IOMEMORY || type == ACL_HOST_REGISTER_READONLY) {
+    return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
   }
+  if (type != ACL_HOST_REGISTER_MAPPED) return ACL_ERROR_INVALID_PARAM;
+  // Host registration exists on Atlas A2/A3 only (aclrtHostRegister product support table).
+  if (!ascend_vlm::sim::soc_supports_host_register()) return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
   if (reinterpret_cast<uintptr_t>(ptr) % ascend_vlm::sim::kPageSize != 0) {
     return ACL_ERROR_RT_ADDR_UNALIGNED;
   }

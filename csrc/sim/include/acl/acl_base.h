@@ -2,8 +2,8 @@
 //
 // Declares the subset of CANN's public `acl/acl_base.h` that ascend_vlm uses, with the same names,
 // typedefs and values, so csrc/runtime compiles unchanged against the real headers. Values checked
-// against Ascend/pytorch third_party/acl/inc/acl/acl_base.h (ACL 1.15.0) and the acl_base.h error
-// list mirrored in Jittor's acl_compiler error table.
+// against Ascend/pytorch third_party/acl/inc/acl/acl_base.h (ACL 1.15.0) and the runtime error
+// list of hicann/runtime include/external/acl/error_codes/rt_error_codes.h.
 #ifndef ASCEND_VLM_SIM_ACL_BASE_H_
 #define ASCEND_VLM_SIM_ACL_BASE_H_
 
@@ -40,6 +40,7 @@ static const int ACL_ERROR_INTERNAL_ERROR = 500000;
 static const int32_t ACL_ERROR_RT_PARAM_INVALID = 107000;
 static const int32_t ACL_ERROR_RT_INVALID_DEVICEID = 107001;
 static const int32_t ACL_ERROR_RT_CONTEXT_NULL = 107002;
+static const int32_t ACL_ERROR_RT_STREAM_CONTEXT = 107003;  // stream not in current context
 static const int32_t ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006;
 static const int32_t ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL = 107007;
 static const int32_t ACL_ERROR_RT_ADDR_UNALIGNED = 107008;
@@ -53,6 +54,12 @@ static const int32_t ACL_ERROR_RT_MEMORY_FREE = 207002;
 static const int32_t ACL_ERROR_RT_RESOURCE_ALLOC_FAIL = 207005;
 static const int32_t ACL_ERROR_RT_INTERNAL_ERROR = 507000;
 static const int32_t ACL_ERROR_RT_EVENT_NOT_COMPLETE = 507006;
+static const int32_t ACL_ERROR_RT_REPORT_TIMEOUT = 507012;  // aclrtProcessReport: nothing reported
+static const int32_t ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046;
+static const int32_t ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047;
+
+// Name of the SoC AscendCL runs on ("Ascend910B1", ...).
+ACL_FUNC_VISIBILITY const char* aclrtGetSocName();
 
 #ifdef __cplusplus
 }
