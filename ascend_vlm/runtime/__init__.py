@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ascend_vlm.runtime.device import (
     backend,
+    capabilities,
     current_device,
     device_count,
     finalize,
@@ -16,9 +17,12 @@ from ascend_vlm.runtime.device import (
     is_initialized,
     mem_info,
     set_device,
+    set_sync_timeout_ms,
     sim_reset_stats,
+    sim_resources,
     sim_set_device_memory,
     sim_stats,
+    sync_timeout_ms,
 )
 from ascend_vlm.runtime.memory import DeviceBuffer, MappedBuffer, PinnedBuffer, memcpy
 from ascend_vlm.runtime.op_registry import (
@@ -36,6 +40,7 @@ __all__ = [
     "PinnedBuffer",
     "Stream",
     "backend",
+    "capabilities",
     "current_device",
     "device_count",
     "finalize",
@@ -48,9 +53,12 @@ __all__ = [
     "register_op",
     "registered_ops",
     "set_device",
+    "set_sync_timeout_ms",
     "sim_copy_kernel",
     "sim_reset_stats",
+    "sim_resources",
     "sim_set_device_memory",
     "sim_stats",
+    "sync_timeout_ms",
     "unregister_op",
 ]

@@ -1,10 +1,15 @@
-"""Runtime lifecycle, devices and (simulator only) copy statistics.
+"""Runtime lifecycle, devices, capabilities and (simulator only) statistics.
 
-``init``/``finalize`` are reference counted: the first ``init`` calls ``aclInit``, the matching
-last ``finalize`` tears the session down (devices, ``aclFinalize``, queued work); extra
-``finalize`` calls do nothing. Using any runtime object without ``init`` initialises the runtime
-implicitly with one reference. The session is always torn down at interpreter exit. Objects
-created in a session that has since been finalized raise ``AclError(ACL_ERROR_UNINITIALIZE)``.
+``init``/``finalize`` are reference counted and open/close a *session*. AscendCL itself is
+initialised once per process (``aclInit`` on first use; if torch_npu initialised it first, it
+stays torch_npu's) and finalized only at interpreter exit, and only if this runtime was first.
+The last ``finalize`` ends the session: its streams are drained and destroyed, its events
+destroyed, its device memory freed, and the devices it opened are reset (one ``aclrtResetDevice``
+per ``aclrtSetDevice``), in the order CANN documents. Pinned and mapped host memory may still be
+viewed by numpy/torch, so it is released when its buffer object goes (or at exit). Extra
+``finalize`` calls do nothing. Using any runtime object without ``init`` opens a session
+implicitly with one reference. Objects of an ended session raise
+``AclError(ACL_ERROR_UNINITIALIZE)`` when used.
 """
 
 from __future__ import annotations
@@ -60,6 +65,51 @@ def mem_info() -> tuple[int, int]:
     """``(free, total)`` bytes of the current device's memory (``aclrtGetMemInfo``, HBM)."""
     free, total = _C.mem_info()
     return free, total
+
+
+def capabilities() -> dict[str, object]:
+    """What this AscendCL (CANN release and SoC) offers the runtime.
+
+    Keys: ``"backend"`` (``"cann"``/``"sim"``), ``"soc_name"`` (``aclrtGetSocName``, ``""`` if
+    unavailable), ``"host_mapping"`` (:class:`~ascend_vlm.runtime.MappedBuffer` zero-copy: the
+    loaded AscendCL exports ``aclrtHostRegister``, CANN >= 8.1.RC1, and the SoC is an Atlas
+    A2/A3 one, ``Ascend910B*``/``Ascend910_93*``), ``"host_register_exported"`` and
+    ``"host_register_soc"`` (the two halves), ``"stream_sync_timeout"`` and
+    ``"event_sync_timeout"`` (``aclrtSynchronize{Stream,Event}WithTimeout`` exist: without them
+    synchronisations wait unbounded), and ``"host_mapping_requirement"`` (the sentence errors
+    quote).
+    """
+    native = dict(_C.capabilities())
+    native["host_mapping"] = native["host_register_exported"] and native["host_register_soc"]
+    native["host_mapping_requirement"] = _C.host_register_requirement()
+    return {"backend": backend(), **native}
+
+
+def sync_timeout_ms() -> int:
+    """Milliseconds stream/event synchronisations wait by default (-1: forever).
+
+    Initially ``ASCEND_VLM_SYNC_TIMEOUT_MS`` or 600000 (ten minutes, far above any healthy wait).
+    """
+    return _C.sync_timeout_ms()
+
+
+def set_sync_timeout_ms(timeout_ms: int) -> None:
+    """Set the default of :func:`sync_timeout_ms` for every thread (-1 waits forever)."""
+    timeout = require_int("timeout_ms", timeout_ms)
+    if timeout < -1:
+        raise ValueError(f"timeout_ms: expected -1 (forever) or >= 0, got {timeout}")
+    _C.set_sync_timeout_ms(timeout)
+
+
+def sim_resources() -> dict[str, int]:
+    """Live AscendCL resources the simulator counts (simulator only), for leak checks.
+
+    Keys: ``streams``, ``events``, ``device_allocations``, ``host_allocations``,
+    ``host_registrations``, ``subscribed_streams``, ``device_refs`` (unbalanced
+    ``aclrtSetDevice`` calls), ``live_contexts``, ``resets_with_live_handles`` (device resets
+    that found streams or events still alive), ``init_calls`` and ``finalize_calls``.
+    """
+    return dict(_C.sim_resources())
 
 
 def sim_stats() -> dict[str, int]:

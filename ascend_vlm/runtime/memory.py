@@ -8,15 +8,24 @@ buffer object, so the memory outlives the Python name that created it; ``free()`
 host-visible buffer therefore only closes the handle, and the memory is returned when the last
 view is gone. ``free()`` on a :class:`DeviceBuffer` first waits for the streams whose queued
 work still uses it (see :mod:`ascend_vlm.runtime.stream`), then returns the memory to the device.
+
+Copy endpoints are buffers, objects that carry their length (a CPU ``torch.Tensor``, a numpy
+array, ``bytearray``, ``memoryview`` or anything exporting a C-contiguous buffer), or int
+addresses inside a live buffer of this runtime (e.g. ``buf.ptr + offset``). An int the runtime
+does not know (a foreign or freed address) raises ``ValueError`` instead of reaching AscendCL,
+and every endpoint is checked to hold the bytes copied: nothing is read or written past it.
 """
 
 from __future__ import annotations
 
 import weakref
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from ascend_vlm import _C
+from ascend_vlm._errors import AclError
 from ascend_vlm.runtime._checks import require_byte_count
 
 if TYPE_CHECKING:
@@ -30,10 +39,18 @@ MALLOC_POLICIES: dict[str, int] = {
     "huge_first_p2p": 3,
     "huge_only_p2p": 4,
     "normal_only_p2p": 5,
+    "huge1g_only": 6,
+    "huge1g_only_p2p": 7,
 }
 
-# aclrtMemcpyKind values (acl_rt.h); "default" lets the runtime infer the direction.
+# aclrtMemcpyKind values (acl_rt.h); "default" lets the runtime infer the direction. CANN works
+# the direction out from the addresses whatever the kind says (aclrtMemcpy: `kind` is reserved).
 MEMCPY_KINDS: dict[str, int] = {"h2h": 0, "h2d": 1, "d2h": 2, "d2d": 3, "default": 4}
+
+ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
+
+# A copy endpoint: a buffer, a length-carrying host object, or an int inside a live buffer.
+Endpoint = Any
 
 
 class _Buffer(_C.Buffer):
@@ -104,38 +121,77 @@ class PinnedBuffer(_Buffer):
 class MappedBuffer(_Buffer):
     """Host memory registered for device access (``aclrtHostRegister``, mapped): UVA zero-copy.
 
-    ``.host_ptr`` (also ``.ptr``) is the host address behind the buffer protocol views;
-    ``.device_ptr`` is the address device code (kernels) reads and writes directly, without a
-    copy. CANN documents that the mapped device address cannot be used for memory copies, so
-    copies take ``.ptr`` (a pinned host address); on the simulator,
+    ``.host_ptr`` (also ``.ptr``) is the host address behind the buffer protocol views, on a
+    4 KB page boundary; ``.device_ptr`` is the address device code (kernels) reads and writes
+    directly, without a copy. CANN documents that the mapped device address cannot be used for
+    memory copies, so copies take ``.ptr`` (a pinned host address); on the simulator,
     :func:`ascend_vlm.runtime.sim_copy_kernel` plays the kernel.
+
+    Host registration needs CANN >= 8.1.RC1 on an Atlas A2/A3 SoC (see
+    :func:`ascend_vlm.runtime.capabilities`). Elsewhere this raises
+    ``AclError(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, function="aclrtHostRegister")`` naming the
+    requirement, unless ``fallback=True``: then the buffer is pinned host memory plus a device
+    copy (``zero_copy`` is False, ``device_ptr`` is the device copy's address), and
+    :meth:`sync_to_device` / :meth:`sync_to_host` move the bytes with async copies (counted as
+    copied bytes). Call them around device code in both modes: with zero-copy they do nothing.
     """
 
     _kind = _C.BufferKind.MAPPED
     _allocator = "aclrtMallocHost"
 
-    def __init__(self, nbytes: int) -> None:
-        super().__init__(nbytes)
+    def __init__(self, nbytes: int, fallback: bool = False) -> None:
+        if not isinstance(fallback, bool):
+            raise TypeError(f"fallback: expected a bool, got {type(fallback).__name__}")
+        self._mirror: DeviceBuffer | None = None
+        try:
+            super().__init__(nbytes)
+        except AclError as error:
+            if not (fallback and error.code == ACL_ERROR_RT_FEATURE_NOT_SUPPORT):
+                raise
+            _C.Buffer.__init__(self, _C.BufferKind.PINNED, nbytes, 0)
+            self._mirror = DeviceBuffer(nbytes)
+
+    @property
+    def zero_copy(self) -> bool:
+        """True if device code reaches the host bytes directly (registered host memory)."""
+        return self._mirror is None
+
+    @property
+    def device_ptr(self) -> int:  # type: ignore[override]
+        """The address device code uses: the mapped alias, or the device copy's address."""
+        return _C.Buffer.device_ptr.__get__(self) if self._mirror is None else self._mirror.ptr
+
+    def sync_to_device(self, stream: Stream) -> None:
+        """Make host writes visible to device code on ``stream`` (a queued copy in fallback)."""
+        if self._mirror is not None:
+            stream.memcpy_async(self._mirror, self, self.nbytes)
+
+    def sync_to_host(self, stream: Stream) -> None:
+        """Make device writes visible to the host once ``stream`` is synchronized (fallback)."""
+        if self._mirror is not None:
+            stream.memcpy_async(self, self._mirror, self.nbytes)
+
+    def free(self) -> None:
+        """Close the buffer (and return a fallback's device copy now)."""
+        if self._mirror is not None:
+            self._mirror.free()
+        super().free()
 
 
 def resolve_copy(
-    dst: _C.Buffer | int, src: _C.Buffer | int, nbytes: int, kind: str | None, function: str
+    dst: Endpoint, src: Endpoint, nbytes: int, kind: str | None, function: str
 ) -> tuple[int, int, int, int, int]:
     """Turn copy arguments into ``(dst, dst_max, src, count, kind)`` for AscendCL.
 
-    ``dst``/``src`` are buffers or raw int addresses (e.g. a CPU tensor's ``data_ptr()``). For a
-    buffer the copy must fit in it; for a raw address the caller vouches for ``nbytes`` bytes.
-    ``kind`` (a :data:`MEMCPY_KINDS` name) defaults to the direction implied by two buffers, or
-    ``"default"`` (runtime-inferred) when an endpoint is a raw address.
+    ``dst``/``src`` are endpoints as described in the module docstring; ``nbytes`` must fit in
+    each (``ValueError`` naming the endpoint otherwise). ``kind`` (a :data:`MEMCPY_KINDS` name)
+    defaults to the direction the endpoints imply.
     """
     count = require_byte_count("nbytes", nbytes, function)
-    dst_address, dst_max, dst_on_device = _endpoint("dst", dst, count)
-    src_address, _, src_on_device = _endpoint("src", src, count)
+    dst_address, dst_max, dst_on_device = _endpoint("dst", dst, count, writable=True)
+    src_address, _, src_on_device = _endpoint("src", src, count, writable=False)
     if kind is None:
-        if dst_on_device is None or src_on_device is None:
-            kind = "default"
-        else:
-            kind = ("d" if src_on_device else "h") + "2" + ("d" if dst_on_device else "h")
+        kind = ("d" if src_on_device else "h") + "2" + ("d" if dst_on_device else "h")
     if kind not in MEMCPY_KINDS:
         raise ValueError(f"kind: expected one of {sorted(MEMCPY_KINDS)} or None, got {kind!r}")
     return dst_address, dst_max, src_address, count, MEMCPY_KINDS[kind]
@@ -150,27 +206,77 @@ def require_fits(name: str, buffer: _C.Buffer, count: int) -> None:
         )
 
 
-def _endpoint(name: str, value: _C.Buffer | int, count: int) -> tuple[int, int, bool | None]:
-    """``(address, capacity, on_device)`` of a copy endpoint; ``on_device`` is None if unknown."""
+def known_address(name: str, address: int, count: int) -> tuple[int, bool]:
+    """``(bytes available, device_side)`` at an int ``address`` inside a live runtime buffer.
+
+    Raises ``ValueError`` naming the argument if no live buffer contains the address, or if
+    ``count`` bytes from it run past the buffer.
+    """
+    found = _C.find_buffer_range(address)
+    if found is None:
+        raise ValueError(
+            f"{name}: address {address:#x} is not inside a live buffer of this runtime; pass "
+            "foreign host memory as an object that carries its length (a CPU tensor, a numpy "
+            "array, bytearray or memoryview), not as a bare int"
+        )
+    base, size, kind, device_side = found
+    available = base + size - address
+    if count > available:
+        raise ValueError(
+            f"nbytes: {count} bytes from {name} ({address:#x}) run past the end of its "
+            f"{_C.BufferKind(kind).name.lower()} buffer ({available} bytes left)"
+        )
+    return available, device_side
+
+
+def _endpoint(name: str, value: Endpoint, count: int, writable: bool) -> tuple[int, int, bool]:
+    """``(address, capacity, on_device)`` of a copy endpoint, checked to hold ``count`` bytes."""
     if isinstance(value, _C.Buffer):
         require_fits(name, value, count)
         return value.ptr, value.nbytes, value.kind == _C.BufferKind.DEVICE
     if isinstance(value, int) and not isinstance(value, bool):
-        if value <= 0:
-            raise ValueError(f"{name}: expected a non-null address, got {value}")
-        return value, count, None
-    raise TypeError(
-        f"{name}: expected a DeviceBuffer, PinnedBuffer, MappedBuffer or an int address, "
-        f"got {type(value).__name__}"
-    )
+        available, device_side = known_address(name, value, count)
+        return value, available, device_side
+    address, size = _host_object(name, value, writable)
+    if count > size:
+        raise ValueError(
+            f"nbytes: {count} bytes do not fit in {name} ({type(value).__name__} of {size} bytes)"
+        )
+    return address, size, False
 
 
-def memcpy(
-    dst: _C.Buffer | int, src: _C.Buffer | int, nbytes: int, kind: str | None = None
-) -> None:
+def _host_object(name: str, value: object, writable: bool) -> tuple[int, int]:
+    """``(address, nbytes)`` of a length-carrying host object (CPU tensor or buffer exporter)."""
+    if hasattr(value, "data_ptr") and hasattr(value, "is_contiguous"):  # a torch.Tensor
+        if value.device.type != "cpu" or not value.is_contiguous():
+            raise ValueError(
+                f"{name}: expected a contiguous CPU tensor, got one on {value.device} "
+                f"(contiguous={value.is_contiguous()})"
+            )
+        return value.data_ptr(), value.numel() * value.element_size()
+    try:
+        view = memoryview(value)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected a DeviceBuffer, PinnedBuffer, MappedBuffer, a CPU tensor, an "
+            f"object exporting the buffer protocol or an int address inside a live buffer, "
+            f"got {type(value).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous buffer, got a strided one")
+    if writable and view.readonly:
+        raise ValueError(
+            f"{name}: expected a writable buffer, got a read-only {type(value).__name__}"
+        )
+    if view.nbytes == 0:
+        return 0, 0
+    return np.frombuffer(view.cast("B"), dtype=np.uint8).ctypes.data, view.nbytes
+
+
+def memcpy(dst: Endpoint, src: Endpoint, nbytes: int, kind: str | None = None) -> None:
     """Copy ``nbytes`` from ``src`` to ``dst`` and wait for it (``aclrtMemcpy``).
 
-    Endpoints and ``kind`` as in :func:`resolve_copy`. A direction that contradicts the addresses
-    raises ``AclError(ACL_ERROR_RT_PARAM_INVALID)``.
+    Endpoints and ``kind`` as in :func:`resolve_copy`. The direction is the one the addresses
+    imply (AscendCL infers it whatever ``kind`` says).
     """
     _C.memcpy(*resolve_copy(dst, src, nbytes, kind, "aclrtMemcpy"))

@@ -9,7 +9,20 @@ kernels use, and drops the references once that work is known to be done: after
 :meth:`Stream.synchronize` or :meth:`Stream.destroy`, or, for work queued before an
 :meth:`Event.record` on the stream, once :meth:`Event.synchronize` returns or
 :meth:`Event.query` returns True. ``DeviceBuffer.free()`` first waits for the streams still
-holding the buffer. Raw int addresses are the caller's to keep valid.
+holding the buffer. Host objects used as endpoints (tensors, arrays) are held the same way; an
+int address must lie inside a live buffer (see :mod:`ascend_vlm.runtime.memory`), which the
+caller keeps alive.
+
+Devices: a stream or event belongs to the device that was current when it was created, and every
+call on it runs in that device's context, whatever :func:`ascend_vlm.runtime.set_device` selected
+since. Events order work across devices (``stream.wait_event(event_of_other_device)``), but are
+recorded only on streams of their own device.
+
+Timeouts: :meth:`Stream.synchronize`, :meth:`Stream.destroy` and :meth:`Event.synchronize` wait at
+most ``timeout_ms`` (default :func:`ascend_vlm.runtime.sync_timeout_ms`), then raise
+``AclError`` (``ACL_ERROR_RT_STREAM_SYNC_TIMEOUT`` / ``ACL_ERROR_RT_EVENT_SYNC_TIMEOUT``) naming the
+stream or event, its device and the timeout. Where AscendCL lacks the timed waits
+(``capabilities()``), the waits are unbounded.
 """
 
 from __future__ import annotations
@@ -23,7 +36,13 @@ from collections.abc import Callable
 from ascend_vlm import _C
 from ascend_vlm._errors import AclError
 from ascend_vlm.runtime._checks import require_byte_count, require_int
-from ascend_vlm.runtime.memory import DeviceBuffer, require_fits, resolve_copy
+from ascend_vlm.runtime.memory import (
+    DeviceBuffer,
+    Endpoint,
+    known_address,
+    require_fits,
+    resolve_copy,
+)
 
 MAX_STREAM_PRIORITY = 7  # aclrtCreateStreamWithConfig: priority 0 (highest) to 7
 
@@ -57,17 +76,16 @@ class Stream(_C.Stream):
                 super().synchronize()
 
     def memcpy_async(
-        self, dst: _C.Buffer | int, src: _C.Buffer | int, nbytes: int, kind: str | None = None
+        self, dst: Endpoint, src: Endpoint, nbytes: int, kind: str | None = None
     ) -> None:
         """Queue a copy of ``nbytes`` from ``src`` to ``dst`` (``aclrtMemcpyAsync``).
 
-        ``dst``/``src`` are buffers or int addresses such as a CPU tensor's ``data_ptr()``;
-        ``kind`` is ``"h2d"``, ``"d2h"``, ``"d2d"``, ``"default"`` or None (see
-        :func:`ascend_vlm.runtime.memory.resolve_copy`). As documented for
-        ``aclrtMemcpyAsync``: both addresses must be 64-byte aligned
-        (``ACL_ERROR_RT_ADDR_UNALIGNED``), host-to-host is refused
-        (``ACL_ERROR_RT_FEATURE_NOT_SUPPORT``), and with pageable (not pinned) host memory the
-        call returns only once the copy has run. The GIL is released meanwhile.
+        ``dst``/``src`` are buffers, CPU tensors, buffer-protocol objects or int addresses
+        inside a live buffer; ``kind`` is ``"h2d"``, ``"d2h"``, ``"d2d"``, ``"default"`` or None
+        (see :func:`ascend_vlm.runtime.memory.resolve_copy`). As documented for
+        ``aclrtMemcpyAsync``: host-to-host is refused (``ACL_ERROR_RT_FEATURE_NOT_SUPPORT``),
+        and with pageable (not pinned) host memory the call returns only once the copy has run.
+        The GIL is released meanwhile.
         """
         super().memcpy_async(*resolve_copy(dst, src, nbytes, kind, "aclrtMemcpyAsync"))
         self._hold(dst, src)
@@ -91,14 +109,16 @@ class Stream(_C.Stream):
             raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
         super().launch_host_func(fn)
 
-    def synchronize(self) -> None:
+    def synchronize(self, timeout_ms: int | None = None) -> None:
         """Block until all queued work has finished (the GIL is released meanwhile).
 
-        Drops the buffers of the work queued before the call; work another thread queues
-        meanwhile keeps its buffers.
+        Waits at most ``timeout_ms`` (None: :func:`ascend_vlm.runtime.sync_timeout_ms`; -1:
+        forever), then raises ``AclError(ACL_ERROR_RT_STREAM_SYNC_TIMEOUT)``. Drops the buffers
+        of the work queued before the call; work another thread queues meanwhile keeps its
+        buffers.
         """
         mark = self._mark()
-        super().synchronize()
+        super().synchronize(_timeout(timeout_ms))
         self._release_through(mark)
 
     def destroy(self) -> None:
@@ -109,9 +129,9 @@ class Stream(_C.Stream):
         super().destroy()
         self._release_through(self._mark())
 
-    def _hold(self, *operands: _C.Buffer | int) -> None:
-        """Keep the buffers among ``operands`` (just queued on this stream) alive until done."""
-        buffers = [operand for operand in operands if isinstance(operand, _C.Buffer)]
+    def _hold(self, *operands: Endpoint) -> None:
+        """Keep the non-int ``operands`` (just queued on this stream) alive until done."""
+        buffers = [operand for operand in operands if not isinstance(operand, int)]
         with self._in_flight_lock:
             self._in_flight.extend(buffers)
             self._issued += len(buffers)
@@ -177,13 +197,15 @@ class Event(_C.Event):
             _release_recorded(recorded)
         return done
 
-    def synchronize(self) -> None:
+    def synchronize(self, timeout_ms: int | None = None) -> None:
         """Block until the latest record has completed (the GIL is released meanwhile).
 
-        The recorded stream then drops the buffers of work queued before the record.
+        Waits at most ``timeout_ms`` (as :meth:`Stream.synchronize`; a timeout raises
+        ``AclError(ACL_ERROR_RT_EVENT_SYNC_TIMEOUT)``). The recorded stream then drops the
+        buffers of work queued before the record.
         """
         recorded = self._recorded
-        super().synchronize()
+        super().synchronize(_timeout(timeout_ms))
         _release_recorded(recorded)
 
     def elapsed_time(self, end: Event) -> float:
@@ -199,8 +221,8 @@ class Event(_C.Event):
 
 
 def memcpy_async(
-    dst: _C.Buffer | int,
-    src: _C.Buffer | int,
+    dst: Endpoint,
+    src: Endpoint,
     nbytes: int,
     stream: Stream,
     kind: str | None = None,
@@ -243,8 +265,19 @@ def _release_recorded(recorded: tuple[weakref.ref[Stream], int] | None) -> None:
 
 
 def _device_address(name: str, value: _C.Buffer | int, count: int) -> int:
-    """The device address of a kernel operand, checking that ``count`` bytes fit in a buffer."""
+    """The device address of a kernel operand, checking that ``count`` bytes fit in it."""
     if isinstance(value, _C.Buffer):
         require_fits(name, value, count)
         return value.device_ptr
-    return require_int(name, value)
+    known_address(name, require_int(name, value), count)
+    return value
+
+
+def _timeout(timeout_ms: int | None) -> int:
+    """The native timeout argument: -2 selects the runtime default."""
+    if timeout_ms is None:
+        return -2
+    timeout = require_int("timeout_ms", timeout_ms)
+    if timeout < -1:
+        raise ValueError(f"timeout_ms: expected -1 (forever), >= 0 or None, got {timeout}")
+    return timeout

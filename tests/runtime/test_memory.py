@@ -148,40 +148,141 @@ def test_host_register_misuse():
     pinned = runtime.PinnedBuffer(2 * PAGE)
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtHostUnregister"):
         _C.acl.host_unregister(pinned.ptr)  # never registered
+    page = pinned.ptr + (-pinned.ptr % PAGE)  # the first page boundary inside the buffer
     with raises_acl(ACL_ERROR_RT_ADDR_UNALIGNED, "aclrtHostRegister"):
-        _C.acl.host_register(pinned.ptr + 64, PAGE)
-    device_alias = _C.acl.host_register(pinned.ptr, PAGE)
-    assert device_alias not in (0, pinned.ptr)
+        _C.acl.host_register(page + 64, PAGE)
+    device_alias = _C.acl.host_register(page, PAGE)
+    assert device_alias not in (0, page)
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtHostRegister"):
-        _C.acl.host_register(pinned.ptr, PAGE)  # overlaps the live registration
-    with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtFreeHost"):
-        _C.acl.free_host(pinned.ptr)  # still registered
-    _C.acl.host_unregister(pinned.ptr)
+        _C.acl.host_register(page, PAGE)  # overlaps the live registration
+    _C.acl.host_unregister(page)
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtHostUnregister"):
-        _C.acl.host_unregister(pinned.ptr)
+        _C.acl.host_unregister(page)
 
 
 @requires_sim
-def test_copy_direction_must_match_addresses():
+def test_malloc_host_promises_64_bytes_only_and_mapped_buffers_align_themselves():
+    """aclrtMallocHost is 64-byte aligned; aclrtHostRegister needs 4 KB (issue 15, item 7)."""
+    raw = _C.acl.malloc_host(PAGE)
+    assert raw % 64 == 0 and raw % PAGE != 0  # the simulator never hands out a page boundary
+    with raises_acl(ACL_ERROR_RT_ADDR_UNALIGNED, "aclrtHostRegister"):
+        _C.acl.host_register(raw, PAGE)
+    registered = _C.acl.host_register(raw + (-raw % PAGE), 64)
+    assert registered != 0
+    with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtFreeHost"):
+        _C.acl.free_host(raw + (-raw % PAGE))  # not the address aclrtMallocHost returned
+    _C.acl.host_unregister(raw + (-raw % PAGE))
+    _C.acl.free_host(raw)
+    mapped = runtime.MappedBuffer(100)
+    assert mapped.host_ptr % PAGE == 0
+    np.frombuffer(mapped, dtype=np.uint8)[:] = 3  # the whole view is usable
+
+
+@requires_sim
+@pytest.mark.parametrize(("value", "code"), [(0x04, 207000), (0x08, 207000), (0x10, 100000)])
+def test_host_register_types_other_than_mapped(value, code):
+    """IOMEMORY/READONLY are documented but "currently not supported"; others are invalid."""
+    pinned = runtime.PinnedBuffer(2 * PAGE)
+    with raises_acl(code, "aclrtHostRegister"):
+        _C.acl.host_register(pinned.ptr + (-pinned.ptr % PAGE), PAGE, value)
+
+
+@requires_sim
+def test_copy_direction_is_inferred_from_the_addresses():
+    """hicann/runtime api_ref 11-03: aclrtMemcpy's kind is reserved, the addresses decide."""
     device = runtime.DeviceBuffer(64)
     host = runtime.PinnedBuffer(64)
-    with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtMemcpy"):
-        runtime.memcpy(device, host, 64, kind="d2d")
-    with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtMemcpy"):
-        runtime.memcpy(device.ptr + 32, host, 64, kind="h2d")  # runs past the allocation
+    np.frombuffer(host, dtype=np.uint8)[:] = 7
+    runtime.sim_reset_stats()
+    runtime.memcpy(device, host, 64, kind="d2d")  # a wrong kind: the copy is still host-to-device
+    assert runtime.sim_stats()["h2d"] == 64
+    for kind in (5, 6, 7):  # documented kinds the old headers lacked
+        _C.memcpy(device.ptr, 64, host.ptr, 64, kind)
+    with raises_acl(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy"):
+        _C.memcpy(device.ptr, 64, host.ptr, 64, 8)  # unknown kind
     with pytest.raises(ValueError, match=r"nbytes: 128 bytes do not fit in dst"):
         runtime.memcpy(device, host, 128)
     with pytest.raises(TypeError, match="src: expected a DeviceBuffer"):
-        runtime.memcpy(device, b"abc", 3)
+        runtime.memcpy(device, 3.5, 3)
 
 
-def test_raw_addresses_from_torch_tensors():
+def test_torch_tensors_and_buffer_objects_are_endpoints():
     source = torch.arange(1024, dtype=torch.float32)
     target = torch.zeros(1024, dtype=torch.float32)
     device = runtime.DeviceBuffer(source.nbytes)
-    runtime.memcpy(device, source.data_ptr(), source.nbytes, kind="h2d")
-    runtime.memcpy(target.data_ptr(), device, source.nbytes)  # kind inferred: "default"
+    runtime.memcpy(device, source, source.nbytes)
+    runtime.memcpy(target, device, source.nbytes)
     assert torch.equal(source, target)
+    back = bytearray(16)
+    runtime.memcpy(back, device, 16)
+    assert bytes(back) == source.numpy().tobytes()[:16]
+    with pytest.raises(ValueError, match="dst: expected a writable buffer"):
+        runtime.memcpy(b"x" * 16, device, 16)
+    with pytest.raises(ValueError, match="src: expected a contiguous CPU tensor"):
+        runtime.memcpy(device, source.view(32, 32).t(), 16)
+
+
+# Issue 16, item 9: each of these used to crash the process (rc 139) or read past the tensor.
+RAW_ADDRESS_CASES = {
+    "device_from_foreign_int": (
+        "runtime.memcpy(runtime.DeviceBuffer(1024), 12345, 16)",
+        "src: address 0x3039 is not inside a live buffer",
+    ),
+    "pinned_from_foreign_int": (
+        "runtime.memcpy(runtime.PinnedBuffer(16), 12345, 16)",
+        "src: address 0x3039 is not inside a live buffer",
+    ),
+    "past_the_end_of_a_device_buffer": (
+        "d = runtime.DeviceBuffer(1024)\nruntime.memcpy(d, d.ptr + 1_000_000, 16)",
+        "is not inside a live buffer",
+    ),
+    "tensor_shorter_than_the_copy": (
+        "import torch\nd = runtime.DeviceBuffer(1024)\nruntime.memcpy(d, torch.zeros(4), 1024)",
+        "nbytes: 1024 bytes do not fit in src (Tensor of 16 bytes)",
+    ),
+    "tensor_data_ptr_int": (
+        "import torch\nd = runtime.DeviceBuffer(1024)\n"
+        "runtime.memcpy(d, torch.zeros(4).data_ptr(), 1024)",
+        "is not inside a live buffer",
+    ),
+    "offset_running_past_a_buffer": (
+        "d = runtime.DeviceBuffer(1024)\nruntime.memcpy(runtime.PinnedBuffer(64), d.ptr + 1000, 64)",
+        "nbytes: 64 bytes from src",
+    ),
+    "freed_buffer_address": (
+        "d = runtime.DeviceBuffer(64)\np = d.ptr\nd.free()\n"
+        "runtime.memcpy(runtime.PinnedBuffer(64), p, 64)",
+        "is not inside a live buffer",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAW_ADDRESS_CASES))
+def test_raw_addresses_raise_instead_of_crashing(case):
+    statement, message = RAW_ADDRESS_CASES[case]
+    code = (
+        "from ascend_vlm import runtime\n"
+        "try:\n"
+        + "".join(f"    {line}\n" for line in statement.split("\n"))
+        + "except ValueError as error:\n"
+        "    print('ValueError:', error)\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ValueError:"), result.stdout
+    assert message in result.stdout
+
+
+def test_int_addresses_inside_buffers_are_bounds_checked_in_process():
+    device = runtime.DeviceBuffer(256)
+    host = runtime.PinnedBuffer(256)
+    np.frombuffer(host, dtype=np.uint8)[:] = np.arange(256, dtype=np.uint8)
+    runtime.memcpy(device.ptr + 128, host.ptr + 128, 128)  # offsets inside both: fine
+    back = np.zeros(128, dtype=np.uint8)
+    runtime.memcpy(back, device.ptr + 128, 128)
+    assert np.array_equal(back, np.arange(128, 256, dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"nbytes: 129 bytes from dst .* \(128 bytes left\)"):
+        runtime.memcpy(device.ptr + 128, host, 129)
 
 
 @requires_sim
@@ -199,7 +300,7 @@ def test_zero_copy_identity_counts_no_host_copies():
     stream.synchronize()
     assert runtime.sim_stats() == {"h2h": 0, "h2d": 0, "d2h": 0, "d2d": 0, "kernel": n}
     check = np.zeros_like(expected)
-    runtime.memcpy(check.ctypes.data, device, n)
+    runtime.memcpy(check, device, n)
     assert np.array_equal(check, expected)
 
     # Device code writes into the mapped memory: the host view sees it at once.
@@ -243,7 +344,7 @@ def test_views_outlive_the_python_handle():
     runtime.sim_copy_kernel(device, device_ptr, PAGE, stream)  # still registered
     stream.synchronize()
     check = np.zeros(PAGE // 4, dtype=np.float32)
-    runtime.memcpy(check.ctypes.data, device, PAGE)
+    runtime.memcpy(check, device, PAGE)
     assert np.all(check == 7.0)
 
 

@@ -60,8 +60,8 @@ def test_synchronize_keeps_buffers_of_copies_queued_while_it_waited(monkeypatch)
     queued: list[weakref.ref] = []
     plain_synchronize = _C.Stream.synchronize
 
-    def synchronize_then_other_thread_queues(self: _C.Stream) -> None:
-        plain_synchronize(self)
+    def synchronize_then_other_thread_queues(self: _C.Stream, timeout_ms: int) -> None:
+        plain_synchronize(self, timeout_ms)
         # What another thread may do while synchronize has released the GIL.
         self.launch_host_func(lambda: gate.wait(10))
         device, ref = held_only_by_the_stream(runtime.DeviceBuffer, SLOT)
