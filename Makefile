@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 CXX_SOURCES := $(shell find csrc tests -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test lint format sanitize ext clean
+.PHONY: demo test lint format sanitize header-check ext clean
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -62,3 +62,17 @@ sanitize: $(STAMP)
 		-DASCEND_VLM_BUILD_EXTENSION=OFF
 	cmake --build $(SANITIZE_DIR)/tsan --parallel 2 --target runtime_stress
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(SANITIZE_DIR)/tsan/runtime_stress stress
+
+# Compiles csrc/runtime and the C++ driver against AscendCL declaration stubs of two CANN eras
+# (tests/cpp/cann_headers: 8.0 without host registration, 8.1 with it), so one source keeps
+# building on every supported CANN. Syntax only: nothing is linked.
+HEADER_CHECK_SOURCES := $(wildcard csrc/runtime/*.cpp) tests/cpp/runtime_stress.cpp
+
+header-check: $(STAMP)
+	for era in 8.0 8.1; do \
+		for source in $(HEADER_CHECK_SOURCES) csrc/bindings.cpp; do \
+			$(CXX) -std=c++17 -Wall -Wextra -Werror -fsyntax-only -DASCEND_VLM_BACKEND_CANN \
+				-Itests/cpp/cann_headers/$$era -Itests/cpp/cann_headers/common -Icsrc \
+				$$($(PY) -m pybind11 --includes) $$source || exit 1; \
+		done; \
+	done

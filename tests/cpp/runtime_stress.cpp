@@ -2,6 +2,8 @@
 //
 // `runtime_stress all` runs every check (ASan + UBSan build); `runtime_stress stress` runs only
 // the multi-threaded stream checks (TSan build). Exit status 0 means every expectation held.
+// The checks of the simulator's own rules and counters are built only against the simulator
+// (ASCEND_VLM_BACKEND_SIM), so -DASCEND_VLM_BUILD_TESTS=ON also builds against real CANN.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -12,8 +14,11 @@
 #include <vector>
 
 #include "acl/acl.h"
+#ifdef ASCEND_VLM_BACKEND_SIM
 #include "acl_sim_ext.h"
+#endif
 #include "runtime/acl_error.h"
+#include "runtime/acl_symbols.h"
 #include "runtime/context.h"
 #include "runtime/memory.h"
 #include "runtime/stream.h"
@@ -191,6 +196,107 @@ void check_session_churn(int threads, int iterations) {
   stream.reset();  // stale: must not touch the (next) session
 }
 
+// Streams, events and buffers on two devices while the current device switches back and forth:
+// copies, records and callbacks on each, destroyed in interleaved order.
+void check_two_devices(int rounds) {
+  Runtime& runtime = Runtime::instance();
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<std::unique_ptr<Stream>> streams;
+    std::vector<std::unique_ptr<Event>> events;
+    std::vector<std::unique_ptr<Buffer>> buffers;
+    std::atomic<int> callbacks{0};
+    for (int device : {0, 1, 0, 1}) {
+      runtime.set_device(device);
+      streams.push_back(std::make_unique<Stream>());
+      events.push_back(std::make_unique<Event>(false));
+      buffers.push_back(std::make_unique<Buffer>(BufferKind::kDevice, 4096));
+      buffers.push_back(std::make_unique<Buffer>(BufferKind::kPinned, 4096));
+      std::memset(buffers.back()->host_ptr(), device + 1, 4096);
+    }
+    runtime.set_device(round % 2);
+    for (size_t i = 0; i < streams.size(); ++i) {
+      Buffer& device = *buffers[2 * i];
+      Buffer& host = *buffers[2 * i + 1];
+      streams[i]->memcpy_async(device.ptr(), 4096, host.ptr(), 4096, ACL_MEMCPY_HOST_TO_DEVICE);
+      events[i]->record(*streams[i]);
+      streams[(i + 1) % streams.size()]->wait_event(*events[i]);  // also across devices
+      streams[i]->launch_host_func([&callbacks] { ++callbacks; });
+    }
+    runtime.set_device(1 - round % 2);
+    for (size_t i : {1u, 0u, 3u, 2u}) streams[i]->destroy();
+    for (auto& event : events) event->synchronize();
+    EXPECT(callbacks.load() == 4);
+    std::vector<unsigned char> back(4096);
+    runtime.set_device(1);  // buffers[6] lives on device 1: copies run in the current context
+    ascend_vlm::memcpy_sync(back.data(), back.size(), buffers[6]->ptr(), 4096,
+                            ACL_MEMCPY_DEVICE_TO_HOST);
+    EXPECT(back[0] == 2 && back[4095] == 2);
+    runtime.set_device(0);
+  }
+}
+
+#ifdef ASCEND_VLM_BACKEND_SIM
+// The simulator's CANN rules, on raw AscendCL calls.
+void check_cann_rules() {
+  Runtime& runtime = Runtime::instance();
+  runtime.set_device(0);
+  Stream on_zero;
+  Event event_zero;
+  runtime.set_device(1);
+  Stream on_one;
+  // A stream used from another device's context: ACL_ERROR_RT_STREAM_CONTEXT.
+  aclrtStream raw = on_zero.handle();  // binds device 0's context
+  runtime.bind_device(1);
+  EXPECT_CODE(aclrtSynchronizeStream(raw), ACL_ERROR_RT_STREAM_CONTEXT);
+  // Through the runtime the same call runs in device 0's context.
+  on_zero.synchronize();
+  // One report thread per device: a thread serving device 0 cannot take a device-1 stream.
+  runtime.bind_device(0);
+  aclrtStream raw_zero = nullptr;
+  EXPECT_CODE(aclrtCreateStream(&raw_zero), ACL_SUCCESS);
+  const uint64_t fake_thread = 0x5EED;
+  EXPECT_CODE(aclrtSubscribeReport(fake_thread, raw_zero), ACL_SUCCESS);
+  runtime.bind_device(1);
+  aclrtStream raw_one = nullptr;
+  EXPECT_CODE(aclrtCreateStream(&raw_one), ACL_SUCCESS);
+  EXPECT_CODE(aclrtSubscribeReport(fake_thread, raw_one), ACL_ERROR_RT_THREAD_SUBSCRIBE);
+  EXPECT_CODE(aclrtDestroyStream(raw_one), ACL_SUCCESS);
+  runtime.bind_device(0);
+  EXPECT_CODE(aclrtUnSubscribeReport(fake_thread, raw_zero), ACL_SUCCESS);
+  EXPECT_CODE(aclrtDestroyStream(raw_zero), ACL_SUCCESS);
+  // aclrtProcessReport on a thread without streams, and an idle poll.
+  EXPECT_CODE(aclrtProcessReport(5), ACL_ERROR_RT_THREAD_SUBSCRIBE);
+  // Documented constants: event IPC flag, memory attributes, memcpy kinds 5-7.
+  aclrtEvent ipc = nullptr;
+  EXPECT_CODE(aclrtCreateEventWithFlag(&ipc, ACL_EVENT_IPC), ACL_SUCCESS);
+  EXPECT_CODE(aclrtDestroyEvent(ipc), ACL_SUCCESS);
+  EXPECT_CODE(aclrtCreateEventWithFlag(&ipc, 0x80u), ACL_ERROR_INVALID_PARAM);
+  size_t free_bytes = 0;
+  size_t total = 0;
+  EXPECT_CODE(aclrtGetMemInfo(ACL_HBM_MEM_P2P_HUGE1G, &free_bytes, &total), ACL_SUCCESS);
+  EXPECT_CODE(aclrtGetMemInfo(static_cast<aclrtMemAttr>(12), &free_bytes, &total),
+              ACL_ERROR_INVALID_PARAM);
+  // Reference-counted set/reset: the runtime holds one reference per device in use.
+  aclsimResourceCounts counts{};
+  EXPECT_CODE(aclsimGetResourceCounts(&counts), ACL_SUCCESS);
+  EXPECT(counts.deviceRefs == 2 && counts.liveContexts == 2);
+  EXPECT_CODE(aclrtSetDevice(1), ACL_SUCCESS);  // a foreign reference (e.g. torch_npu)
+  EXPECT_CODE(aclrtResetDevice(1), ACL_SUCCESS);
+  EXPECT_CODE(aclsimGetResourceCounts(&counts), ACL_SUCCESS);
+  EXPECT(counts.deviceRefs == 2 && counts.liveContexts == 2);
+  // Timed synchronisation.
+  std::atomic<bool> gate_open{false};
+  runtime.set_device(0);
+  hold_until(on_zero, gate_open);
+  EXPECT(acl_code_of([&] { on_zero.synchronize(10); }) == ascend_vlm::kAclErrorRtStreamSyncTimeout);
+  event_zero.record(on_zero);
+  EXPECT(acl_code_of([&] { event_zero.synchronize(0); }) ==
+         ascend_vlm::kAclErrorRtEventSyncTimeout);
+  gate_open = true;
+  on_zero.synchronize();
+  event_zero.synchronize();
+}
+
 void check_misuse_codes() {
   Runtime::instance().enter();  // raw AscendCL calls below need a bound session
   void* ptr = nullptr;
@@ -205,13 +311,18 @@ void check_misuse_codes() {
   EXPECT_CODE(aclrtHostUnregister(&local), ACL_ERROR_RT_PARAM_INVALID);  // never registered
   void* host = nullptr;
   void* alias = nullptr;
-  EXPECT_CODE(aclrtMallocHost(&host, 8192), ACL_SUCCESS);
-  EXPECT_CODE(aclrtHostRegister(static_cast<char*>(host) + 8, 64, ACL_HOST_REGISTER_MAPPED, &alias),
-              ACL_ERROR_RT_ADDR_UNALIGNED);
-  EXPECT_CODE(aclrtHostRegister(host, 8192, ACL_HOST_REGISTER_MAPPED, &alias), ACL_SUCCESS);
+  EXPECT_CODE(aclrtMallocHost(&host, 3 * 4096), ACL_SUCCESS);
+  // aclrtMallocHost promises 64-byte alignment only; registration needs a 4 KB boundary.
+  EXPECT(reinterpret_cast<uintptr_t>(host) % 64 == 0);
   EXPECT_CODE(aclrtHostRegister(host, 4096, ACL_HOST_REGISTER_MAPPED, &alias),
+              ACL_ERROR_RT_ADDR_UNALIGNED);
+  char* page = static_cast<char*>(host) + (4096 - reinterpret_cast<uintptr_t>(host) % 4096);
+  EXPECT_CODE(aclrtHostRegister(page, 8192, ACL_HOST_REGISTER_MAPPED, &alias), ACL_SUCCESS);
+  EXPECT_CODE(aclrtHostRegister(page, 4096, ACL_HOST_REGISTER_MAPPED, &alias),
               ACL_ERROR_RT_PARAM_INVALID);
-  EXPECT_CODE(aclrtHostUnregister(host), ACL_SUCCESS);
+  EXPECT_CODE(aclrtHostRegister(page, 4096, ACL_HOST_REGISTER_READONLY, &alias),
+              ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_CODE(aclrtHostUnregister(page), ACL_SUCCESS);
   EXPECT_CODE(aclrtFreeHost(host), ACL_SUCCESS);
   EXPECT_CODE(aclrtFreeHost(host), ACL_ERROR_RT_PARAM_INVALID);
 
@@ -221,7 +332,7 @@ void check_misuse_codes() {
   EXPECT_CODE(aclrtCreateStreamWithConfig(&bogus_stream, 8, 0), ACL_ERROR_INVALID_PARAM);
   aclrtEvent timing_only = nullptr;
   EXPECT_CODE(aclrtCreateEventWithFlag(&timing_only, ACL_EVENT_TIME_LINE), ACL_SUCCESS);
-  EXPECT_CODE(aclrtCreateEventWithFlag(&timing_only, 0x40u), ACL_ERROR_INVALID_PARAM);
+  EXPECT_CODE(aclrtCreateEventWithFlag(&timing_only, 0x80u), ACL_ERROR_INVALID_PARAM);
   EXPECT_CODE(aclrtStreamWaitEvent(nullptr, timing_only), ACL_ERROR_RT_PARAM_INVALID);
   EXPECT_CODE(aclrtDestroyEvent(timing_only), ACL_SUCCESS);
 
@@ -245,6 +356,7 @@ void check_misuse_codes() {
   Buffer source(BufferKind::kPinned, 64);
   EXPECT_CODE(aclrtMalloc(&doomed, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
   gated.memcpy_async(doomed, 64, source.ptr(), 64, ACL_MEMCPY_HOST_TO_DEVICE);
+  Runtime::instance().enter();  // the raw free runs in the current device's context
   EXPECT_CODE(aclrtFree(doomed), ACL_SUCCESS);
   gate_open = true;
   EXPECT(acl_code_of([&] { gated.synchronize(); }) == ACL_ERROR_RT_PARAM_INVALID);
@@ -296,6 +408,8 @@ void check_zero_copy() {
       ACL_ERROR_RT_PARAM_INVALID);
 }
 
+#endif  // ASCEND_VLM_BACKEND_SIM
+
 void check_reentrancy() {
   Runtime& runtime = Runtime::instance();
   runtime.init();
@@ -312,6 +426,19 @@ void check_reentrancy() {
   EXPECT(runtime.initialized());
 }
 
+#ifdef ASCEND_VLM_BACKEND_SIM
+// After shutdown everything is released, devices reset, and aclInit ran once.
+void check_no_leaks_after_shutdown() {
+  aclsimResourceCounts counts{};
+  EXPECT_CODE(aclsimGetResourceCounts(&counts), ACL_SUCCESS);
+  EXPECT(counts.streams == 0 && counts.events == 0 && counts.deviceAllocations == 0);
+  EXPECT(counts.hostAllocations == 0 && counts.hostRegistrations == 0);
+  EXPECT(counts.subscribedStreams == 0 && counts.deviceRefs == 0 && counts.liveContexts == 0);
+  EXPECT(counts.resetsWithLiveHandles == 0);
+  EXPECT(counts.initCalls == 1 && counts.finalizeCalls == 1);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -324,13 +451,20 @@ int main(int argc, char** argv) {
   check_threads(4, 200);
   check_session_churn(4, 50);
   check_destroy_race(3, 20);
+  check_two_devices(mode == "all" ? 20 : 5);
   if (mode == "all") {
+#ifdef ASCEND_VLM_BACKEND_SIM
+    check_cann_rules();
     check_misuse_codes();
     check_out_of_memory();
     check_zero_copy();
+#endif
     check_reentrancy();
   }
   Runtime::instance().shutdown();
+#ifdef ASCEND_VLM_BACKEND_SIM
+  check_no_leaks_after_shutdown();
+#endif
   std::printf("runtime_stress %s: %d failure(s)\n", mode.c_str(), failures.load());
   return failures.load() == 0 ? 0 : 1;
 }

@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 from _runtime_helpers import (
-    ACL_ERROR_RT_ADDR_UNALIGNED,
     ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID,
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
     ACL_ERROR_RT_INVALID_HANDLE,
