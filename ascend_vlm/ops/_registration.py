@@ -98,11 +98,26 @@ def register_op(
                 inputs[slot] = saved
         with torch.enable_grad():
             outputs = reference(*inputs, **ctx.keyword_only_inputs)
-            grads = torch.autograd.grad(
-                outputs if isinstance(outputs, tuple) else (outputs,),
-                [inputs[i] for i in wanted],
-                grad_outputs,
-                allow_unused=True,
+            # The op marks every output as requiring grad when any input does, but an output
+            # computed only from inputs without grad (k_out when only q requires grad) has no
+            # graph here, and an output the loss does not use may come without a gradient:
+            # differentiate only the outputs that have both.
+            pairs = [
+                (output, grad)
+                for output, grad in zip(
+                    outputs if isinstance(outputs, tuple) else (outputs,), grad_outputs, strict=True
+                )
+                if grad is not None and output.requires_grad
+            ]
+            grads = (
+                torch.autograd.grad(
+                    [output for output, _ in pairs],
+                    [inputs[i] for i in wanted],
+                    [grad for _, grad in pairs],
+                    allow_unused=True,
+                )
+                if pairs
+                else [None] * len(wanted)
             )
         result: list[torch.Tensor | None] = [None] * len(inputs)
         for slot, grad in zip(wanted, grads, strict=True):

@@ -7,14 +7,24 @@ GPT-J pairs (``(-x[1::2], x[0::2])`` interleaved). ``Dr = cos.shape[-1]`` may be
 ``mrope_section * 2``, comes from component ``i % 3`` (temporal, height, width) — the rule of
 transformers' ``apply_multimodal_rotary_pos_emb``.
 
+Scaled tables: transformers multiplies cos/sin by the rotary module's ``attention_scaling``
+(YaRN, longrope: a factor > 1), so ``|cos|`` and ``|sin|`` may exceed 1. ``table_scale`` is a
+bound on them, supplied by the caller, which knows it ahead of time (e.g. at patch time from the
+model's rotary embedding module); it does not change the result, which is the formula above for
+any bound ``>= max(|cos|, |sin|)``. The reference ignores it.
+
 NPU: ``torch_npu.npu_rotary_mul(x, r1, r2, rotary_mode="half"|"interleave")``; all inputs 4-D,
 D even and < 896; for BNSD x, r1/r2 are 11SD, B1SD or BNSD in half mode and only 11SD in
-interleave mode (Ascend/op-plugin docs/context/torch_npu-npu_rotary_mul.md).
+interleave mode; r1/r2 values in [-1, 1] (Ascend/op-plugin
+docs/context/torch_npu-npu_rotary_mul.md; torch_npu 7.0.0 API reference). With ``table_scale``
+!= 1 the kernel gets ``cos / table_scale`` and ``sin / table_scale`` and its output is multiplied
+by ``table_scale``: within the kernel's range, with no host read of the tables.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 
 import torch
@@ -81,10 +91,24 @@ def _check(
     table_batch, table_seq, rotary_dim = table_shape
     if table_batch not in (1, batch) or table_seq != seq:
         raise invalid(
-            "cos", f"[{batch} or 1, S={seq}, Dr] after mrope selection", f"shape {tuple(cos.shape)}"
+            "cos", _accepted_table_shapes(batch, seq, mrope_section), f"shape {tuple(cos.shape)}"
         )
     if rotary_dim > head_dim or rotary_dim % 2:
         raise invalid("cos", f"an even last dim Dr <= D={head_dim}", f"shape {tuple(cos.shape)}")
+
+
+def _accepted_table_shapes(batch: int, seq: int, mrope_section: list[int] | None) -> str:
+    """The cos shapes accepted for an ``x`` of this batch and sequence length, in words."""
+    leads = [(), (1,)] if batch == 1 else [(), (1,), (f"B={batch}",)]
+    if mrope_section is not None:
+        leads = [(3, *lead) for lead in leads[1:]]
+    shapes = ["[" + "".join(f"{d}, " for d in lead) + f"S={seq}, Dr]" for lead in leads]
+    return " or ".join(shapes) if len(shapes) < 3 else f"{shapes[0]}, {shapes[1]} or {shapes[2]}"
+
+
+def _check_table_scale(table_scale: float) -> None:
+    if type(table_scale) not in (float, int) or not 0.0 < table_scale < math.inf:
+        raise invalid("table_scale", "a finite float > 0 (a bound on |cos| and |sin|)", table_scale)
 
 
 def _select_tables(table: torch.Tensor, mrope_section: list[int] | None) -> torch.Tensor:
@@ -104,8 +128,8 @@ def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-# (x, cos4, sin4, interleaved, tables shared by the inputs of one call) -> rotated x
-_Rotation = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, dict], torch.Tensor]
+# (x, cos4, sin4, interleaved, table_scale, tables shared by the inputs of one call) -> rotated x
+_Rotation = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float, dict], torch.Tensor]
 
 
 def _rotated(
@@ -113,6 +137,7 @@ def _rotated(
     cos4: torch.Tensor,
     sin4: torch.Tensor,
     interleaved: bool,
+    _table_scale: float = 1.0,
     _tables: dict | None = None,
 ) -> torch.Tensor:
     """The reference rotation of one checked ``x`` with selected ``[B|1, 1, S, Dr]`` tables
@@ -130,11 +155,16 @@ def _rotated(
 
 
 def _npu_rotated(
-    x: torch.Tensor, cos4: torch.Tensor, sin4: torch.Tensor, interleaved: bool, tables: dict
+    x: torch.Tensor,
+    cos4: torch.Tensor,
+    sin4: torch.Tensor,
+    interleaved: bool,
+    table_scale: float,
+    tables: dict,
 ) -> torch.Tensor:
     """One checked ``x`` through ``npu_rotary_mul`` when the kernel takes it, else the
-    reference. ``tables`` caches the kernel-ready (dtype-cast, contiguous) r1/r2 per dtype, so
-    q and k of one call share them."""
+    reference. ``tables`` caches the kernel-ready (divided by ``table_scale``, dtype-cast,
+    contiguous) r1/r2 per dtype, so q and k of one call share them."""
     rotary_dim = cos4.shape[-1]
     batch, heads = x.shape[0], x.shape[1]
     kernel_fits = (
@@ -145,9 +175,9 @@ def _npu_rotated(
         and not (interleaved and cos4.shape[0] != 1)
     )
     if not kernel_fits:
-        return _rotated(x, cos4, sin4, interleaved, tables)
+        return _rotated(x, cos4, sin4, interleaved)
     if x.dtype not in tables:
-        tables[x.dtype] = (cos4.to(x.dtype).contiguous(), sin4.to(x.dtype).contiguous())
+        tables[x.dtype] = tuple(_kernel_table(t, x.dtype, table_scale) for t in (cos4, sin4))
     r1, r2 = tables[x.dtype]
     torch_npu = importlib.import_module("torch_npu")
     rotated = torch_npu.npu_rotary_mul(
@@ -156,9 +186,19 @@ def _npu_rotated(
         r2,
         rotary_mode="interleave" if interleaved else "half",
     )
+    if table_scale != 1.0:
+        rotated = rotated * table_scale
     if rotary_dim == x.shape[-1]:
         return rotated
     return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def _kernel_table(table: torch.Tensor, dtype: torch.dtype, table_scale: float) -> torch.Tensor:
+    """``table / table_scale`` as a contiguous ``dtype`` tensor for the kernel's r1/r2; the
+    division runs in fp32 so that a unit table rounds to within one unit of 1 in ``dtype``."""
+    if table_scale != 1.0:
+        table = table.float() / table_scale
+    return table.to(dtype).contiguous()
 
 
 def _empty_like(x: torch.Tensor, *_: object) -> torch.Tensor:
@@ -176,10 +216,12 @@ def _single_op(rotate: _Rotation) -> Callable[..., torch.Tensor]:
         *,
         mrope_section: list[int] | None = None,
         interleaved: bool = False,
+        table_scale: float = 1.0,
     ) -> torch.Tensor:
         _check(x, cos, sin, mrope_section)
+        _check_table_scale(table_scale)
         cos4, sin4 = _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
-        return rotate(x, cos4, sin4, interleaved, {})
+        return rotate(x, cos4, sin4, interleaved, table_scale, {})
 
     return implementation
 
@@ -195,12 +237,15 @@ def rotary_embedding(
     *,
     mrope_section: list[int] | None = None,
     interleaved: bool = False,
+    table_scale: float = 1.0,
 ) -> torch.Tensor:
     """Apply RoPE to ``x`` ``[B, N, S, D]``; cos/sin ``[B|1, S, Dr]``, ``[S, Dr]`` or, with
-    ``mrope_section``, ``[3, B, S, Dr]``. Returns ``x``'s shape and dtype (see module docstring
-    for the formula)."""
+    ``mrope_section``, ``[3, B|1, S, Dr]``. ``table_scale``: a bound on ``|cos|`` and ``|sin|``
+    (1.0 for unit tables; transformers' ``attention_scaling`` for scaled ones). Returns ``x``'s
+    shape and dtype (see module docstring for the formula). Raises ValueError naming the
+    argument for bad shapes, dtypes or a ``table_scale`` that is not a finite float > 0."""
     return rotary_embedding_kernel_for(x, cos, sin)(
-        x, cos, sin, mrope_section=mrope_section, interleaved=interleaved
+        x, cos, sin, mrope_section=mrope_section, interleaved=interleaved, table_scale=table_scale
     )
 
 
@@ -213,10 +258,12 @@ def _pair_tables(
     cos: torch.Tensor,
     sin: torch.Tensor,
     mrope_section: list[int] | None,
+    table_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Check q and k against the tables, then select the tables once for both."""
     _check(q, cos, sin, mrope_section, name="q")
     _check(k, cos, sin, mrope_section, name="k")
+    _check_table_scale(table_scale)
     if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
         raise invalid("k", f"batch and sequence (dims 0, 2) of q {tuple(q.shape)}", tuple(k.shape))
     return _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
@@ -234,11 +281,12 @@ def _pair_op(rotate: _Rotation) -> Callable[..., tuple[torch.Tensor, torch.Tenso
         *,
         mrope_section: list[int] | None = None,
         interleaved: bool = False,
+        table_scale: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos4, sin4 = _pair_tables(q, k, cos, sin, mrope_section)
+        cos4, sin4 = _pair_tables(q, k, cos, sin, mrope_section, table_scale)
         shared: dict = {}
-        return rotate(q, cos4, sin4, interleaved, shared), rotate(
-            k, cos4, sin4, interleaved, shared
+        return rotate(q, cos4, sin4, interleaved, table_scale, shared), rotate(
+            k, cos4, sin4, interleaved, table_scale, shared
         )
 
     return implementation
@@ -260,10 +308,17 @@ def rotary_embedding_pair(
     *,
     mrope_section: list[int] | None = None,
     interleaved: bool = False,
+    table_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin))`` (same options) in one
     call: the tables are selected once, q and k are never joined. ``k`` may have fewer heads than
     ``q`` (GQA) but shares its batch and sequence length."""
     return rotary_embedding_pair_kernel_for(q, k, cos, sin)(
-        q, k, cos, sin, mrope_section=mrope_section, interleaved=interleaved
+        q,
+        k,
+        cos,
+        sin,
+        mrope_section=mrope_section,
+        interleaved=interleaved,
+        table_scale=table_scale,
     )

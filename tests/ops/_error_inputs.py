@@ -110,7 +110,21 @@ def _rotary_embedding_errors() -> ErrorTable:
         ),
         "seq": (
             lambda: ops.rotary_embedding(X, TABLE[:4], TABLE[:4]),
-            "cos: expected [2 or 1, S=5",
+            "cos: expected [S=5, Dr], [1, S=5, Dr] or [B=2, S=5, Dr], got shape (4, 8)",
+        ),
+        "seq_batch_1": (
+            lambda: ops.rotary_embedding(X[:1], TABLE[:4], TABLE[:4]),
+            "cos: expected [S=5, Dr] or [1, S=5, Dr], got shape (4, 8)",
+        ),
+        "mrope_batch": (
+            lambda: ops.rotary_embedding(
+                X, TABLE.expand(3, 3, 5, 8), TABLE.expand(3, 3, 5, 8), mrope_section=[1, 1, 2]
+            ),
+            "cos: expected [3, 1, S=5, Dr] or [3, B=2, S=5, Dr], got shape (3, 3, 5, 8)",
+        ),
+        "table_scale": (
+            lambda: ops.rotary_embedding(X, TABLE, TABLE, table_scale=0.0),
+            "table_scale: expected a finite float > 0 (a bound on |cos| and |sin|), got 0.0",
         ),
         "odd": (
             lambda: ops.rotary_embedding(X, TABLE[:, :3], TABLE[:, :3]),
@@ -149,7 +163,11 @@ def _rotary_embedding_pair_errors() -> ErrorTable:
         ),
         "table": (
             lambda: ops.rotary_embedding_pair(Q, K, TABLE[:4], TABLE[:4]),
-            "cos: expected [2 or 1, S=5",
+            "cos: expected [S=5, Dr], [1, S=5, Dr] or [B=2, S=5, Dr], got shape (4, 8)",
+        ),
+        "table_scale": (
+            lambda: ops.rotary_embedding_pair(Q, K, TABLE, TABLE, table_scale=float("inf")),
+            "table_scale: expected a finite float > 0 (a bound on |cos| and |sin|), got inf",
         ),
     }
 

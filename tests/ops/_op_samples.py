@@ -4,6 +4,10 @@ Each op has a hypothesis strategy drawing a *case* (shapes, dtype, masks, flags)
 object that builds the op's inputs and the expected output from a naive float64 formula written
 here from the math — it shares no code with ``ascend_vlm.ops`` or the mock NPU. Forward,
 backward, mock-NPU and compile tests all draw from these generators.
+
+Every case has ``op_args()`` (the op's positional args and kwargs), ``naive(*args)`` (the float64
+formula of those positional args: one tensor, or a tuple for a multi-output op; differentiable
+through the floating-point tensors, which the gradient tests rely on) and ``expected()``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,21 @@ def _generator(seed: int) -> torch.Generator:
 
 def _randn(shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(shape, generator=_generator(seed), dtype=torch.float64).to(dtype)
+
+
+def as_float64(args: tuple) -> tuple:
+    """``args`` with every floating-point tensor converted to float64 (others as they are)."""
+    return tuple(
+        a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+    )
+
+
+class NaiveCase:
+    """``expected()``: the case's naive formula on its own inputs, in float64."""
+
+    def expected(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        args, _ = self.op_args()
+        return self.naive(*as_float64(args))
 
 
 # --- attention ---------------------------------------------------------------------------------
@@ -75,7 +94,7 @@ MASK_KINDS = ("none", "left_pad", "right_pad", "bool_4d", "additive")
 
 
 @dataclass(frozen=True)
-class AttentionCase:
+class AttentionCase(NaiveCase):
     layout: str
     batch: int
     kv_heads: int
@@ -147,8 +166,10 @@ class AttentionCase:
             kwargs.update(num_heads=self.heads, num_kv_heads=self.kv_heads)
         return (q, k, v), kwargs
 
-    def expected(self) -> torch.Tensor:
-        q, k, v = self.bnsd_inputs()
+    def naive(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.layout == "BSH":
+            q = from_bsh(q, self.heads)
+            k, v = from_bsh(k, self.kv_heads), from_bsh(v, self.kv_heads)
         scale = 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
         out = naive_attention(q, k, v, self.expected_keep(), None, scale)
         return to_bsh(out) if self.layout == "BSH" else out
@@ -157,6 +178,11 @@ class AttentionCase:
 def to_bsh(bnsd: torch.Tensor) -> torch.Tensor:
     batch, heads, seq, dim = bnsd.shape
     return bnsd.transpose(1, 2).reshape(batch, seq, heads * dim)
+
+
+def from_bsh(bsh: torch.Tensor, heads: int) -> torch.Tensor:
+    batch, seq, hidden = bsh.shape
+    return bsh.reshape(batch, seq, heads, hidden // heads).transpose(1, 2)
 
 
 @st.composite
@@ -186,7 +212,7 @@ def attention_cases(
 
 
 @dataclass(frozen=True)
-class VarlenCase:
+class VarlenCase(NaiveCase):
     q_lens: tuple[int, ...]
     kv_lens: tuple[int, ...]
     kv_heads: int
@@ -207,8 +233,7 @@ class VarlenCase:
         cu_k = torch.tensor([0, *itertools.accumulate(self.kv_lens)], dtype=self.cu_dtype)
         return (q, k, v, cu_q, cu_k), {"causal": self.causal, "scale": self.scale}
 
-    def expected(self) -> torch.Tensor:
-        (q, k, v, _, _), _ = self.op_args()
+    def naive(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_cu) -> torch.Tensor:
         scale = 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
         pieces, q_at, k_at = [], 0, 0
         for q_len, kv_len in zip(self.q_lens, self.kv_lens, strict=True):
@@ -251,7 +276,7 @@ def varlen_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
 
 
 @dataclass(frozen=True)
-class RmsNormCase:
+class RmsNormCase(NaiveCase):
     shape: tuple[int, ...]
     eps: float
     offset: float
@@ -264,11 +289,9 @@ class RmsNormCase:
         weight = _randn(self.shape[-1:], self.seed + 1, self.weight_dtype)
         return (x, weight, self.eps), {"offset": self.offset}
 
-    def expected(self) -> torch.Tensor:
-        (x, weight, eps), _ = self.op_args()
-        x64 = x.double()
-        rms = torch.sqrt((x64 * x64).sum(-1, keepdim=True) / x.shape[-1] + eps)
-        return x64 / rms * (self.offset + weight.double())
+    def naive(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rms = torch.sqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + eps)
+        return x / rms * (self.offset + weight)
 
 
 @st.composite
@@ -300,7 +323,10 @@ def rotate_index_and_sign(rotary_dim: int, interleaved: bool) -> tuple[torch.Ten
 
 
 @dataclass(frozen=True)
-class RotaryCase:
+class RotaryCase(NaiveCase):
+    """``table_scale`` multiplies the unit cos/sin tables, as transformers' ``attention_scaling``
+    does (YaRN, longrope), and is passed to the op as the tables' bound."""
+
     batch: int
     heads: int
     seq: int
@@ -311,9 +337,9 @@ class RotaryCase:
     interleaved: bool
     dtype: torch.dtype
     seed: int
+    table_scale: float = 1.0
 
-    def op_args(self) -> tuple[tuple[torch.Tensor, ...], dict]:
-        x = _randn((self.batch, self.heads, self.seq, self.head_dim), self.seed, self.dtype)
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         lead = {"S": (), "1S": (1,), "BS": (self.batch,), "mrope": (3, self.batch)}
         angles = (
             _randn(
@@ -321,10 +347,17 @@ class RotaryCase:
             )
             * 3.0
         )
-        kwargs = {"interleaved": self.interleaved}
+        return tuple((t(angles) * self.table_scale).to(self.dtype) for t in (torch.cos, torch.sin))
+
+    def kwargs(self) -> dict:
+        kwargs = {"interleaved": self.interleaved, "table_scale": self.table_scale}
         if self.mrope_section is not None:
             kwargs["mrope_section"] = list(self.mrope_section)
-        return (x, angles.cos().to(self.dtype), angles.sin().to(self.dtype)), kwargs
+        return kwargs
+
+    def op_args(self) -> tuple[tuple[torch.Tensor, ...], dict]:
+        x = _randn((self.batch, self.heads, self.seq, self.head_dim), self.seed, self.dtype)
+        return (x, *self.tables()), self.kwargs()
 
     def selected_tables(self, table: torch.Tensor) -> torch.Tensor:
         """cos/sin as ``[B|1, 1, S, Dr]``; mrope picks component (chunk index % 3) per dim."""
@@ -338,14 +371,32 @@ class RotaryCase:
             table = table[None]
         return table[:, None]
 
-    def expected(self) -> torch.Tensor:
-        (x, cos, sin), _ = self.op_args()
-        x64 = x.double()
-        cos4, sin4 = self.selected_tables(cos.double()), self.selected_tables(sin.double())
+    def naive(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cos4, sin4 = self.selected_tables(cos), self.selected_tables(sin)
         index, sign = rotate_index_and_sign(self.rotary_dim, self.interleaved)
-        part = x64[..., : self.rotary_dim]
+        part = x[..., : self.rotary_dim]
         rotated = part * cos4 + part[..., index] * sign * sin4
-        return torch.cat((rotated, x64[..., self.rotary_dim :]), dim=-1)
+        return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
+
+
+@dataclass(frozen=True)
+class RotaryPairCase(NaiveCase):
+    """rotary_embedding_pair: q from ``single``, a k with ``key_heads`` heads (GQA)."""
+
+    single: RotaryCase
+    key_heads: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.single.dtype
+
+    def op_args(self) -> tuple[tuple[torch.Tensor, ...], dict]:
+        (q, cos, sin), kwargs = self.single.op_args()
+        k_shape = (q.shape[0], self.key_heads, *q.shape[2:])
+        return (q, _randn(k_shape, self.single.seed + 7, q.dtype), cos, sin), kwargs
+
+    def naive(self, q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.single.naive(q, cos, sin), self.single.naive(k, cos, sin)
 
 
 @st.composite
@@ -370,11 +421,19 @@ def rotary_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
         interleaved=draw(st.booleans()),
         dtype=draw(st.sampled_from(dtypes)),
         seed=draw(st.integers(0, 2**16)),
+        table_scale=draw(st.sampled_from((1.0, 1.0, 1.75))),
     )
 
 
+@st.composite
+def rotary_pair_cases(
+    draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+) -> RotaryPairCase:
+    return RotaryPairCase(draw(rotary_cases(dtypes)), draw(st.integers(1, 3)))
+
+
 @dataclass(frozen=True)
-class SwigluCase:
+class SwigluCase(NaiveCase):
     shape: tuple[int, ...]
     dim: int
     dtype: torch.dtype
@@ -383,11 +442,9 @@ class SwigluCase:
     def op_args(self) -> tuple[tuple[torch.Tensor, ...], dict]:
         return (_randn(self.shape, self.seed, self.dtype), self.dim), {}
 
-    def expected(self) -> torch.Tensor:
-        (x, dim), _ = self.op_args()
+    def naive(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         half = x.shape[dim] // 2
-        gate = x.double().narrow(dim, 0, half)
-        up = x.double().narrow(dim, half, half)
+        gate, up = x.narrow(dim, 0, half), x.narrow(dim, half, half)
         return gate / (1.0 + torch.exp(-gate)) * up
 
 

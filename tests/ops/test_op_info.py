@@ -3,12 +3,16 @@
 * the reference path matches the independent naive formula (hypothesis, fp32/bf16/fp16);
 * the NPU path (mock torch_npu, or real hardware with ASCEND_VLM_TEST_REAL_NPU=1) calls the
   torch_npu kernel when the case is within its documented support and matches the same formula;
+* backward, for every subset of the op's differentiable inputs that requires grad and every
+  subset of its outputs that receives a gradient (the others get None), gives the gradients of
+  the naive float64 formula, on the reference and the NPU path;
 * ``torch.compile(fullgraph=True)`` and ``torch.export`` trace each op (fake impls) and agree
   with eager.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,12 +21,15 @@ import pytest
 import torch
 from _op_samples import (
     KernelSpy,
+    as_float64,
     assert_matches_naive,
     attention_cases,
     on_device,
     rms_norm_cases,
     rotary_cases,
+    rotary_pair_cases,
     swiglu_cases,
+    tolerance,
     varlen_cases,
 )
 from hypothesis import HealthCheck, given, settings
@@ -46,29 +53,58 @@ def _varlen_kernel_applies(case: Any) -> bool:
 
 def _rotary_kernel_applies(case: Any) -> bool:
     """npu_rotary_mul's interleave mode takes only 11SD tables (no per-batch cos/sin)."""
+    case = getattr(case, "single", case)  # the pair's q case
     per_batch = case.table_form in ("BS", "mrope") and case.batch > 1
     return not (case.interleaved and per_batch)
 
 
 @dataclass(frozen=True)
 class OpInfo:
-    op: Callable[..., torch.Tensor]
+    """``differentiable``: positions of the op's inputs that can require grad;
+    ``kernel_launches``: NPU kernel calls per op call when the kernel applies."""
+
+    op: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
     cases: Callable[[], st.SearchStrategy]
     npu_kernel: str
+    differentiable: tuple[int, ...]
     kernel_applies: Callable[[Any], bool] = lambda case: True
+    kernel_launches: int = 1
 
 
 OP_INFOS = {
-    "fused_attention": OpInfo(ops.fused_attention, attention_cases, "npu_fusion_attention"),
+    "fused_attention": OpInfo(
+        ops.fused_attention, attention_cases, "npu_fusion_attention", (0, 1, 2)
+    ),
     "varlen_attention": OpInfo(
-        ops.varlen_attention, varlen_cases, "npu_fusion_attention", _varlen_kernel_applies
+        ops.varlen_attention,
+        varlen_cases,
+        "npu_fusion_attention",
+        (0, 1, 2),
+        _varlen_kernel_applies,
     ),
-    "rms_norm": OpInfo(ops.rms_norm, rms_norm_cases, "npu_rms_norm"),
+    "rms_norm": OpInfo(ops.rms_norm, rms_norm_cases, "npu_rms_norm", (0, 1)),
     "rotary_embedding": OpInfo(
-        ops.rotary_embedding, rotary_cases, "npu_rotary_mul", _rotary_kernel_applies
+        ops.rotary_embedding, rotary_cases, "npu_rotary_mul", (0, 1, 2), _rotary_kernel_applies
     ),
-    "swiglu": OpInfo(ops.swiglu, swiglu_cases, "npu_swiglu"),
+    "rotary_embedding_pair": OpInfo(
+        ops.rotary_embedding_pair,
+        rotary_pair_cases,
+        "npu_rotary_mul",
+        (0, 1, 2, 3),
+        _rotary_kernel_applies,
+        kernel_launches=2,
+    ),
+    "swiglu": OpInfo(ops.swiglu, swiglu_cases, "npu_swiglu", (0,)),
 }
+
+
+def _as_tuple(out: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _assert_all_match_naive(out: Any, expected: Any, dtype: torch.dtype) -> None:
+    for got, want in zip(_as_tuple(out), _as_tuple(expected), strict=True):
+        assert_matches_naive(got, want, dtype)
 
 
 @pytest.mark.parametrize("name", sorted(OP_INFOS))
@@ -78,7 +114,7 @@ def test_reference_matches_naive(name: str, data: st.DataObject) -> None:
     info = OP_INFOS[name]
     case = data.draw(info.cases())
     args, kwargs = case.op_args()
-    assert_matches_naive(info.op(*args, **kwargs), case.expected(), case.dtype)
+    _assert_all_match_naive(info.op(*args, **kwargs), case.expected(), case.dtype)
 
 
 @pytest.mark.parametrize("name", sorted(OP_INFOS))
@@ -90,8 +126,90 @@ def test_npu_path_matches_naive(name: str, data: st.DataObject, mock_npu, monkey
     spy = KernelSpy(monkeypatch, mock_npu.torch_npu, info.npu_kernel)
     args, kwargs = on_device(*case.op_args(), mock_npu.device)
     out = info.op(*args, **kwargs)
-    assert spy.calls == (1 if info.kernel_applies(case) else 0)
-    assert_matches_naive(out, case.expected(), case.dtype)
+    assert spy.calls == (info.kernel_launches if info.kernel_applies(case) else 0)
+    _assert_all_match_naive(out, case.expected(), case.dtype)
+
+
+def _nonempty_subsets(items: tuple[int, ...]) -> list[tuple[int, ...]]:
+    return [
+        subset
+        for size in range(1, len(items) + 1)
+        for subset in itertools.combinations(items, size)
+    ]
+
+
+GRAD_SUBSETS = [
+    (name, subset)
+    for name, info in sorted(OP_INFOS.items())
+    for subset in _nonempty_subsets(info.differentiable)
+]
+
+
+def _weighted_loss(outputs: tuple[torch.Tensor, ...], used: tuple[int, ...]) -> torch.Tensor:
+    """``sum_i <outputs[i], w_i>`` over the ``used`` outputs, with fixed random weights ``w_i``;
+    the other outputs receive no gradient."""
+    generator = torch.Generator().manual_seed(11)
+    return sum(
+        (
+            outputs[i].double()
+            * torch.randn(outputs[i].shape, generator=generator, dtype=torch.float64)
+        ).sum()
+        for i in used
+    )
+
+
+def _grads(loss: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """d loss / d inputs, zeros where the loss does not depend on an input (or on none); the
+    graph is kept for the next subset of outputs."""
+    if not loss.requires_grad:
+        return [torch.zeros_like(t, dtype=torch.float64) for t in inputs]
+    grads = torch.autograd.grad(loss, inputs, allow_unused=True, retain_graph=True)
+    return [
+        torch.zeros_like(t, dtype=torch.float64) if g is None else g.double()
+        for g, t in zip(grads, inputs, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "mock"])
+@pytest.mark.parametrize(
+    ("name", "requiring"),
+    GRAD_SUBSETS,
+    ids=[f"{n}-{'+'.join(map(str, s))}" for n, s in GRAD_SUBSETS],
+)
+@settings(
+    max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_grad_of_each_input_subset_matches_naive(
+    name: str, requiring: tuple[int, ...], backend: str, data: st.DataObject, request
+) -> None:
+    """Only the inputs at positions ``requiring`` require grad; the loss uses each nonempty
+    subset of the outputs in turn. fp32 op gradients against the float64 formula's."""
+    info = OP_INFOS[name]
+    case = data.draw(info.cases(dtypes=(torch.float32,)))
+    args, kwargs = case.op_args()
+    if backend == "mock":
+        args, kwargs = on_device(args, kwargs, request.getfixturevalue("mock_npu").device)
+    leaves = [args[i].detach().requires_grad_(True) for i in requiring]
+    op_args = list(args)
+    naive_args = list(as_float64(args))
+    naive_leaves = []
+    for position, leaf in zip(requiring, leaves, strict=True):
+        op_args[position] = leaf
+        naive_args[position] = leaf.detach().double().requires_grad_(True)
+        naive_leaves.append(naive_args[position])
+    outputs = _as_tuple(info.op(*op_args, **kwargs))
+    expected = _as_tuple(case.naive(*naive_args))
+    for used in _nonempty_subsets(tuple(range(len(outputs)))):
+        got = _grads(_weighted_loss(outputs, used), leaves)
+        want = _grads(_weighted_loss(expected, used), naive_leaves)
+        for position, got_grad, want_grad in zip(requiring, got, want, strict=True):
+            torch.testing.assert_close(
+                got_grad.cpu(),
+                want_grad,
+                **tolerance(torch.float32),
+                msg=lambda m, p=position, u=used: f"input {p}, outputs {u}: {m}",
+            )
 
 
 def _compile_sample(name: str) -> tuple[tuple, dict]:
@@ -112,11 +230,15 @@ def _compile_sample(name: str) -> tuple[tuple, dict]:
 def test_compile_fullgraph_matches_eager(name: str) -> None:
     op = OP_INFOS[name].op
     args, kwargs = _compile_sample(name)
+
+    def doubled(*a: Any) -> list[torch.Tensor]:
+        return [2.0 * out for out in _as_tuple(op(*a, **kwargs))]
+
     torch._dynamo.reset()
     # aot_eager: dynamo + AOTAutograd on fake tensors (the fake impls), without inductor C++
     # codegen, whose first compile alone costs ~50 s on a 2-core machine.
-    compiled = torch.compile(lambda *a: op(*a, **kwargs) * 2.0, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(*args), op(*args, **kwargs) * 2.0)
+    compiled = torch.compile(doubled, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(*args), doubled(*args))
 
 
 def test_export_traces_ops() -> None:
