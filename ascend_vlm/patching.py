@@ -258,24 +258,27 @@ def _swiglu_mlp_forward(
     return module.down_proj(gated)
 
 
-def _rope_text(kernel_for: Callable, q, k, cos, sin, unsqueeze_dim=1):
+def _rope_text(kernel_for: Callable, table_scale: float, q, k, cos, sin, unsqueeze_dim=1):
     """Drop-in for transformers' `apply_rotary_pos_emb` (once ``kernel_for``, the
-    rotary_embedding_pair module's, is bound): q/k [B, N, S, D], cos/sin [B, S, D]."""
+    rotary_embedding_pair module's, and ``table_scale``, a bound on the model's |cos| and |sin|,
+    are bound): q/k [B, N, S, D], cos/sin [B, S, D]."""
     if unsqueeze_dim != 1:
         raise ValueError(
             f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]), got {unsqueeze_dim}"
         )
-    return kernel_for(q, k, cos, sin)(q, k, cos, sin)
+    return kernel_for(q, k, cos, sin)(q, k, cos, sin, table_scale=table_scale)
 
 
-def _rope_vision(kernel_for: Callable, q, k, cos, sin):
-    """Drop-in for `apply_rotary_pos_emb_vision` (once ``kernel_for`` is bound): q/k [T, N, D],
-    cos/sin [T, D], fp32 math. The op sees q/k as [1, N, T, D] views."""
+def _rope_vision(kernel_for: Callable, table_scale: float, q, k, cos, sin):
+    """Drop-in for `apply_rotary_pos_emb_vision` (once ``kernel_for`` and ``table_scale`` are
+    bound): q/k [T, N, D], cos/sin [T, D], fp32 math. The op sees q/k as [1, N, T, D] views."""
     q_bnsd = (q if q.dtype == _FLOAT32 else q.float()).transpose(0, 1).unsqueeze(0)
     k_bnsd = (k if k.dtype == _FLOAT32 else k.float()).transpose(0, 1).unsqueeze(0)
     cos = cos if cos.dtype == _FLOAT32 else cos.float()
     sin = sin if sin.dtype == _FLOAT32 else sin.float()
-    q_out, k_out = kernel_for(q_bnsd, k_bnsd, cos, sin)(q_bnsd, k_bnsd, cos, sin)
+    q_out, k_out = kernel_for(q_bnsd, k_bnsd, cos, sin)(
+        q_bnsd, k_bnsd, cos, sin, table_scale=table_scale
+    )
     q_out, k_out = q_out[0].transpose(0, 1), k_out[0].transpose(0, 1)  # -> [T, N, D]
     return (
         q_out if q_out.dtype == q.dtype else q_out.to(q.dtype),
@@ -289,22 +292,47 @@ _ROPE_STYLES = {
 }
 
 
-def _rope_adapter(style: str) -> Callable:
+def _rope_adapter(style: str, table_scale: float) -> Callable:
     """The drop-in for the module-level rotary function of ``style`` ("text" or "vision")."""
     adapter, _ = _ROPE_STYLES[style]
     return functools.partial(
-        adapter, _op_module("rotary_embedding").rotary_embedding_pair_kernel_for
+        adapter, _op_module("rotary_embedding").rotary_embedding_pair_kernel_for, table_scale
     )
 
 
+def _rope_table_scale(modules: list[nn.Module]) -> float:
+    """A bound on |cos| and |sin| of the RoPE tables made in one part of a model: the largest
+    ``attention_scaling`` (or per-layer-type ``<type>_attention_scaling``, Gemma3) that its
+    rotary embedding modules multiply their tables by, and at least 1.0 (unit tables).
+
+    Read once at patch time; the factor is fixed at the module's construction (dynamic and
+    longrope updates change the frequencies, not the factor). Any bound gives the same result
+    (ops.rotary_embedding's ``table_scale``), so one bound serves every rotary module.
+    """
+    scales = [
+        value
+        for module in modules
+        for name, value in vars(module).items()
+        if name.endswith("attention_scaling") and type(value) in (float, int)
+    ]
+    return float(max([1.0, *scales]))
+
+
 @functools.cache
-def _forward_with_rope(forward: types.FunctionType, function_name: str, style: str):
+def _forward_with_rope(
+    forward: types.FunctionType, function_name: str, style: str, table_scale: float = 1.0
+):
     """`forward`'s own code with the global `function_name` resolved to our RoPE adapter.
 
-    One globals snapshot per (forward, function) pair; the original module is not modified.
+    One globals snapshot per (forward, function, style, scale); the original module is not
+    modified. The snapshot drops ``__name__``: Dynamo resolves the globals of a function it
+    inlines through the module of that name when there is one, and would then guard on the
+    module's own `function_name` (transformers' function) instead of our adapter; without it,
+    Dynamo reads and guards on this dict, so torch.compile and torch.export see the adapter.
     """
     rebound_globals = dict(forward.__globals__)
-    rebound_globals[function_name] = _rope_adapter(style)
+    rebound_globals[function_name] = _rope_adapter(style, table_scale)
+    del rebound_globals["__name__"]
     clone = types.FunctionType(
         forward.__code__,
         rebound_globals,
@@ -321,16 +349,20 @@ class _RopeForward(functools.partial):
     """A module's ``forward`` rebound by `_forward_with_rope`, bound to the module (called like
     the bound method). Pickles as its recipe: the rebound function has no importable name."""
 
-    recipe: tuple[str, str]  # (function_name, style)
+    recipe: tuple[str, str, float]  # (function_name, style, table_scale)
 
     def __reduce__(self):
         return _rope_forward, (self.args[0], *self.recipe)
 
 
-def _rope_forward(module: nn.Module, function_name: str, style: str) -> _RopeForward:
-    """``module.forward`` with its class forward's `function_name` resolved to our adapter."""
-    forward = _RopeForward(_forward_with_rope(type(module).forward, function_name, style), module)
-    forward.recipe = (function_name, style)
+def _rope_forward(
+    module: nn.Module, function_name: str, style: str, table_scale: float = 1.0
+) -> _RopeForward:
+    """``module.forward`` with its class forward's `function_name` resolved to our adapter,
+    which hands the op ``table_scale`` (a bound on the tables' |cos| and |sin|)."""
+    clone = _forward_with_rope(type(module).forward, function_name, style, table_scale)
+    forward = _RopeForward(clone, module)
+    forward.recipe = (function_name, style, table_scale)
     return forward
 
 
@@ -535,6 +567,7 @@ def _patch_attention(state: _PatchState, part: str, modules, spec: PartSpec) -> 
 def _patch_modules(state: _PatchState, part: str, modules, spec: PartSpec) -> None:
     options, report = state.options, state.report
     enabled_part = part == "text" or options["vision"]
+    table_scale = _rope_table_scale(modules) if spec.ropes else 1.0
     for module in modules:
         name = type(module).__name__
         for norm in spec.norms:
@@ -545,7 +578,7 @@ def _patch_modules(state: _PatchState, part: str, modules, spec: PartSpec) -> No
                 _patch_mlp(state, module, enabled_part and options["mlp"])
         for rope in spec.ropes:
             if name in rope.classes:
-                _patch_rope(state, module, rope, enabled_part and options["rope"])
+                _patch_rope(state, module, rope, enabled_part and options["rope"], table_scale)
         for leave in spec.left_alone:
             if name in leave.classes:
                 report._count(report.left_alone, (leave.kind, name, leave.reason))
@@ -596,15 +629,18 @@ def _patch_mlp(state: _PatchState, module: nn.Module, enabled: bool) -> None:
         report._count(report.swapped, ("mlp", name, "ops.swiglu"))
 
 
-def _patch_rope(state: _PatchState, module: nn.Module, rope: Rope, enabled: bool) -> None:
+def _patch_rope(
+    state: _PatchState, module: nn.Module, rope: Rope, enabled: bool, table_scale: float
+) -> None:
     name, report = type(module).__name__, state.report
     refusal = _disabled("rope") if not enabled else _rope_refusal(module, rope)
     if refusal is not None:
         report._count(report.left_alone, ("rope", name, refusal))
         return
-    state.rebind(module, "forward", _rope_forward(module, rope.function, rope.style))
+    state.rebind(module, "forward", _rope_forward(module, rope.function, rope.style, table_scale))
+    scaled = f", table_scale={table_scale:g}" if table_scale != 1.0 else ""
     report._count(
-        report.swapped, ("rope", name, f"ops.rotary_embedding_pair (via {rope.function})")
+        report.swapped, ("rope", name, f"ops.rotary_embedding_pair (via {rope.function}{scaled})")
     )
 
 
