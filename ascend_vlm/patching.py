@@ -292,8 +292,9 @@ _ROPE_STYLES = {
 }
 
 
-def _rope_adapter(style: str, table_scale: float) -> Callable:
-    """The drop-in for the module-level rotary function of ``style`` ("text" or "vision")."""
+def _rope_adapter(style: str, table_scale: float = 1.0) -> Callable:
+    """The drop-in for the module-level rotary function of ``style`` ("text" or "vision"), for
+    tables bounded by ``table_scale`` (1.0: unit tables)."""
     adapter, _ = _ROPE_STYLES[style]
     return functools.partial(
         adapter, _op_module("rotary_embedding").rotary_embedding_pair_kernel_for, table_scale
