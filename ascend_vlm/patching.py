@@ -4,9 +4,9 @@ How (the *what* lives in `ascend_vlm.models`):
 
 * attention: our function is registered in transformers' `AttentionInterface` and
   `AttentionMaskInterface` under ``ATTENTION_NAME`` (it contains "flash", so Qwen2-VL-style vision
-  towers take their single varlen call instead of a per-image loop with a host sync), and the
-  ``_attn_implementation`` of this model's own config objects is switched to it. Other models in
-  the process keep their own configs and are untouched.
+  towers take their single varlen call instead of a per-image loop with a host sync). The
+  modules inside the model read private copies of their configs naming it (`_route_attention`);
+  the configs the caller holds, and every other model sharing them, are untouched.
 * norms, MLPs: ``forward`` is rebound on the module instance (``module.__dict__["forward"]``);
   weights are the module's own Parameters, read at call time (no copies), and ``extra_repr``
   says which fused op runs. A gated MLP hands ``cat(gate, up)`` to ``ops.swiglu`` only when the
@@ -28,6 +28,7 @@ function with transformers, so the loaded model runs patched and still unpatches
 
 from __future__ import annotations
 
+import copy
 import enum
 import functools
 import importlib
@@ -454,7 +455,6 @@ class _PatchState:
     options: dict
     report: PatchReport
     rebinds: list[tuple[nn.Module, str, object]] = field(default_factory=list)
-    configs: list[tuple[object, object]] = field(default_factory=list)
 
     def rebind(self, module: nn.Module, name: str, value: object) -> None:
         """Set instance attribute `name` of `module` to `value`, recording what was there.
@@ -476,18 +476,12 @@ class _PatchState:
         _register_attention()
         self.__dict__.update(state)
 
-    def set_attn_implementation(self, config) -> None:
-        self.configs.append((config, config._attn_implementation_internal))
-        config._attn_implementation_internal = ATTENTION_NAME
-
     def revert(self) -> None:
         for module, name, previous in reversed(self.rebinds):
             if previous is _MISSING:
                 module.__dict__.pop(name, None)
             else:
                 module.__dict__[name] = previous
-        for config, previous in reversed(self.configs):
-            config._attn_implementation_internal = previous
 
 
 def _base_model(model: nn.Module) -> nn.Module:
@@ -540,13 +534,14 @@ def _attention_configs(modules: list[nn.Module], classes: tuple[str, ...]) -> tu
     return list(configs.values()), count
 
 
-def _patch_attention(state: _PatchState, part: str, modules, spec: PartSpec) -> None:
+def _patch_attention(state: _PatchState, part: str, modules, spec: PartSpec) -> list:
+    """Report the attention of one part; returns the configs to route to our attention."""
     kind = f"attention-{part}"
     report = state.report
     configs, count = _attention_configs(modules, spec.attention)
     label = "/".join(spec.attention)
     if count == 0:
-        return
+        return []
     if not state.options["attention" if part == "text" else "vision"]:
         why = (
             "disabled by patch(attention=False)"
@@ -554,15 +549,53 @@ def _patch_attention(state: _PatchState, part: str, modules, spec: PartSpec) -> 
             else "disabled by patch(vision=False)"
         )
         report.left_alone[(kind, label, why)] = count
-        return
+        return []
     softcapped = [c for c in configs if getattr(c, "attn_logit_softcapping", None) is not None]
     if softcapped:
         why = "attention logit soft-capping is not supported by ops.fused_attention"
         report.left_alone[(kind, label, why)] = count
-        return
-    for config in configs:
-        state.set_attn_implementation(config)
+        return []
     report.swapped[(kind, label, "ops.fused_attention / ops.varlen_attention")] = count
+    return configs
+
+
+def _route_attention(state: _PatchState, base: nn.Module, routed: list) -> None:
+    """Point the modules inside `base` at private copies of their configs, the copies of the
+    `routed` configs naming our attention.
+
+    transformers reads the attention implementation from the config object each module holds,
+    and that object is shared: with the caller, with every other model built from it, and
+    between a composite config and the sub-configs it holds by reference. Writing our name into
+    it would route those other models through our function (and a model built from it later
+    would fail to initialise: transformers takes a "flash" name for a hub kernel). So each
+    distinct config reachable from `base`'s submodules is copied once (a shallow copy: its own
+    attribute table, shared values), a composite copy holds the copies of its sub-configs, and
+    the submodules' ``config`` attributes are rebound to the copies. ``base.config`` stays the
+    caller's object: ``model.config``, ``save_pretrained`` and models built from it are stock.
+    """
+    if not routed:
+        return
+    from transformers import PreTrainedConfig
+
+    routed_ids = {id(config) for config in routed}
+    copies: dict[int, PreTrainedConfig] = {}
+
+    def owned(config: PreTrainedConfig) -> PreTrainedConfig:
+        private = copies.get(id(config))
+        if private is None:
+            private = copies[id(config)] = copy.copy(config)
+            if id(config) in routed_ids:
+                private._attn_implementation_internal = ATTENTION_NAME
+            for name in type(config).sub_configs:
+                sub_config = config.__dict__.get(name)
+                if isinstance(sub_config, PreTrainedConfig):
+                    private.__dict__[name] = owned(sub_config)
+        return private
+
+    for module in base.modules():
+        config = module.__dict__.get("config")
+        if module is not base and isinstance(config, PreTrainedConfig):
+            state.rebind(module, "config", owned(config))
 
 
 def _patch_modules(state: _PatchState, part: str, modules, spec: PartSpec) -> None:
@@ -707,10 +740,12 @@ def patch(
             report.left_alone[("attention-text", model_type, f"{unsupported} (strict=False)")] = 1
     _register_attention()
     tower = _find_vision_tower(base, spec.vision_towers)
+    routed = []
     for part, modules in _modules_by_part(base, tower).items():
         part_spec = getattr(spec, part)
-        _patch_attention(state, part, modules, part_spec)
+        routed += _patch_attention(state, part, modules, part_spec)
         _patch_modules(state, part, modules, part_spec)
+    _route_attention(state, base, routed)
     base.__dict__[_STATE_KEY] = state
     return state.report
 

@@ -37,8 +37,8 @@ def test_patch_is_per_instance_and_leaves_other_models_and_classes_alone(qwen):
     class_forward = type(qwen.model.language_model.norm).forward
     ascend_vlm.patch(qwen)
     assert is_patched(qwen) and not is_patched(other)
-    assert qwen.config.text_config._attn_implementation == ATTENTION_NAME
-    assert other.config.text_config._attn_implementation == "eager"
+    assert qwen.model.language_model.config._attn_implementation == ATTENTION_NAME
+    assert other.model.language_model.config._attn_implementation == "eager"
     assert "forward" not in other.model.language_model.norm.__dict__
     assert type(qwen.model.language_model.norm).forward is class_forward
     assert torch.equal(_logits(other, inputs), before)
@@ -56,11 +56,14 @@ def test_patch_keeps_parameters_and_repr_names_the_op(qwen):
 
 
 def test_unpatch_restores_every_rebound_attribute_and_config(qwen):
-    instance_dicts = {id(m): set(m.__dict__) for m in qwen.modules()}
+    instance_dicts = {id(m): dict(m.__dict__) for m in qwen.modules()}
     implementations = [c._attn_implementation for c in (qwen.config, qwen.config.vision_config)]
     ascend_vlm.patch(qwen)
     ascend_vlm.unpatch(qwen)
-    assert {id(m): set(m.__dict__) for m in qwen.modules()} == instance_dicts
+    for module in qwen.modules():  # the same objects under the same names, configs included
+        restored = instance_dicts[id(module)]
+        assert module.__dict__.keys() == restored.keys()
+        assert all(module.__dict__[name] is value for name, value in restored.items())
     assert [c._attn_implementation for c in (qwen.config, qwen.config.vision_config)] == (
         implementations
     )
@@ -85,7 +88,8 @@ def test_report_counts_kinds_and_reasons_and_renders(qwen):
     reasons = {row["reason"] for row in data["left_alone"]}
     assert any("mlp=False" in reason for reason in reasons)
     assert any("vision=False" in reason for reason in reasons)
-    assert qwen.config.vision_config._attn_implementation == "eager"
+    assert qwen.model.visual.config._attn_implementation == "eager"
+    assert qwen.model.language_model.config._attn_implementation == ATTENTION_NAME
     text = str(report)
     assert "Qwen2VLRMSNorm" in text and "ops.rms_norm" in text and "kept:" in text
 
