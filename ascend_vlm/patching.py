@@ -6,7 +6,8 @@ How (the *what* lives in `ascend_vlm.models`):
   `AttentionMaskInterface` under ``ATTENTION_NAME`` (it contains "flash", so Qwen2-VL-style vision
   towers take their single varlen call instead of a per-image loop with a host sync). The
   modules inside the model read private copies of their configs naming it (`_route_attention`);
-  the configs the caller holds, and every other model sharing them, are untouched.
+  the configs the caller holds, and every other model sharing them, are untouched. A call asked
+  for attention weights (``output_attentions``) runs eager's math for that call only.
 * norms, MLPs: ``forward`` is rebound on the module instance (``module.__dict__["forward"]``);
   weights are the module's own Parameters, read at call time (no copies), and ``extra_repr``
   says which fused op runs. A gated MLP hands ``cat(gate, up)`` to ``ops.swiglu`` only when the
@@ -108,9 +109,13 @@ def ascend_attention_forward(
       mask function relies on SDPA's top-left alignment): only the first Sq keys are used.
 
     Sliding windows and packed-sequence boundaries arrive encoded in the mask; the varlen path
-    raises ValueError for ``dropout > 0`` and a ``sliding_window`` (it can honour neither). Attention weights
-    are never returned (fused kernels do not materialise them); ask for ``attn_implementation=
-    "eager"`` when they are needed. Raises ValueError for logit soft-capping and attention sinks.
+    raises ValueError for ``dropout > 0`` and a ``sliding_window`` (it can honour neither).
+    Raises ValueError for logit soft-capping and attention sinks.
+
+    Attention weights: fused kernels do not materialise them, so they are ``None`` unless this
+    call's caller collects them (`_attention_weights_requested`); that call alone then runs
+    transformers' eager math (`_attention_with_weights`) and returns (output, weights
+    [B, Nq, S, Skv]) as eager attention does.
     """
     if kwargs.get("softcap") is not None:
         raise ValueError(
@@ -121,18 +126,13 @@ def ascend_attention_forward(
         raise ValueError(f"s_aux: {ATTENTION_NAME!r} attention has no attention sinks")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    if _attention_weights_requested(kwargs):
+        mask = _mask_for_weights(query, key, attention_mask, bool(is_causal), dropout, kwargs)
+        return _attention_with_weights(query, key, value, mask, scaling, dropout)
     ops = _ops()
     cu_seqlens_q = kwargs.get("cu_seq_lens_q")
     if cu_seqlens_q is not None:
-        if query.shape[0] != 1:
-            raise ValueError(
-                f"query: expected batch 1 for packed varlen attention (cu_seq_lens_q given), "
-                f"got shape {tuple(query.shape)}"
-            )
-        _check_varlen_honours(dropout, kwargs.get("sliding_window"))
-        cu_seqlens_k = kwargs.get("cu_seq_lens_k")
-        if cu_seqlens_k is None:
-            cu_seqlens_k = cu_seqlens_q
+        cu_seqlens_k = _checked_varlen_call(query, dropout, kwargs)
         segments = _op_module("varlen_attention").equal_segment_count(
             cu_seqlens_q,
             cu_seqlens_k,
@@ -194,6 +194,19 @@ def ascend_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
+def _checked_varlen_call(query: torch.Tensor, dropout: float, kwargs: dict) -> torch.Tensor:
+    """The key offsets of a packed varlen call (``cu_seq_lens_q`` given), after refusing what
+    packed attention cannot honour; ``cu_seq_lens_k`` defaults to ``cu_seq_lens_q``."""
+    if query.shape[0] != 1:
+        raise ValueError(
+            f"query: expected batch 1 for packed varlen attention (cu_seq_lens_q given), "
+            f"got shape {tuple(query.shape)}"
+        )
+    _check_varlen_honours(dropout, kwargs.get("sliding_window"))
+    cu_seqlens_k = kwargs.get("cu_seq_lens_k")
+    return kwargs["cu_seq_lens_q"] if cu_seqlens_k is None else cu_seqlens_k
+
+
 def _check_varlen_honours(dropout: float, sliding_window: int | None) -> None:
     """Raise for what ``ops.varlen_attention`` cannot compute, rather than dropping it silently.
 
@@ -212,6 +225,117 @@ def _check_varlen_honours(dropout: float, sliding_window: int | None) -> None:
             f"segments, got sliding_window={sliding_window}; use padded batches (the mask then "
             f"carries the window) or attn_implementation='eager'"
         )
+
+
+@functools.cache
+def _output_collector() -> Callable[[], dict | None]:
+    """The getter of transformers' active output collector (None when it has none).
+
+    transformers 5 asks for attention weights through its output capture: the ``capture_outputs``
+    decorator of a model's forward (reading ``output_attentions`` from the call or the config)
+    sets a per-context dict of the outputs to collect, and forward hooks on the attention
+    modules append element 1 of their result, the weights, to its "attentions" list.
+    """
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return lambda: None
+    return _active_collector.get
+
+
+def _attention_weights_requested(kwargs: dict) -> bool:
+    """Whether this call's caller collects attention weights: ``output_attentions=True`` passed
+    down to the attention function, or an output capture collecting an "*attentions" output."""
+    if kwargs.get("output_attentions"):
+        return True
+    collected = _output_collector()()
+    return collected is not None and any(name.endswith("attentions") for name in collected)
+
+
+def _mask_for_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout: float,
+    kwargs: dict,
+) -> torch.Tensor | None:
+    """The explicit mask (bool, True = attend, or additive float) `_attention_with_weights`
+    needs for the call `ascend_attention_forward` received, or None when every key is attended.
+
+    Packed varlen calls: a block-diagonal [1, 1, Tq, Tk] mask over their segments (causal within a
+    segment aligned bottom-right, as the varlen op does). Padded calls: the given mask sliced to
+    the keys; with none, a causal call with several queries is aligned top-left, as SDPA's
+    ``is_causal`` that `sdpa_mask` relies on when it returns None.
+    """
+    if kwargs.get("cu_seq_lens_q") is not None:
+        cu_seqlens_k = _checked_varlen_call(query, dropout, kwargs)
+        return _segment_mask(kwargs["cu_seq_lens_q"], cu_seqlens_k, query, key, is_causal)
+    if attention_mask is not None:
+        return attention_mask[..., : key.shape[-2]]
+    if is_causal and query.shape[2] > 1:
+        shape = (query.shape[2], key.shape[2])
+        return torch.ones(shape, dtype=torch.bool, device=query.device).tril()
+    return None
+
+
+def _segment_mask(
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    causal: bool,
+) -> torch.Tensor:
+    """[1, 1, Tq, Tk] bool: query i attends key j when both lie in the same segment (tokens past
+    the last offset lie in none); with ``causal``, when j is no later than i counted from the
+    segment's end."""
+
+    def segments(offsets: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        offsets = offsets.to(device=query.device, dtype=torch.long)
+        positions = torch.arange(length, device=query.device)
+        index = torch.searchsorted(offsets, positions, right=True) - 1
+        inside = (positions >= offsets[0]) & (positions < offsets[-1])
+        index = torch.where(inside, index, -1)
+        from_end = positions - offsets[(index + 1).clamp(max=offsets.numel() - 1)]
+        return index, from_end
+
+    segment_q, from_end_q = segments(cu_seqlens_q, query.shape[2])
+    segment_k, from_end_k = segments(cu_seqlens_k, key.shape[2])
+    mask = (segment_q[:, None] == segment_k[None, :]) & (segment_q[:, None] >= 0)
+    if causal:
+        mask &= from_end_k[None, :] <= from_end_q[:, None]
+    return mask[None, None]
+
+
+def _attention_with_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
+    dropout: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [B, S, Nq, D], weights [B, Nq, S, Skv]) with transformers' eager attention math,
+    step for step in the inputs' dtype: ``softmax(q k^T * scale + mask)`` in fp32 rounded to
+    the dtype, dropout, ``@ v``. A bool mask becomes eager's additive one (0 where True, the
+    dtype's min elsewhere), so fully masked rows get uniform weights as in eager. GQA/MQA
+    repeats each key/value head for its group of query heads."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    weights = torch.matmul(query, key.transpose(2, 3)) * scale
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
+            mask = additive.masked_fill_(~mask, torch.finfo(query.dtype).min)
+        weights = weights + mask
+    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    if dropout > 0.0:
+        weights = nn.functional.dropout(weights, p=dropout, training=True)
+    output = torch.matmul(weights, value)
+    return output.transpose(1, 2).contiguous(), weights
 
 
 def _register_attention() -> None:

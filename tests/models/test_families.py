@@ -3,8 +3,9 @@
 Each tiny model is built from its config, saved with `save_pretrained` and reloaded with
 `from_pretrained` (eager attention), once per module. Checks: swapped module counts per kind;
 logits for text-only, one image, several images and left/right padded batches (fp32, atol 1e-4);
-`unpatch` restores bit-identical logits; greedy `generate` of 32 new tokens (dynamic cache) and of
-8 (StaticCache); loss and every parameter gradient in training mode.
+`unpatch` restores bit-identical logits; `output_attentions=True` returns eager's weights; greedy
+`generate` of 32 new tokens (dynamic cache) and of 8 (StaticCache); loss and every parameter
+gradient in training mode.
 """
 
 from __future__ import annotations
@@ -96,6 +97,23 @@ def test_patched_logits_match_eager_and_unpatch_restores_bits(reloaded, family, 
         _real_tokens(patched, inputs), _real_tokens(reference, inputs), atol=ATOL, rtol=0
     )
     assert torch.equal(_logits(model, inputs), reference)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_output_attentions_returns_the_eager_weights(reloaded, family):
+    model = reloaded(family)
+    inputs = make_inputs(family, model, n_images=1)
+    with torch.no_grad():
+        expected = model(**inputs, output_attentions=True)
+        ascend_vlm.patch(model)
+        try:
+            produced = model(**inputs, output_attentions=True)
+        finally:
+            ascend_vlm.unpatch(model)
+    assert len(produced.attentions) == len(expected.attentions) > 0
+    for got, reference in zip(produced.attentions, expected.attentions, strict=True):
+        torch.testing.assert_close(got, reference, atol=1e-6, rtol=0)
+    torch.testing.assert_close(produced.logits, expected.logits, atol=ATOL, rtol=0)
 
 
 def _generate_unpatched_and_patched(model, inputs, **settings):
