@@ -608,8 +608,18 @@ class _PatchState:
                 module.__dict__[name] = previous
 
 
-def _base_model(model: nn.Module) -> nn.Module:
-    """The transformers model under a PEFT wrapper (or `model` itself)."""
+def _base_model(model: object, **flags: object) -> nn.Module:
+    """The transformers model under a PEFT wrapper (or `model` itself), once the arguments of
+    `patch` / `unpatch` are checked: TypeError naming the argument unless `model` is an
+    ``nn.Module`` and every flag (``attention=``, ``strict=``, ...) a bool."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model: expected a torch.nn.Module (a transformers model, optionally PEFT-wrapped), "
+            f"got {type(model).__name__}"
+        )
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: expected True or False, got {value!r}")
     get_base_model = getattr(model, "get_base_model", None)
     return get_base_model() if callable(get_base_model) else model
 
@@ -825,6 +835,11 @@ def _resolve_spec(base: nn.Module, strict: bool) -> tuple[str, ModelSpec, str | 
     return model_type, ModelSpec(text=text), f"model_type {model_type!r} is not supported"
 
 
+def _has_vision_config(config) -> bool:
+    """Whether `config` describes a vision tower: a composite config with a vision sub-config."""
+    return any("vision" in name for name in getattr(type(config), "sub_configs", {}))
+
+
 def patch(
     model: nn.Module,
     *,
@@ -844,9 +859,9 @@ def patch(
     PatchError listing the supported ones when `strict`, else only the recognised parts are
     patched and the report says what was skipped. Returns the PatchReport.
     """
-    check_transformers_version()
     options = {"attention": attention, "vision": vision, "norm": norm, "rope": rope, "mlp": mlp}
-    base = _base_model(model)
+    base = _base_model(model, **options, strict=strict)
+    check_transformers_version()
     existing: _PatchState | None = base.__dict__.get(_STATE_KEY)
     if existing is not None:
         if existing.options != options:
@@ -859,7 +874,9 @@ def patch(
     state = _PatchState(options=options, report=PatchReport(model_type=model_type))
     if unsupported is not None:
         report = state.report
-        report.left_alone[("attention-vision", "vision tower", f"{unsupported} (strict=False)")] = 1
+        if _has_vision_config(base.config):
+            why = f"{unsupported} (strict=False)"
+            report.left_alone[("attention-vision", "vision tower", why)] = 1
         if not spec.text.attention:
             report.left_alone[("attention-text", model_type, f"{unsupported} (strict=False)")] = 1
     _register_attention()
@@ -876,7 +893,8 @@ def patch(
 
 def unpatch(model: nn.Module) -> None:
     """Undo `patch` exactly: rebound methods and attention implementations are restored, so the
-    model's outputs are bit-identical to before. A model that is not patched is left as is."""
+    model's outputs are bit-identical to before. A model that is not patched is left as is.
+    TypeError unless `model` is an ``nn.Module``."""
     base = _base_model(model)
     state: _PatchState | None = base.__dict__.pop(_STATE_KEY, None)
     if state is not None:

@@ -181,16 +181,50 @@ def test_unsupported_model_lenient_patches_known_decoder_and_says_what_it_skippe
     input_ids = torch.tensor([[1, 5, 9, 17, 33]])
     reference = _logits(model, {"input_ids": input_ids})
     report = ascend_vlm.patch(model, strict=False)
-    assert report.swapped_count("attention-text") == 2
-    assert any("not supported" in row["reason"] for row in report.as_dict()["left_alone"])
+    swapped = tuple(
+        report.swapped_count(kind) for kind in ("attention-text", "norm", "rope", "mlp")
+    )
+    assert swapped == (2, 5, 2, 2)
     torch.testing.assert_close(
         _logits(model, {"input_ids": input_ids}), reference, atol=1e-4, rtol=0
     )
 
 
+def test_unsupported_vision_language_model_lenient_reports_its_vision_tower(qwen, monkeypatch):
+    monkeypatch.setattr(ascend_vlm.patching, "spec_for", lambda config: None)
+    rows = ascend_vlm.patch(qwen, strict=False).as_dict()["left_alone"]
+    assert {(row["kind"], row["module"]) for row in rows} == {
+        ("attention-vision", "vision tower"),
+        ("attention-text", "qwen2_vl"),
+    }
+
+
+def test_lenient_report_of_a_text_only_model_names_no_vision_tower():
+    report = ascend_vlm.patch(_tiny_llama(), strict=False)
+    assert report.as_dict()["left_alone"] == []  # it listed a vision tower the model lacks
+    assert "vision" not in str(report)
+
+
 def test_non_transformers_module_is_refused():
     with pytest.raises(PatchError, match=r"config\.model_type"):
         ascend_vlm.patch(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("model", [None, "model", 3])
+@pytest.mark.parametrize("function", [ascend_vlm.patch, ascend_vlm.unpatch, is_patched])
+def test_a_model_that_is_no_module_is_a_type_error(function, model):
+    with pytest.raises(
+        TypeError, match=rf"model: expected a torch.nn.Module.*got {type(model).__name__}$"
+    ):
+        function(model)
+
+
+@pytest.mark.parametrize("option", ["attention", "vision", "norm", "rope", "mlp", "strict"])
+@pytest.mark.parametrize("value", ["yes", 0, 1, None])
+def test_patch_options_must_be_bools(qwen, option, value):
+    with pytest.raises(TypeError, match=rf"^{option}: expected True or False, got {value!r}$"):
+        ascend_vlm.patch(qwen, **{option: value})
+    assert not is_patched(qwen)
 
 
 @pytest.mark.parametrize("version", ["5.22.0", "5.24.0", "4.57.1"])
