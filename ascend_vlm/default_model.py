@@ -10,9 +10,14 @@ Nothing is downloaded. :func:`build_default_model` creates, deterministically fr
   16 image tokens per image;
 
 and writes them with ``save_pretrained``. :func:`load_default_model` loads them back with
-``from_pretrained``. :class:`ImageTextProcessor` pairs tokenizer and image processor for
-Qwen-VL-style checkpoints when transformers' own ``Qwen2VLProcessor`` cannot be built (it needs
-torchvision for its video processor, which the CPU test set-up does not have).
+``from_pretrained``.
+
+The saved processor is transformers' ``PaddleOCRVLProcessor`` (named in
+``processor_config.json``): tokenizer + image processor with exactly Qwen2-VL's image-token
+expansion and no video processor, so ``AutoProcessor.from_pretrained`` loads the folder without
+torchvision. (``Qwen2VLProcessor`` needs torchvision for its video processor, which the CPU
+set-up does not have.) For other Qwen-VL-style checkpoints in that situation,
+:class:`ImageTextProcessor` pairs their tokenizer and image processor the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from typing import Any
 
 import torch
 
-DEFAULT_MODEL_NAME = "tiny-qwen2-vl-v1"
+# v2: the folder holds a processor_config.json that AutoProcessor loads without torchvision.
+DEFAULT_MODEL_NAME = "tiny-qwen2-vl-v2"
 IMAGE_TOKEN = "<|image_pad|>"
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -95,6 +101,16 @@ def _image_processor():
     return Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
 
 
+def _processor(tokenizer, image_processor):
+    """A processor without a video processor whose image-token expansion is Qwen2-VL's: each
+    ``tokenizer.image_token`` becomes ``t*h*w / merge_size**2`` copies (``image_grid_thw``)."""
+    from transformers import PaddleOCRVLProcessor
+
+    return PaddleOCRVLProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
+    )
+
+
 def _config(tokenizer):
     from transformers import Qwen2VLConfig
 
@@ -161,7 +177,7 @@ def build_default_model(output_dir: str | os.PathLike, *, seed: int = 0) -> Path
         do_sample=False,
     )
     model.save_pretrained(output_dir)
-    ImageTextProcessor(tokenizer, _image_processor()).save_pretrained(output_dir)
+    _processor(tokenizer, _image_processor()).save_pretrained(output_dir)
     return output_dir
 
 
@@ -192,15 +208,45 @@ def default_model_path(*, seed: int = 0) -> Path:
     return target
 
 
+# Files of which a loadable tokenizer has at least one: the fast tokenizer's JSON, a
+# SentencePiece model, or the vocabulary of a slow BPE / WordPiece tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+# An image processor is saved on its own or inside a processor's config.
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def require_processor_files(path: str | os.PathLike, argument: str = "path") -> None:
+    """Raise ``FileNotFoundError`` naming ``argument`` when the checkpoint folder ``path`` lacks
+    a tokenizer (none of ``TOKENIZER_FILES``) or an image processor (``IMAGE_PROCESSOR_FILES``),
+    saying how to add them; a folder written by ``model.save_pretrained`` alone has neither."""
+    path = Path(path)
+    missing = []
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"a tokenizer (one of {', '.join(TOKENIZER_FILES)})")
+    if not any((path / name).is_file() for name in IMAGE_PROCESSOR_FILES):
+        missing.append(f"an image processor ({' or '.join(IMAGE_PROCESSOR_FILES)})")
+    if missing:
+        raise FileNotFoundError(
+            f"{argument}: expected a checkpoint folder with {' and '.join(missing)}, {path} has "
+            f"none; model.save_pretrained does not write them. Save the processor of the model "
+            f"it came from into it: ascend_vlm.default_model.load_processor(BASE)"
+            f".save_pretrained({str(path)!r})"
+        )
+
+
 def load_processor(path: str | os.PathLike):
     """The processor of a local checkpoint.
 
     Returns transformers' own processor when it can be built (``AutoProcessor``); for
     Qwen-VL-style checkpoints whose full processor needs torchvision, an
-    :class:`ImageTextProcessor` over the checkpoint's tokenizer and image processor.
+    :class:`ImageTextProcessor` over the checkpoint's tokenizer and image processor. Raises
+    ``FileNotFoundError`` (:func:`require_processor_files`) when ``path`` has no tokenizer or
+    no image processor.
     """
     from transformers import AutoProcessor
     from transformers.processing_utils import ProcessorMixin
+
+    require_processor_files(path)
 
     try:
         processor = AutoProcessor.from_pretrained(path)

@@ -1,5 +1,8 @@
 """The embedded default model: seeded build, from_pretrained round trip, processor contract."""
 
+import importlib.util
+import shutil
+
 import pytest
 import torch
 from PIL import Image
@@ -10,6 +13,7 @@ from ascend_vlm.default_model import (
     build_default_model,
     default_model_path,
     load_default_model,
+    load_processor,
 )
 
 
@@ -33,8 +37,8 @@ def test_build_is_deterministic_by_seed(checkpoint, tmp_path):
 
 
 def test_processor_expands_each_image_to_its_grid(checkpoint):
-    model, processor = load_default_model(checkpoint)
-    assert isinstance(processor, ImageTextProcessor)
+    model, _ = load_default_model(checkpoint)
+    processor = ImageTextProcessor.from_pretrained(checkpoint)
     conversation = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]}
     ]
@@ -54,8 +58,46 @@ def test_processor_expands_each_image_to_its_grid(checkpoint):
     assert logits.shape[:2] == batch["input_ids"].shape and torch.isfinite(logits).all()
 
 
+def test_auto_processor_loads_the_folder_without_torchvision(checkpoint):
+    from transformers import AutoProcessor
+
+    assert importlib.util.find_spec("torchvision") is None  # the CPU venv has none
+    processor = AutoProcessor.from_pretrained(checkpoint)
+    assert type(processor).__name__ == "PaddleOCRVLProcessor"
+    assert type(load_default_model(checkpoint)[1]) is type(processor)
+    conversation = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]}
+    ]
+    prompt = processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    images = [Image.new("RGB", (56, 56), "red"), Image.new("RGB", (112, 84), "blue")]
+    ours = ImageTextProcessor.from_pretrained(checkpoint)(text=[prompt, prompt], images=images)
+    auto = processor(text=[prompt, prompt], images=images, padding=True, return_tensors="pt")
+    assert sorted(auto) == sorted(ours)
+    for key in ours:
+        assert torch.equal(auto[key], ours[key]), key
+
+
+def test_load_processor_says_what_a_weights_only_folder_lacks(checkpoint, tmp_path):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(checkpoint / name, tmp_path / name)
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"^path: expected a checkpoint folder with an image processor "
+        r"\(preprocessor_config\.json or processor_config\.json\), .* has none; ",
+    ):
+        load_processor(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    shutil.copy(checkpoint / "processor_config.json", tmp_path)
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"^path: expected a checkpoint folder with a tokenizer \(one of tokenizer\.json, "
+        r"tokenizer\.model, spiece\.model, vocab\.json, vocab\.txt\), .* has none; ",
+    ):
+        load_processor(tmp_path)
+
+
 def test_processor_rejects_image_count_mismatch(checkpoint):
-    _, processor = load_default_model(checkpoint)
+    processor = ImageTextProcessor.from_pretrained(checkpoint)
     with pytest.raises(ValueError, match="images: expected one image per"):
         processor(text=f"{IMAGE_TOKEN} twice {IMAGE_TOKEN}", images=[Image.new("RGB", (56, 56))])
 

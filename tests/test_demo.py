@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
+import torch
 
 from ascend_vlm.__main__ import main
 from ascend_vlm.models import supported_model_types
+
+DEMO_ERROR = "python -m ascend_vlm demo: error: "
 
 
 @pytest.fixture(scope="module")
@@ -15,33 +21,121 @@ def default_checkpoint(tmp_path_factory):
     return build_default_model(tmp_path_factory.mktemp("default_model"))
 
 
-def test_demo_answers_and_prints_report_and_stage_latency(default_checkpoint, capsys):
+def _stock_answer(checkpoint, image, question: str, max_new_tokens: int) -> tuple[str, int]:
+    """Greedy answer of the unpatched model and the prompt length, computed independently."""
+    from ascend_vlm.default_model import load_default_model
+
+    model, processor = load_default_model(checkpoint)
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}
+    ]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=prompt, images=[image], return_tensors="pt")
+    with torch.no_grad():
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    prompt_tokens = inputs["input_ids"].shape[1]
+    return processor.decode(output[0, prompt_tokens:], skip_special_tokens=True), prompt_tokens
+
+
+def _patch_report(checkpoint) -> list[str]:
+    import ascend_vlm
+    from ascend_vlm.default_model import load_default_model
+
+    model, _ = load_default_model(checkpoint)
+    return str(ascend_vlm.patch(model)).splitlines()
+
+
+def test_demo_prints_report_answer_and_stage_latency(default_checkpoint, capsys):
+    from ascend_vlm.finetune.shapes_vqa import render_scene
+
     assert main(["demo", "--model", str(default_checkpoint), "--max-new-tokens", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "ascend_vlm.patch report for model_type='qwen2_vl'" in out
-    assert "attention-vision" in out and "ops.varlen_attention" in out
-    assert "question: How many shapes are there?" in out
-    assert "answer:" in out
-    for stage in ("vision encode", "prefill", "decode"):
-        assert stage in out
-    assert "2 tokens," in out  # 3 new tokens: the first comes out of prefill
+    lines = capsys.readouterr().out.splitlines()
+    image, pairs = render_scene(seed=0)
+    question = pairs[0][0]
+    answer, prompt_tokens = _stock_answer(default_checkpoint, image, question, 3)
+    head = [
+        f"[ascend_vlm] loading {default_checkpoint} ...",
+        "[ascend_vlm] patching with ascend_vlm.patch(model) ...",
+        *_patch_report(default_checkpoint),
+        "",
+        f"question: {question}",
+        f"answer:   {answer!r}",
+        "",
+        "stage          time        notes",
+    ]
+    assert question == "How many shapes are there?"
+    assert lines[: len(head)] == head
+    table = [
+        r"vision encode +\d+\.\d\d ms  image features alone",
+        rf"prefill +\d+\.\d\d ms  {prompt_tokens} prompt tokens, incl\. vision",
+        r"decode +\d+\.\d\d ms  2 tokens, \d+\.\d tokens/s",  # the first comes out of prefill
+        r"backend        cpu",
+    ]
+    rest = lines[len(head) :]
+    assert len(rest) == len(table)
+    for pattern, line in zip(table, rest, strict=True):
+        assert re.fullmatch(pattern, line), line
 
 
 def test_demo_takes_an_image_file_and_question(default_checkpoint, tmp_path, capsys):
     from PIL import Image
 
     image_path = tmp_path / "red.png"
-    Image.new("RGB", (64, 64), (255, 0, 0)).save(image_path)
+    image = Image.new("RGB", (64, 64), (255, 0, 0))
+    image.save(image_path)
     argv = ["demo", "--model", str(default_checkpoint), "--image", str(image_path)]
     assert main([*argv, "--question", "What colour?", "--max-new-tokens", "1"]) == 0
-    assert "question: What colour?" in capsys.readouterr().out
+    answer, _ = _stock_answer(default_checkpoint, image, "What colour?", 1)
+    lines = capsys.readouterr().out.splitlines()
+    question_at = lines.index("question: What colour?")
+    assert lines[question_at + 1] == f"answer:   {answer!r}"
+    assert re.fullmatch(r"decode +\d+\.\d\d ms  0 tokens, no decode step", lines[question_at + 6])
 
 
-def test_demo_rejects_missing_checkpoint_and_bad_token_count(tmp_path):
-    with pytest.raises(SystemExit, match=r"config\.json"):
-        main(["demo", "--model", str(tmp_path)])
-    with pytest.raises(SystemExit):
-        main(["demo", "--max-new-tokens", "0"])
+def _model_without_processor(default_checkpoint, folder):
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(default_checkpoint / name, folder / name)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("empty", "--model: expected a local checkpoint directory with config.json, got {dir}"),
+        (
+            "weights only",
+            "--model: expected a checkpoint folder with a tokenizer (one of tokenizer.json, "
+            "tokenizer.model, spiece.model, vocab.json, vocab.txt) and an image processor "
+            "(preprocessor_config.json or processor_config.json), {dir} has none; "
+            "model.save_pretrained does not write them. Save the processor of the model it came "
+            "from into it: ascend_vlm.default_model.load_processor(BASE).save_pretrained('{dir}')",
+        ),
+        ("no image", "--image: expected an image file, got {dir}/none.png (no such file)"),
+        ("zero tokens", "--max-new-tokens: expected >= 1, got 0"),
+    ],
+)
+def test_demo_bad_input_exits_2_naming_the_option(
+    default_checkpoint, tmp_path, capsys, case, message
+):
+    folder = tmp_path / "checkpoint"
+    argv = {
+        "empty": ["--model", str(folder)],
+        "weights only": ["--model", str(folder)],
+        "no image": ["--model", str(default_checkpoint), "--image", str(folder / "none.png")],
+        "zero tokens": ["--max-new-tokens", "0"],
+    }[case]
+    if case == "empty":
+        folder.mkdir()
+    elif case == "weights only":
+        _model_without_processor(default_checkpoint, folder)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", *argv])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines()[0].startswith("usage: python -m ascend_vlm demo ")
+    assert captured.err.splitlines()[-1] == DEMO_ERROR + message.format(dir=folder)
 
 
 def test_models_table_lists_every_supported_model_type(capsys):
