@@ -1,11 +1,11 @@
-"""Atomic training checkpoints: LoRA adapter (safetensors), optimizer, scheduler, RNG, position.
+"""Atomic training checkpoints: LoRA adapter (safetensors), optimizer, RNG, data position.
 
 Layout under ``<output_dir>/checkpoints``::
 
     step-00000050/
         trainable.safetensors  every trainable parameter by name (the LoRA adapter, plus any
                                modules trained in full; the whole model for full training)
-        trainer_state.pt     optimizer + scheduler state dicts and the loop state (step, epoch...)
+        trainer_state.pt     the optimizer state dict and the loop state (step, epoch...)
         rng-rank<r>.pt       python / numpy / torch RNG states of rank r
     latest                   text file naming the newest complete checkpoint directory
 
@@ -78,7 +78,6 @@ def save_checkpoint(
     *,
     model: Any,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
     loop_state: dict[str, Any],
     rank: int,
     barrier: Callable[[], None],
@@ -106,11 +105,7 @@ def save_checkpoint(
             if parameter.requires_grad
         }
         save_file(weights, staging / TRAINABLE_WEIGHTS)
-        trainer_state = {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "loop": dict(loop_state, step=step),
-        }
+        trainer_state = {"optimizer": optimizer.state_dict(), "loop": dict(loop_state, step=step)}
         atomic_torch_save(trainer_state, staging / TRAINER_STATE)
     barrier()
     if rank == 0:
@@ -149,14 +144,14 @@ def load_checkpoint(
     *,
     model: Any,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
     rank: int,
 ) -> dict[str, Any]:
-    """Restore trainable weights, optimizer, scheduler and this rank's RNG from ``path``.
+    """Restore trainable weights, optimizer and this rank's RNG from ``path``.
 
     Returns the saved loop state. Raises ``ValueError`` when ``path`` has no RNG state for
-    ``rank`` (the run was saved with fewer ranks, so it cannot continue exactly) or when the
-    saved parameter names differ from ``model``'s trainable ones (a different configuration).
+    ``rank`` (the run was saved with fewer ranks, so it cannot continue exactly), or when the
+    saved parameter names or shapes differ from ``model``'s trainable ones (a different
+    configuration), naming the first differing parameter; nothing is restored then.
     """
     from safetensors.torch import load_file
 
@@ -175,11 +170,22 @@ def load_checkpoint(
             f"resume: expected the checkpoint to hold this run's {len(trainable)} trainable "
             f"parameters, got {len(weights)} (differing names include {differing})"
         )
+    for name, parameter in trainable.items():
+        if weights[name].shape != parameter.shape:
+            raise ValueError(
+                f"resume: expected {name} of shape {tuple(parameter.shape)} as this run builds "
+                f"it, the checkpoint {str(path)!r} holds {tuple(weights[name].shape)}"
+            )
     with torch.no_grad():
         for name, parameter in trainable.items():
             parameter.copy_(weights[name])
     trainer_state = torch.load(path / TRAINER_STATE, weights_only=False)
     optimizer.load_state_dict(trainer_state["optimizer"])
-    scheduler.load_state_dict(trainer_state["scheduler"])
     set_rng_state(torch.load(rng_file, weights_only=False))
     return trainer_state["loop"]
+
+
+def saved_step(path: Path) -> int:
+    """The optimizer steps the checkpoint at ``path`` had completed (tensors are not read)."""
+    trainer_state = torch.load(path / TRAINER_STATE, weights_only=False, mmap=True)
+    return int(trainer_state["loop"]["step"])

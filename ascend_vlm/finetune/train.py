@@ -10,9 +10,25 @@ Each rank back-propagates ``world_size * local_sum / N``; DDP's mean over ranks 
 gradient of ``loss`` exactly, so the result does not depend on how the step is split across
 ranks or micro-batches.
 
+The learning rate of step s (1-based) of T = ``max_steps`` steps, with W = min(``warmup_steps``,
+T) and peak ``learning_rate``, is (:func:`scheduled_lr`)
+
+    lr(s) = peak * s / W                                        for s <= W
+    lr(s) = peak * (1 + cos(pi * (s - W) / (T - W + 1))) / 2    for s > W
+
+so no step runs at lr 0: the first warm-up step already moves the weights (peak / W), the peak
+is reached at step W, and the cosine decay would reach 0 at step T + 1, one step after the last.
+(transformers' ``get_cosine_schedule_with_warmup`` counts steps from 0, so its first step runs at
+lr 0 whenever W > 0, a step that updates AdamW's moments but not the weights.) The rate is a
+function of the step alone: a resumed run picks it up at its step, and a run resumed with a
+larger ``max_steps`` follows the curve for the new count.
+
 With the random tiny default model a full-parameter base phase runs first (see
 :func:`base_phase_config`): LoRA on random weights cannot learn ShapesVQA, so the base is
 trained into a ShapesVQA-capable model that LoRA then adapts.
+
+A run writes its settings to ``<output_dir>/train_config.json``; resuming checks the new
+settings against them (:mod:`ascend_vlm.finetune.resume`).
 """
 
 from __future__ import annotations
@@ -46,6 +62,8 @@ from ascend_vlm.finetune.data import (
     normalise_answer,
     pad_token_id_of,
 )
+from ascend_vlm.finetune.model_card import model_card
+from ascend_vlm.finetune.resume import CONFIG_FILE, ResumeError, check_resume
 from ascend_vlm.finetune.shapes_vqa import ShapesVQA
 
 logger = logging.getLogger(__name__)
@@ -106,6 +124,12 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        # Absolute paths: the saved adapter names its base by a path that loads from anywhere,
+        # and a run resumed from another directory compares equal settings as equal.
+        for name in ("model_path", "train_data", "eval_data"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, os.path.abspath(value))
         positive = ("train_size", "eval_size", "max_steps", "batch_size", "grad_accum")
         for name in (*positive, "save_every", "eval_batch_size", "max_new_tokens", "lora_r"):
             value = getattr(self, name)
@@ -345,11 +369,40 @@ def _comm_hook(config: TrainConfig, ddp_model: Any, runtime: Runtime) -> Any:
     return state
 
 
-def _comm_bytes_saved(state: Any) -> int:
-    """Bytes this rank did not hand to all-reduce thanks to the sparse hook, so far."""
-    if state is None:
-        return 0
-    return int(state.stats.bytes_dense - state.stats.bytes_sent)
+class CommCounter:
+    """Per-step all-reduce payload of this rank, for ``metrics.jsonl``.
+
+    ``comm_bytes_sent``: bytes this rank handed to all-reduce in the step, the sparse hook's
+    chunk masks included (so a step whose gradients are all dense sends a little more than
+    plain DDP). ``comm_bytes_dense``: bytes plain DDP hands over, every trainable gradient
+    once. Both are 0 in a single process, where nothing is communicated.
+    """
+
+    def __init__(self, hook_state: Any, trainable: Sequence[torch.Tensor], world_size: int):
+        self.hook_state = hook_state
+        gradient_bytes = sum(p.numel() * p.element_size() for p in trainable)
+        self.dense_per_step = gradient_bytes if world_size > 1 else 0
+        self.counted = (0, 0)
+
+    def step(self) -> dict[str, int]:
+        """The fields of the step that just ran (call once per optimizer step)."""
+        if self.hook_state is None:
+            return {"comm_bytes_sent": self.dense_per_step, "comm_bytes_dense": self.dense_per_step}
+        stats = self.hook_state.stats
+        sent, dense = stats.bytes_sent - self.counted[0], stats.bytes_dense - self.counted[1]
+        self.counted = (stats.bytes_sent, stats.bytes_dense)
+        return {"comm_bytes_sent": int(sent), "comm_bytes_dense": int(dense)}
+
+
+def scheduled_lr(step: int, peak: float, warmup_steps: int, max_steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (1-based) of ``max_steps``: linear warm-up over
+    min(``warmup_steps``, ``max_steps``) steps from ``peak / warmup`` to ``peak``, then cosine
+    decay towards 0 at step ``max_steps + 1`` (the module docstring's formula)."""
+    warmup = min(warmup_steps, max_steps)
+    if step <= warmup:
+        return peak * step / warmup
+    progress = (step - warmup) / (max_steps - warmup + 1)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def evaluate(
@@ -414,24 +467,36 @@ class MetricsLog:
 
 @dataclass
 class TrainResult:
-    """What a run leaves in memory: the trained PEFT model, its processor and eval accuracy
-    (NaN when ``stop_after_steps`` ended the run before ``max_steps``)."""
+    """What a run leaves in memory: the trained PEFT model, its processor, the eval accuracy
+    (NaN when ``stop_after_steps`` ended the run before ``max_steps``), the loss of the last
+    step run (NaN when none ran), and the number of train and eval records used."""
 
     model: Any
     processor: Any
     eval_accuracy: float
+    last_loss: float
+    train_records: int
+    eval_records: int
 
 
 def train(config: TrainConfig) -> TrainResult:
     """Run fine-tuning per ``config`` in this process.
 
-    Rank 0 prints ``eval_accuracy: <fraction>`` as its last line. With ``stop_after_steps``
-    below ``max_steps`` the run stops there like a crash would (no final adapter, no eval).
-    ``resume="latest"`` with nothing saved yet (a crash before the first checkpoint) starts
-    from scratch with a warning, so re-running the same command always continues.
-    The process group is destroyed on return.
+    Rank 0 prints ``eval_accuracy: <fraction>`` as its last line and writes a model card
+    (``README.md``) into the final adapter / model folder. With ``stop_after_steps`` below
+    ``max_steps`` the run stops there like a crash would (no final adapter, no eval).
+
+    The settings are saved to ``<output_dir>/train_config.json``. Without ``resume`` the output
+    folder must not hold a run already (``ResumeError``: nothing there is touched). With
+    ``resume`` they are checked against the saved ones before anything is loaded
+    (:func:`~ascend_vlm.finetune.resume.check_resume`): a refused change raises
+    :class:`~ascend_vlm.finetune.resume.ResumeError` naming the setting and leaves the folder
+    as it was; an accepted change is logged and saved. ``resume="latest"`` with nothing saved
+    yet (a crash before the first checkpoint) starts from scratch with a warning, so re-running
+    the same command always continues. The process group is destroyed on return.
     """
     try:
+        _settle_run_config(config, init_runtime())
         if config.base_train_steps > 0 and not config.full_finetune:
             base_config = base_phase_config(config)
             base_model = Path(base_config.output_dir) / FINAL_MODEL
@@ -442,6 +507,50 @@ def train(config: TrainConfig) -> TrainResult:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _settle_run_config(config: TrainConfig, runtime: Runtime) -> None:
+    """Check ``config`` against the saved settings of the run it continues; then save it."""
+    output_dir = Path(config.output_dir)
+    path = output_dir / CONFIG_FILE
+    requested = json.loads(json.dumps(dataclasses.asdict(config), default=list))
+    if path.is_file() and config.resume is None:
+        raise ResumeError(
+            f"output_dir: expected a folder without a saved run, {str(output_dir)!r} holds one "
+            f"({CONFIG_FILE}); continue it with --resume latest, or choose another --output-dir"
+        )
+    saved_path = path
+    if not path.is_file() and config.resume not in (None, "latest"):
+        # A checkpoint of another run folder (<run>/checkpoints/step-N): that run's settings.
+        saved_path = Path(config.resume).parent.parent / CONFIG_FILE
+    if config.resume is not None and saved_path.is_file():
+        saved = json.loads(saved_path.read_text(encoding="utf-8"))
+        notes = check_resume(saved, requested, _trained_steps(config), str(saved_path))
+        if runtime.is_main:
+            for note in notes:
+                logger.info(note)
+    runtime.barrier()  # every rank has read the saved settings before rank 0 replaces them
+    if runtime.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint.atomic_write_text(path, json.dumps(requested, indent=2))
+
+
+def _trained_steps(config: TrainConfig) -> dict[str, int | None]:
+    """Steps each phase of the saved run has trained; None for a base phase that finished
+    (its model exists, or the LoRA phase has started on it)."""
+    lora_steps = _checkpoint_step(config.output_dir, config.resume)
+    base_dir = Path(config.output_dir) / BASE_PHASE_DIR
+    base_steps = None
+    if lora_steps == 0 and not (base_dir / FINAL_MODEL / "config.json").is_file():
+        base_steps = _checkpoint_step(base_dir, "latest")
+    return {"max_steps": lora_steps, "base_train_steps": base_steps}
+
+
+def _checkpoint_step(output_dir: str | Path, resume: str) -> int:
+    try:
+        return checkpoint.saved_step(checkpoint.resolve_checkpoint(output_dir, resume))
+    except FileNotFoundError:  # no checkpoint yet: nothing trained
+        return 0
 
 
 def _without_missing_latest(config: TrainConfig) -> TrainConfig:
@@ -497,16 +606,11 @@ def _with_trainable_weights(model: Any, config: TrainConfig) -> tuple[Any, int]:
 
 def _train(config: TrainConfig) -> TrainResult:
     from torch.nn.parallel import DistributedDataParallel
-    from transformers import get_cosine_schedule_with_warmup
 
     runtime = init_runtime()
     output_dir = Path(config.output_dir)
     if runtime.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.atomic_write_text(
-            output_dir / "train_config.json",
-            json.dumps(dataclasses.asdict(config), indent=2, default=list),
-        )
     # Same seed on every rank while building: identical LoRA init everywhere.
     seed_everything(config.seed)
     model, processor = load_base_model(config.model_path, runtime.device)
@@ -520,16 +624,13 @@ def _train(config: TrainConfig) -> TrainResult:
     optimizer = torch.optim.AdamW(
         trainable, lr=config.learning_rate, weight_decay=config.weight_decay
     )
-    # Linear warm-up over min(warmup_steps, max_steps) steps, then cosine decay to 0 at max_steps.
-    warmup = min(config.warmup_steps, config.max_steps)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, config.max_steps)
     metrics = MetricsLog(output_dir / METRICS_FILE, runtime.is_main)
 
     loop_state = {"step": 0, "epoch": 0, "next_index": 0}
     if config.resume is not None:
         path = checkpoint.resolve_checkpoint(output_dir, config.resume)
         loop_state = checkpoint.load_checkpoint(
-            path, model=model, optimizer=optimizer, scheduler=scheduler, rank=runtime.rank
+            path, model=model, optimizer=optimizer, rank=runtime.rank
         )
         metrics.truncate_after(loop_state["step"])
     else:
@@ -541,6 +642,7 @@ def _train(config: TrainConfig) -> TrainResult:
     if runtime.world_size > 1:
         ddp_model = DistributedDataParallel(model, device_ids=None)
         hook_state = _comm_hook(config, ddp_model, runtime)
+    comm = CommCounter(hook_state, trainable, runtime.world_size)
 
     if runtime.is_main:
         logger.info(
@@ -564,6 +666,7 @@ def _train(config: TrainConfig) -> TrainResult:
     if config.stop_after_steps is not None:
         stop_at = min(stop_at, config.stop_after_steps)
     progress = _progress_bar(config, runtime, initial=step)
+    last_loss = math.nan
     model.train()
     while step < stop_at:
         started = time.perf_counter()
@@ -583,9 +686,12 @@ def _train(config: TrainConfig) -> TrainResult:
                 (loss_sum * runtime.world_size / global_answer_tokens).backward()
             local_loss += float(loss_sum.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
-        learning_rate = scheduler.get_last_lr()[0]
+        learning_rate = scheduled_lr(
+            step + 1, config.learning_rate, config.warmup_steps, config.max_steps
+        )
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
         optimizer.step()
-        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         local_seen = sum(int(b["attention_mask"].sum()) for b in micro)
@@ -597,9 +703,10 @@ def _train(config: TrainConfig) -> TrainResult:
             "lr": learning_rate,
             "grad_norm": float(grad_norm),
             "tokens_per_s": tokens_seen / elapsed,
-            "comm_bytes_saved": _comm_bytes_saved(hook_state),
+            **comm.step(),
             "epoch": epoch,
         }
+        last_loss = record["loss"]
         metrics.write(record)
         if progress is not None:
             progress.update(1)
@@ -610,23 +717,55 @@ def _train(config: TrainConfig) -> TrainResult:
                 step,
                 model=model,
                 optimizer=optimizer,
-                scheduler=scheduler,
                 loop_state={"epoch": epoch, "next_index": next_index},
                 rank=runtime.rank,
                 barrier=runtime.barrier,
             )
     if progress is not None:
         progress.close()
+    result = TrainResult(
+        model, processor, math.nan, last_loss, len(train_samples), len(eval_samples)
+    )
     if step < config.max_steps:  # stopped early on purpose: no final adapter, no eval
-        return TrainResult(model, processor, math.nan)
-    _save_final(model, processor, output_dir, config.full_finetune, runtime)
-    accuracy = evaluate(
+        return result
+    final = _save_final(model, processor, output_dir, config.full_finetune, runtime)
+    result.eval_accuracy = evaluate(
         model, processor, eval_samples, runtime, config.eval_batch_size, config.max_new_tokens
     )
-    metrics.write({"step": step, "eval_accuracy": accuracy})
+    metrics.write({"step": step, "eval_accuracy": result.eval_accuracy})
     if runtime.is_main:
-        print(f"eval_accuracy: {accuracy:.4f}", flush=True)
-    return TrainResult(model, processor, accuracy)
+        base_path, base_description = _base_model_identity(config)
+        card = model_card(
+            config,
+            result,
+            runtime.world_size,
+            final,
+            base_path=base_path,
+            base_description=base_description,
+        )
+        checkpoint.atomic_write_text(final / "README.md", card)
+        print(f"eval_accuracy: {result.eval_accuracy:.4f}", flush=True)
+    return result
+
+
+def _base_model_identity(config: TrainConfig) -> tuple[str, str]:
+    """The base model's absolute path and a sentence saying what it is, for the model card."""
+    from ascend_vlm.default_model import DEFAULT_MODEL_NAME, default_model_path
+
+    if config.model_path is None:
+        path = str(default_model_path())
+        return path, (
+            f"The embedded default model `{DEFAULT_MODEL_NAME}` (tiny Qwen2-VL architecture, "
+            f"random weights from seed 0) at `{path}`; `ascend_vlm.default_model."
+            f"default_model_path()` rebuilds it identically on any machine."
+        )
+    base_phase = Path(os.path.abspath(config.output_dir)) / BASE_PHASE_DIR / FINAL_MODEL
+    if Path(config.model_path) == base_phase:
+        return config.model_path, (
+            f"`{config.model_path}`: the embedded default model after this run's full-parameter "
+            f"base phase (the README.md there says how it was trained)."
+        )
+    return config.model_path, f"`{config.model_path}`."
 
 
 def _progress_bar(config: TrainConfig, runtime: Runtime, initial: int) -> Any:
@@ -637,11 +776,12 @@ def _progress_bar(config: TrainConfig, runtime: Runtime, initial: int) -> Any:
     return tqdm(total=config.max_steps, initial=initial, desc="finetune", dynamic_ncols=True)
 
 
-def _save_final(model: Any, processor: Any, output_dir: Path, full: bool, runtime: Runtime) -> None:
+def _save_final(model: Any, processor: Any, output_dir: Path, full: bool, runtime: Runtime) -> Path:
     """Rank 0 writes the LoRA adapter to ``<output_dir>/adapter`` (PEFT format) or, for full
-    training, model + processor to ``<output_dir>/model``; via a staging dir + rename."""
+    training, model + processor to ``<output_dir>/model``; via a staging dir + rename.
+    Returns that folder."""
+    final = output_dir / (FINAL_MODEL if full else FINAL_ADAPTER)
     if runtime.is_main:
-        final = output_dir / (FINAL_MODEL if full else FINAL_ADAPTER)
         staging = output_dir / f".{final.name}.staging"
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging, safe_serialization=True)
@@ -650,3 +790,4 @@ def _save_final(model: Any, processor: Any, output_dir: Path, full: bool, runtim
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
     runtime.barrier()
+    return final

@@ -11,31 +11,28 @@ import torch
 from ascend_vlm.finetune import checkpoint
 
 
-def _parts(seed: int):
+def _parts(seed: int, hidden: int = 3):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.Linear(hidden, 2))
     model[0].requires_grad_(False)  # frozen: not part of the checkpoint
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    return model, optimizer, scheduler
+    return model, optimizer
 
 
 def _draws():
     return random.random(), float(np.random.rand()), float(torch.rand(()))
 
 
-def test_save_then_load_restores_weights_optimizer_scheduler_and_rng(tmp_path):
-    model, optimizer, scheduler = _parts(0)
+def test_save_then_load_restores_weights_optimizer_and_rng(tmp_path):
+    model, optimizer = _parts(0)
     model(torch.ones(1, 4)).sum().backward()
     optimizer.step()
-    scheduler.step()
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
     path = checkpoint.save_checkpoint(
         tmp_path,
         7,
         model=model,
         optimizer=optimizer,
-        scheduler=scheduler,
         loop_state={"epoch": 2, "next_index": 5},
         rank=0,
         barrier=lambda: None,
@@ -43,16 +40,14 @@ def test_save_then_load_restores_weights_optimizer_scheduler_and_rng(tmp_path):
     expected_draws = _draws()
     expected_weight = model[1].weight.detach().clone()
 
-    other, other_optimizer, other_scheduler = _parts(1)
+    other, other_optimizer = _parts(1)
     assert checkpoint.resolve_checkpoint(tmp_path, "latest") == path
-    loop = checkpoint.load_checkpoint(
-        path, model=other, optimizer=other_optimizer, scheduler=other_scheduler, rank=0
-    )
+    assert checkpoint.saved_step(path) == 7
+    loop = checkpoint.load_checkpoint(path, model=other, optimizer=other_optimizer, rank=0)
     assert loop == {"epoch": 2, "next_index": 5, "step": 7}
     assert _draws() == expected_draws
     assert torch.equal(other[1].weight, expected_weight)
     assert not torch.equal(other[0].weight, model[0].weight)  # frozen weights are not saved
-    assert other_scheduler.get_last_lr() == scheduler.get_last_lr()
     assert other_optimizer.state_dict()["state"][0]["step"] == 1
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "latest",
@@ -61,12 +56,12 @@ def test_save_then_load_restores_weights_optimizer_scheduler_and_rng(tmp_path):
 
 
 def test_mismatches_and_missing_checkpoints_are_refused(tmp_path):
-    model, optimizer, scheduler = _parts(0)
+    model, optimizer = _parts(0)
     with pytest.raises(FileNotFoundError, match="resume: expected a checkpoint under"):
         checkpoint.resolve_checkpoint(tmp_path, "latest")
     with pytest.raises(FileNotFoundError, match="resume: expected a checkpoint directory"):
         checkpoint.resolve_checkpoint(tmp_path, str(tmp_path))
-    kwargs = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+    kwargs = {"model": model, "optimizer": optimizer}
     path = checkpoint.save_checkpoint(
         tmp_path, 1, **kwargs, loop_state={}, rank=0, barrier=lambda: None
     )
@@ -75,3 +70,19 @@ def test_mismatches_and_missing_checkpoints_are_refused(tmp_path):
     model[0].requires_grad_(True)
     with pytest.raises(ValueError, match="expected the checkpoint to hold this run's 4"):
         checkpoint.load_checkpoint(path, **kwargs, rank=0)
+
+
+def test_same_names_with_other_shapes_are_refused_before_anything_is_restored(tmp_path):
+    model, optimizer = _parts(0, hidden=3)
+    path = checkpoint.save_checkpoint(
+        tmp_path, 1, model=model, optimizer=optimizer, loop_state={}, rank=0, barrier=lambda: None
+    )
+    wider, wider_optimizer = _parts(1, hidden=5)
+    before = wider[1].weight.detach().clone()
+    with pytest.raises(
+        ValueError,
+        match=r"resume: expected 1\.weight of shape \(2, 5\) as this run builds it, the "
+        r"checkpoint .* holds \(2, 3\)",
+    ):
+        checkpoint.load_checkpoint(path, model=wider, optimizer=wider_optimizer, rank=0)
+    assert torch.equal(wider[1].weight, before)

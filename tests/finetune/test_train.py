@@ -1,23 +1,31 @@
-"""The fine-tuning loop: rank-count invariance, exact resume, PEFT reload, bad data, targets."""
+"""The fine-tuning loop: rank-count invariance, exact resume, resume with changed settings,
+PEFT reload, model card, learning-rate schedule, comm counters, bad data, targets."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ascend_vlm.finetune.data import BadRecordError, EncodedDataset, collate, pad_token_id_of
+from ascend_vlm.finetune.resume import ResumeError
 from ascend_vlm.finetune.shapes_vqa import ShapesVQA
 from ascend_vlm.finetune.train import (
     LANGUAGE_PROJECTIONS,
+    CommCounter,
     TrainConfig,
     lora_target_modules,
     model_inputs,
+    scheduled_lr,
     train,
 )
 
@@ -55,10 +63,13 @@ def _run(output_dir: Path, nproc: int, *extra: str) -> str:
     return done.stdout
 
 
-def _losses(output_dir: Path) -> dict[int, float]:
+def _step_records(output_dir: Path) -> list[dict]:
     lines = (output_dir / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
-    return {r["step"]: r["loss"] for r in records if "loss" in r}
+    return [record for record in map(json.loads, lines) if "loss" in record]
+
+
+def _losses(output_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in _step_records(output_dir)}
 
 
 def _tiny_config(output_dir: Path, **overrides) -> TrainConfig:
@@ -96,6 +107,15 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(two_rank_run, tmp_p
         assert two[step] == pytest.approx(one[step], rel=1e-4), step
     assert stdout.strip().splitlines()[-1].startswith("eval_accuracy: ")
     assert (two_dir / "adapter" / "adapter_model.safetensors").is_file()
+    # Per step, each rank hands over every trainable fp32 gradient (LoRA A/B and lm_head) once;
+    # the sparse hook adds its chunk mask, never sends less here (LoRA gradients are dense).
+    # LoRA r=16 on Linear(in, out) trains r * (in + out) weights; q, k, v, o, gate, up, down of
+    # the tiny model have in + out = 256, 192, 192, 256, 384, 384, 384; two layers; lm_head full.
+    trainable = 2 * 16 * (256 + 192 + 192 + 256 + 384 + 384 + 384) + 512 * 128
+    for record in _step_records(two_dir):
+        assert "comm_bytes_saved" not in record
+        assert record["comm_bytes_dense"] == 4 * trainable
+        assert 4 * trainable <= record["comm_bytes_sent"] <= 4 * trainable + 1024
     assert sorted(p.name for p in (two_dir / "checkpoints").iterdir()) == [
         "latest",
         "step-00000002",
@@ -197,3 +217,177 @@ def test_base_phase_trains_the_full_model_then_lora_adapts_it(tmp_path):
     assert sorted(_losses(tmp_path / "base")) == [1, 2]
     assert sorted(_losses(tmp_path)) == [1]
     assert 0.0 <= result.eval_accuracy <= 1.0
+
+
+def test_learning_rate_warms_up_from_a_nonzero_first_step_and_decays_past_the_last():
+    peak = 0.01
+    assert [scheduled_lr(s, peak, 1, 4) for s in (1, 2, 3, 4)] == pytest.approx(
+        [
+            peak,
+            peak * (1 + math.cos(math.pi / 4)) / 2,
+            peak / 2,
+            peak * (1 - math.cos(math.pi / 4)) / 2,
+        ]
+    )
+    assert [scheduled_lr(s, peak, 4, 6) for s in (1, 2, 3, 4)] == pytest.approx(
+        [peak / 4, peak / 2, 3 * peak / 4, peak]
+    )
+    assert scheduled_lr(6, peak, 4, 6) == pytest.approx(peak / 4)  # cos(2 pi / 3) = -1/2
+    assert scheduled_lr(1, peak, 0, 3) == pytest.approx(peak * (1 + math.cos(math.pi / 4)) / 2)
+    assert scheduled_lr(2, peak, 50, 2) == pytest.approx(peak)  # warm-up capped at max_steps
+
+
+def test_comm_counter_reports_per_step_bytes_sent_and_dense():
+    trainable = [torch.zeros(10), torch.zeros(3, 2, dtype=torch.float16)]  # 40 + 12 bytes
+    assert CommCounter(None, trainable, world_size=1).step() == {
+        "comm_bytes_sent": 0,
+        "comm_bytes_dense": 0,
+    }
+    plain_ddp = CommCounter(None, trainable, world_size=2)
+    assert plain_ddp.step() == plain_ddp.step() == {"comm_bytes_sent": 52, "comm_bytes_dense": 52}
+    stats = SimpleNamespace(bytes_sent=0, bytes_dense=0)
+    hooked = CommCounter(SimpleNamespace(stats=stats), trainable, world_size=2)
+    stats.bytes_sent, stats.bytes_dense = 52 + 8, 52  # a dense step: gradients plus the mask
+    assert hooked.step() == {"comm_bytes_sent": 60, "comm_bytes_dense": 52}
+    stats.bytes_sent, stats.bytes_dense = 60 + 20, 104  # a sparse step: 12 bytes + the mask
+    assert hooked.step() == {"comm_bytes_sent": 20, "comm_bytes_dense": 52}
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A run of 3 steps stopped after 2 (checkpoint every step), launched from its own folder
+    with a relative --model-path (a link to the default model)."""
+    root = tmp_path_factory.mktemp("stopped")
+    from ascend_vlm.default_model import default_model_path
+
+    (root / "base").symlink_to(default_model_path(), target_is_directory=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        config = _tiny_config(
+            root / "run",
+            model_path="base",
+            train_size=8,
+            max_steps=3,
+            save_every=1,
+            stop_after_steps=2,
+        )
+        train(config)
+    return root
+
+
+def _resumable_copy(stopped_run: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run / "run", run)
+    return run
+
+
+def _resume_config(run: Path, stopped_run: Path, **overrides) -> TrainConfig:
+    settings = {"model_path": str(stopped_run / "base"), "train_size": 8, "max_steps": 3}
+    settings.update(save_every=1, resume="latest")
+    return _tiny_config(run, **{**settings, **overrides})
+
+
+@pytest.mark.slow
+def test_first_step_runs_at_the_warmed_up_learning_rate(stopped_run):
+    records = _step_records(stopped_run / "run")
+    assert [r["lr"] for r in records] == pytest.approx(
+        [5e-3, 5e-3 * (1 + math.cos(math.pi / 3)) / 2]
+    )
+    assert [(r["comm_bytes_sent"], r["comm_bytes_dense"]) for r in records] == [(0, 0), (0, 0)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        ({"lora_r": 8}, ["--lora-r: saved 16, got 8; it defines which weights are trained"]),
+        (
+            {"batch_size": 2, "lora_targets": ("q_proj", "v_proj")},
+            [
+                "--batch-size: saved 4, got 2; the saved data position and batches follow it",
+                "--lora-targets: saved ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', "
+                "'up_proj', 'down_proj'], got ['q_proj', 'v_proj']; it defines which weights",
+            ],
+        ),
+        (
+            {"learning_rate": 1e-3},
+            ["--learning-rate: saved 0.005, got 0.001; the saved optimizer state and"],
+        ),
+        (
+            {"max_steps": 1},
+            [
+                "--max-steps: saved 3, got 1; expected at least 2, the steps the LoRA phase has "
+                "already trained (a larger count continues training)"
+            ],
+        ),
+    ],
+)
+def test_resume_refuses_incompatible_changes_and_keeps_the_saved_run(
+    stopped_run, tmp_path, overrides, refused
+):
+    run = _resumable_copy(stopped_run, tmp_path)
+    saved = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ResumeError) as error:
+        train(_resume_config(run, stopped_run, **overrides))
+    message = str(error.value)
+    assert message.startswith("resume: the saved run cannot continue with changed settings:\n")
+    assert message.endswith(
+        f"Resume with the saved values ({run / 'train_config.json'}), or start a new run in "
+        "another --output-dir."
+    )
+    lines = message.splitlines()[1:-1]
+    assert len(lines) == len(refused)
+    for line, expected in zip(lines, refused, strict=True):
+        assert line.startswith(f"  {expected}")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == saved
+
+
+@pytest.mark.slow
+def test_a_new_run_into_a_saved_run_folder_is_refused(stopped_run, tmp_path):
+    run = _resumable_copy(stopped_run, tmp_path)
+    saved = (run / "train_config.json").read_bytes()
+    with pytest.raises(ResumeError, match=r"output_dir: expected a folder without a saved run"):
+        train(_resume_config(run, stopped_run, resume=None))
+    assert (run / "train_config.json").read_bytes() == saved
+
+
+@pytest.mark.slow
+def test_resume_with_more_steps_continues_logs_it_and_writes_the_model_card(
+    stopped_run, tmp_path, caplog
+):
+    run = _resumable_copy(stopped_run, tmp_path)
+    with caplog.at_level(logging.INFO, logger="ascend_vlm.finetune.train"):
+        result = train(_resume_config(run, stopped_run, max_steps=4, stop_after_steps=None))
+    assert (
+        "resume: --max-steps 3 -> 4: the LoRA phase continues from step 2 to step 4; its "
+        "learning-rate schedule is recomputed to end at 4"
+    ) in caplog.messages
+    records = _step_records(run)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["lr"] for r in records[2:]] == pytest.approx(
+        [scheduled_lr(3, 5e-3, 1, 4), scheduled_lr(4, 5e-3, 1, 4)]
+    )
+    saved = json.loads((run / "train_config.json").read_text())
+    assert saved["max_steps"] == 4 and saved["lora_r"] == 16 and saved["resume"] == "latest"
+
+    base = str(stopped_run / "base")  # the relative --model-path, made absolute
+    adapter_config = json.loads((run / "adapter" / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == base
+    card = (run / "adapter" / "README.md").read_text()
+    for expected in (
+        f"---\nlibrary_name: peft\nbase_model: {base}\n---\n\n"
+        "# LoRA adapter trained with ascend_vlm's scripts/finetune_lora.py\n",
+        "LoRA (r=16, alpha=32, dropout=0.0) on the language model's q_proj, k_proj, v_proj, "
+        "o_proj, gate_proj, up_proj, down_proj linears. Trained in full and saved with the "
+        "adapter: lm_head.",
+        "- Train: ShapesVQA train split (ascend_vlm.finetune.shapes_vqa): 8 generated records, "
+        "data seed 0, 56 px images,",
+        "- Eval: ShapesVQA eval split (ascend_vlm.finetune.shapes_vqa): 4 generated records,",
+        "4 optimizer steps of AdamW",
+        "global batch 4 = 4 per rank x 1 accumulation x 1 ranks, seed 0. "
+        f"Loss of the last step: {records[-1]['loss']:.4f}.",
+        f"on the 4 eval records: {result.eval_accuracy:.4f}.",
+        f'base = AutoModelForImageTextToText.from_pretrained("{base}")\n'
+        f'model = PeftModel.from_pretrained(base, "{run / "adapter"}")',
+    ):
+        assert expected in card

@@ -1,0 +1,125 @@
+"""The model card (``README.md``) written into a fine-tuned adapter or model folder.
+
+It states what was trained (LoRA settings or every weight), on which base model, on what data,
+with which optimizer settings and batch, and the result (last training loss, eval accuracy),
+and how to load the folder, so the folder explains itself without the run's output directory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ascend_vlm.finetune.train import TrainConfig, TrainResult
+
+
+def _data_line(path: str | None, records: int, split: str, config: TrainConfig) -> str:
+    if path is not None:
+        return f"JSONL file `{path}`, {records} records used"
+    questions = "colour/shape/position binding over 1-4 shapes" if config.shapes_binding else (
+        "colour, shape, count, left/right and top/bottom"
+    )
+    return (
+        f"ShapesVQA {split} split (ascend_vlm.finetune.shapes_vqa): {records} generated records, "
+        f"data seed {config.data_seed}, {config.image_size} px images, {questions} questions"
+    )
+
+
+def _trained_line(config: TrainConfig) -> str:
+    if config.full_finetune:
+        return "Every weight of the base model (full fine-tuning)."
+    parts = [f"the language model's {', '.join(config.lora_targets)} linears"]
+    if config.lora_vision:
+        parts.append("every vision-tower linear")
+    if config.lora_projector:
+        parts.append("every projector linear")
+    line = (
+        f"LoRA (r={config.lora_r}, alpha={config.lora_alpha}, dropout={config.lora_dropout}) on "
+        + " and ".join(parts)
+        + "."
+    )
+    if config.modules_to_save:
+        line += f" Trained in full and saved with the adapter: {', '.join(config.modules_to_save)}."
+    return line
+
+
+def model_card(
+    config: TrainConfig,
+    result: TrainResult,
+    world_size: int,
+    folder: Path,
+    *,
+    base_path: str,
+    base_description: str,
+) -> str:
+    """Markdown card of a finished run of ``config`` (on ``world_size`` ranks) whose final
+    folder is ``folder``: the base model at ``base_path``, described by ``base_description``."""
+    folder = Path(os.path.abspath(folder))
+    global_batch = config.batch_size * config.grad_accum * world_size
+    loss = "n/a (no step ran in the final invocation)"
+    if not math.isnan(result.last_loss):
+        loss = f"{result.last_loss:.4f}"
+    if config.full_finetune:
+        kind = "Fully fine-tuned model"
+        header = ["---", "tags: [ascend_vlm, vqa]", "---"]
+        load = [
+            "from transformers import AutoModelForImageTextToText",
+            "from ascend_vlm.default_model import load_processor",
+            "",
+            f'model = AutoModelForImageTextToText.from_pretrained("{folder}")',
+            f'processor = load_processor("{folder}")',
+        ]
+    else:
+        kind = "LoRA adapter"
+        header = ["---", "library_name: peft", f"base_model: {base_path}", "---"]
+        load = [
+            "from peft import PeftModel",
+            "from transformers import AutoModelForImageTextToText",
+            "",
+            f'base = AutoModelForImageTextToText.from_pretrained("{base_path}")',
+            f'model = PeftModel.from_pretrained(base, "{folder}")',
+        ]
+    lines = [
+        *header,
+        "",
+        f"# {kind} trained with ascend_vlm's scripts/finetune_lora.py",
+        "",
+        "## Base model",
+        "",
+        base_description,
+        "",
+        "## What was trained",
+        "",
+        _trained_line(config),
+        "",
+        "## Data",
+        "",
+        f"- Train: {_data_line(config.train_data, result.train_records, 'train', config)}.",
+        f"- Eval: {_data_line(config.eval_data, result.eval_records, 'eval', config)}.",
+        "- Prompts use the model's chat template; the loss covers only the answer tokens.",
+        "",
+        "## Training",
+        "",
+        f"{config.max_steps} optimizer steps of AdamW (peak learning rate "
+        f"{config.learning_rate:g}, {config.warmup_steps} linear warm-up steps then cosine "
+        f"decay, weight decay {config.weight_decay:g}, gradient clipping at "
+        f"{config.max_grad_norm:g}), global batch {global_batch} = {config.batch_size} per rank "
+        f"x {config.grad_accum} accumulation x {world_size} ranks, seed {config.seed}. "
+        f"Loss of the last step: {loss}.",
+        "",
+        "## Result",
+        "",
+        f"Exact-match accuracy of greedy answers (at most {config.max_new_tokens} new tokens) on "
+        f"the {result.eval_records} eval records: {result.eval_accuracy:.4f}.",
+        "",
+        "## Loading",
+        "",
+        "```python",
+        *load,
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
