@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
+from typing import IO, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -26,64 +28,121 @@ from ascend_vlm.finetune.train import (
     train,
 )
 
+EPILOG = f"""\
+With the embedded tiny model (no --model-path) a run has two phases: {DEFAULT_MODEL_BASE_TRAIN_STEPS}
+full-parameter base steps (--base-train-steps, saved in OUTPUT_DIR/base/model), then
+{TrainConfig.max_steps} LoRA steps (--max-steps) on that base. --resume latest continues a run;
+it refuses changed settings other than run control and a phase's step count.
+"""
+
+
+class RankZeroParser(argparse.ArgumentParser):
+    """An argument parser that prints help, usage and errors on rank 0 only.
+
+    Under torchrun every rank parses the same command line; the other ranks exit with the
+    same status, silently, so ``--help`` or a bad flag shows once.
+    """
+
+    def __init__(self, *args, rank: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rank = rank
+
+    def print_help(self, file: IO[str] | None = None) -> None:
+        if self.rank == 0:
+            super().print_help(file)
+
+    def print_usage(self, file: IO[str] | None = None) -> None:
+        if self.rank == 0:
+            super().print_usage(file)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        super().exit(status, message if self.rank == 0 else None)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     defaults = TrainConfig()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add = parser.add_argument
-    add("--output-dir", default=defaults.output_dir, help="checkpoints, metrics, final adapter")
-    add("--model-path", default=None, help="local from_pretrained folder (default: tiny model)")
-    add("--train-data", default=None, help="JSONL of VQA / LLaVA records (default: ShapesVQA)")
-    add("--eval-data", default=None, help="JSONL for the final eval (default: ShapesVQA eval)")
-    add("--train-size", type=int, default=defaults.train_size, help="ShapesVQA train records")
-    add("--eval-size", type=int, default=defaults.eval_size, help="ShapesVQA eval records")
-    add("--data-seed", type=int, default=defaults.data_seed, help="ShapesVQA generator seed")
-    add("--image-size", type=int, default=defaults.image_size, help="ShapesVQA image side (px)")
+    parser = RankZeroParser(
+        description=__doc__.splitlines()[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        rank=_rank(),
+    )
+
+    def add(*flags: str, help: str, **kwargs) -> None:
+        """Add an option for the ``TrainConfig`` field it names, defaulting to that field's
+        default; its help ends with the default when there is one worth showing."""
+        if kwargs.get("action") is None and "default" not in kwargs:
+            default = getattr(defaults, flags[0][2:].replace("-", "_"))
+            is_list = isinstance(default, (tuple, list))
+            kwargs["default"] = ",".join(default) if is_list else default
+        if kwargs.get("default") is not None and kwargs.get("action") is None:
+            help += " (default: %(default)s)"
+        parser.add_argument(*flags, help=help, **kwargs)
+
+    add("--output-dir", help="checkpoints, metrics, final adapter")
+    add("--model-path", help="local from_pretrained folder (default: the embedded tiny model)")
+    add("--train-data", help="JSONL of VQA / LLaVA records (default: ShapesVQA)")
+    add("--eval-data", help="JSONL for the final eval (default: ShapesVQA eval)")
+    add("--train-size", type=int, help="ShapesVQA train records")
+    add("--eval-size", type=int, help="ShapesVQA eval records")
+    add("--data-seed", type=int, help="ShapesVQA generator seed")
+    add("--image-size", type=int, help="ShapesVQA image side (px)")
     add(
         "--shapes-binding",
         action="store_true",
         help="ShapesVQA: ask colour/shape/position about 1-4-shape scenes (harder)",
     )
-    add("--on-bad-record", choices=BAD_RECORD_POLICIES, default=defaults.on_bad_record)
-    add("--max-steps", type=int, default=defaults.max_steps, help="optimizer steps")
-    add("--batch-size", type=int, default=defaults.batch_size, help="samples per rank per micro")
-    add("--grad-accum", type=int, default=defaults.grad_accum, help="micro-batches per step")
-    add("--learning-rate", "--lr", type=float, default=defaults.learning_rate)
-    add("--weight-decay", type=float, default=defaults.weight_decay)
-    add("--warmup-steps", type=int, default=defaults.warmup_steps)
-    add("--max-grad-norm", type=float, default=defaults.max_grad_norm)
-    add("--seed", type=int, default=defaults.seed)
-    add("--lora-r", type=int, default=defaults.lora_r)
-    add("--lora-alpha", type=int, default=defaults.lora_alpha)
-    add("--lora-dropout", type=float, default=defaults.lora_dropout)
     add(
-        "--lora-targets",
-        default=",".join(defaults.lora_targets),
-        help="comma-separated language-model linear names",
+        "--on-bad-record",
+        choices=BAD_RECORD_POLICIES,
+        help="skip a bad JSONL record with a warning, or stop with its number",
     )
+    add("--max-steps", type=int, help="optimizer steps of LoRA")
+    add("--batch-size", type=int, help="samples per rank per micro")
+    add("--grad-accum", type=int, help="micro-batches per step")
+    add("--learning-rate", "--lr", type=float, help="peak learning rate")
+    add("--weight-decay", type=float, help="AdamW weight decay")
+    add(
+        "--warmup-steps",
+        type=int,
+        help="linear warm-up steps (step 1 runs at lr / warmup) before the cosine decay",
+    )
+    add("--max-grad-norm", type=float, help="gradient clipping")
+    add("--seed", type=int, help="init, sampler order and dropout seed")
+    add("--lora-r", type=int, help="LoRA rank")
+    add("--lora-alpha", type=int, help="LoRA scaling numerator")
+    add("--lora-dropout", type=float, help="LoRA input dropout")
+    add("--lora-targets", help="comma-separated language-model linear names")
     add("--lora-vision", action="store_true", help="also adapt every vision-tower linear")
     add("--lora-projector", action="store_true", help="also adapt the projector's linears")
     add(
         "--modules-to-save",
-        default=",".join(defaults.modules_to_save),
         help="comma-separated modules trained in full and saved with the adapter ('' for none)",
     )
     add("--full-finetune", action="store_true", help="train every weight instead of LoRA")
     add(
         "--base-train-steps",
         type=int,
-        default=None,
+        default=None,  # resolved by TrainConfig from --model-path
         help="full-parameter base-training steps before LoRA (default: "
         f"{DEFAULT_MODEL_BASE_TRAIN_STEPS} for the tiny default model, 0 with --model-path)",
     )
-    add("--base-learning-rate", type=float, default=defaults.base_learning_rate)
-    add("--save-every", type=int, default=defaults.save_every, help="checkpoint period (steps)")
-    add("--resume", default=None, help="checkpoint directory or 'latest'")
-    add("--stop-after-steps", type=int, default=None, help="stop early (simulates a crash)")
+    add("--base-learning-rate", type=float, help="peak learning rate of the base phase")
+    add("--save-every", type=int, help="checkpoint period (steps)")
+    add("--resume", help="checkpoint directory or 'latest' (default: start a new run)")
+    add("--stop-after-steps", type=int, help="stop early (simulates a crash)")
     add("--no-patch", dest="patch", action="store_false", help="skip ascend_vlm.patch")
-    add("--comm-hook", choices=COMM_HOOKS, default=defaults.comm_hook)
-    add("--eval-batch-size", type=int, default=defaults.eval_batch_size)
-    add("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    add(
+        "--comm-hook",
+        choices=COMM_HOOKS,
+        help="DDP gradient all-reduce: the sparse-mask hook or plain DDP",
+    )
+    add("--eval-batch-size", type=int, help="samples per generate() call in the final eval")
+    add("--max-new-tokens", type=int, help="answer tokens generated per eval sample")
     add("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
     values = vars(parser.parse_args(argv))
     for name in ("lora_targets", "modules_to_save"):

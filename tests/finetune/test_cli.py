@@ -1,0 +1,69 @@
+"""scripts/finetune_lora.py's command line: help once per torchrun job, with the defaults."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cli():
+    spec = importlib.util.spec_from_file_location(
+        "finetune_lora", ROOT / "scripts" / "finetune_lora.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_help_shows_the_defaults_on_rank_zero(cli, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at any width
+    for expected in (
+        "--max-steps MAX_STEPS optimizer steps of LoRA (default: 300)",
+        "--batch-size BATCH_SIZE samples per rank per micro (default: 16)",
+        "(default: 3000 for the tiny default model, 0 with --model-path)",
+        "a run has two phases: 3000 full-parameter base steps (--base-train-steps, saved in "
+        "OUTPUT_DIR/base/model), then 300 LoRA steps (--max-steps) on that base.",
+        "--output-dir OUTPUT_DIR checkpoints, metrics, final adapter (default: finetune_output)",
+    ):
+        assert expected in text
+
+
+@pytest.mark.parametrize(("argv", "status"), [(["--help"], 0), (["--no-such-flag"], 2)])
+def test_other_ranks_exit_alike_but_print_nothing(cli, monkeypatch, capsys, argv, status):
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_args(argv)
+    assert exit_info.value.code == status
+    assert capsys.readouterr() == ("", "")
+
+
+def test_rank_zero_reports_a_bad_flag(cli, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_args(["--no-such-flag"])
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(": error: unrecognized arguments: --no-such-flag")
+    )
+
+
+def test_default_output_dir_is_git_ignored(cli):
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    default = cli.TrainConfig().output_dir
+    checked = subprocess.run(
+        ["git", "check-ignore", "-q", f"{default}/adapter/README.md"], cwd=ROOT, check=False
+    )
+    assert checked.returncode == 0
