@@ -16,11 +16,17 @@ if TYPE_CHECKING:
     from ascend_vlm.finetune.train import TrainConfig, TrainResult
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
 def _data_line(path: str | None, records: int, split: str, config: TrainConfig) -> str:
     if path is not None:
         return f"JSONL file `{path}`, {records} records used"
-    questions = "colour/shape/position binding over 1-4 shapes" if config.shapes_binding else (
-        "colour, shape, count, left/right and top/bottom"
+    questions = (
+        "colour/shape/position binding over 1-4 shapes"
+        if config.shapes_binding
+        else ("colour, shape, count, left/right and top/bottom")
     )
     return (
         f"ShapesVQA {split} split (ascend_vlm.finetune.shapes_vqa): {records} generated records, "
@@ -103,12 +109,13 @@ def model_card(
         "",
         "## Training",
         "",
-        f"{config.max_steps} optimizer steps of AdamW (peak learning rate "
-        f"{config.learning_rate:g}, {config.warmup_steps} linear warm-up steps then cosine "
-        f"decay, weight decay {config.weight_decay:g}, gradient clipping at "
-        f"{config.max_grad_norm:g}), global batch {global_batch} = {config.batch_size} per rank "
-        f"x {config.grad_accum} accumulation x {world_size} ranks, seed {config.seed}. "
-        f"Loss of the last step: {loss}.",
+        f"- {_count(config.max_steps, 'optimizer step')} of AdamW, seed {config.seed}.",
+        f"- Learning rate: peak {config.learning_rate:g}, linear warm-up over "
+        f"{_count(config.warmup_steps, 'step')}, then cosine decay.",
+        f"- Weight decay {config.weight_decay:g}, gradient clipping at {config.max_grad_norm:g}.",
+        f"- Global batch {global_batch} = {config.batch_size} per rank x "
+        f"{config.grad_accum} accumulated x {_count(world_size, 'rank')}.",
+        f"- Loss of the last step: {loss}.",
         "",
         "## Result",
         "",
