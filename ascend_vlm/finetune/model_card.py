@@ -67,7 +67,7 @@ def model_card(
     global_batch = config.batch_size * config.grad_accum * world_size
     loss = "n/a (no step ran in the final invocation)"
     if not math.isnan(result.last_loss):
-        loss = f"{result.last_loss:.4f}"
+        loss = f"{result.last_loss:.4g}"
     if config.full_finetune:
         kind = "Fully fine-tuned model"
         header = ["---", "tags: [ascend_vlm, vqa]", "---"]

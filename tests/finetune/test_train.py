@@ -387,7 +387,7 @@ def test_resume_with_more_steps_continues_logs_it_and_writes_the_model_card(
         "- Learning rate: peak 0.005, linear warm-up over 1 step, then cosine decay.\n"
         "- Weight decay 0, gradient clipping at 1.\n"
         "- Global batch 4 = 4 per rank x 1 accumulated x 1 rank.\n"
-        f"- Loss of the last step: {records[-1]['loss']:.4f}.\n",
+        f"- Loss of the last step: {records[-1]['loss']:.4g}.\n",
         f"on the 4 eval records: {result.eval_accuracy:.4f}.",
         f'base = AutoModelForImageTextToText.from_pretrained("{base}")\n'
         f'model = PeftModel.from_pretrained(base, "{run / "adapter"}")',
