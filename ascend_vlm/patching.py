@@ -16,7 +16,8 @@ How (the *what* lives in `ascend_vlm.models`):
 * RoPE: the attention module's own ``forward`` code is rebound on the instance with the
   module-level rotary function (e.g. ``apply_rotary_pos_emb``) resolved to an adapter around
   ``ops.rotary_embedding_pair`` (q and k in one call); the transformers module and class stay
-  untouched.
+  untouched. Decorators on that forward (``deprecate_kwarg``, kernels' ``use_kernelized_func``)
+  are rebuilt around the rebound code (`ascend_vlm._compat.rewrap`), so they keep working.
 
 Modules wrapped by accelerate hooks (``device_map`` / offload) keep their hook: the forward it
 wraps (``_old_forward``) is rebound instead of ``forward``. Every change is recorded on the base
@@ -33,7 +34,6 @@ import copy
 import enum
 import functools
 import importlib
-import inspect
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,17 +41,19 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ascend_vlm._compat import check_transformers_version
+from ascend_vlm._compat import (
+    ATTENTION_NAME,
+    SILU_ACTIVATIONS,
+    check_transformers_version,
+    rewrap,
+    rope_problem,
+)
 from ascend_vlm._errors import PatchError
 from ascend_vlm.models import spec_for, supported_model_types
 from ascend_vlm.models._backbones import TEXT_BACKBONES
 from ascend_vlm.models._spec import KINDS, ModelSpec, PartSpec, Rope
 
-ATTENTION_NAME = "ascend_flash"
 _STATE_KEY = "_ascend_vlm_patch_state"
-_SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
-_TEXT_ROPE_PARAMETERS = ("q", "k", "cos", "sin", "unsqueeze_dim")
-_VISION_ROPE_PARAMETERS = ("q", "k", "cos", "sin")
 _FLOAT32 = torch.float32  # the vision RoPE adapter compares dtypes per call
 
 
@@ -411,18 +413,16 @@ def _rope_vision(kernel_for: Callable, table_scale: float, q, k, cos, sin):
     )
 
 
-_ROPE_STYLES = {
-    "text": (_rope_text, _TEXT_ROPE_PARAMETERS),
-    "vision": (_rope_vision, _VISION_ROPE_PARAMETERS),
-}
+_ROPE_STYLES = {"text": _rope_text, "vision": _rope_vision}
 
 
 def _rope_adapter(style: str, table_scale: float = 1.0) -> Callable:
     """The drop-in for the module-level rotary function of ``style`` ("text" or "vision"), for
     tables bounded by ``table_scale`` (1.0: unit tables)."""
-    adapter, _ = _ROPE_STYLES[style]
     return functools.partial(
-        adapter, _op_module("rotary_embedding").rotary_embedding_pair_kernel_for, table_scale
+        _ROPE_STYLES[style],
+        _op_module("rotary_embedding").rotary_embedding_pair_kernel_for,
+        table_scale,
     )
 
 
@@ -451,11 +451,17 @@ def _forward_with_rope(
     """`forward`'s own code with the global `function_name` resolved to our RoPE adapter.
 
     One globals snapshot per (forward, function, style, scale); the original module is not
-    modified. The snapshot drops ``__name__``: Dynamo resolves the globals of a function it
-    inlines through the module of that name when there is one, and would then guard on the
-    module's own `function_name` (transformers' function) instead of our adapter; without it,
-    Dynamo reads and guards on this dict, so torch.compile and torch.export see the adapter.
+    modified. A decorated forward is rebuilt around the rebound function it decorates (`rewrap`).
+    The snapshot drops ``__name__``: Dynamo resolves the globals of a function it inlines
+    through the module of that name when there is one, and would then guard on the module's own
+    `function_name` (transformers' function) instead of our adapter; without it, Dynamo reads
+    and guards on this dict, so torch.compile and torch.export see the adapter.
     """
+    if hasattr(forward, "__wrapped__"):
+        return rewrap(
+            forward,
+            _forward_with_rope(forward.__wrapped__, function_name, style, table_scale),
+        )
     rebound_globals = dict(forward.__globals__)
     rebound_globals[function_name] = _rope_adapter(style, table_scale)
     del rebound_globals["__name__"]
@@ -490,23 +496,6 @@ def _rope_forward(
     forward = _RopeForward(clone, module)
     forward.recipe = (function_name, style, table_scale)
     return forward
-
-
-def _rope_refusal(module: nn.Module, rope: Rope) -> str | None:
-    """Why `rope` cannot be applied to `module`'s class forward, or None when it can."""
-    forward = type(module).forward
-    if hasattr(forward, "__wrapped__"):
-        return (
-            f"{type(module).__name__}.forward is decorated; rebinding it would drop the decorator"
-        )
-    if rope.function not in forward.__code__.co_names:
-        return f"{type(module).__name__}.forward does not call {rope.function}"
-    original = forward.__globals__.get(rope.function)
-    _, expected = _ROPE_STYLES[rope.style]
-    parameters = tuple(inspect.signature(original).parameters) if callable(original) else ()
-    if parameters != expected:
-        return f"{rope.function}{parameters} does not have the expected signature {expected}"
-    return None
 
 
 # --------------------------------------------------------------------------- report
@@ -785,7 +774,7 @@ def _patch_mlp(state: _PatchState, module: nn.Module, enabled: bool) -> None:
         report._count(report.left_alone, ("mlp", name, _disabled("mlp")))
     elif not has_projections:
         report._count(report.left_alone, ("mlp", name, "no gate_proj/up_proj/down_proj"))
-    elif activation not in _SILU_ACTIVATIONS:
+    elif activation not in SILU_ACTIVATIONS:
         why = f"activation is {activation}, ops.swiglu computes silu(gate) * up"
         report._count(report.left_alone, ("mlp", name, why))
     else:
@@ -801,7 +790,9 @@ def _patch_rope(
     state: _PatchState, module: nn.Module, rope: Rope, enabled: bool, table_scale: float
 ) -> None:
     name, report = type(module).__name__, state.report
-    refusal = _disabled("rope") if not enabled else _rope_refusal(module, rope)
+    refusal = (
+        _disabled("rope") if not enabled else rope_problem(type(module), rope.function, rope.style)
+    )
     if refusal is not None:
         report._count(report.left_alone, ("rope", name, refusal))
         return

@@ -1,0 +1,247 @@
+"""The transformers version gate and the probes of the internals `ascend_vlm.patch` relies on."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+
+import pytest
+import transformers
+from transformers import activations, masking_utils, modeling_utils
+from transformers.models.llama import modeling_llama
+from transformers.models.qwen2_vl import modeling_qwen2_vl
+from transformers.utils.deprecation import deprecate_kwarg
+
+import ascend_vlm
+from ascend_vlm import PatchError, _compat
+from ascend_vlm._compat import (
+    LOWEST_SUPPORTED,
+    NEWEST_TESTED,
+    check_transformers_version,
+    failed_probes,
+    rewrap,
+    rope_problem,
+)
+from ascend_vlm.models import REGISTRY
+
+NEWER = f"{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}.0"
+GLOBAL_PROBES = {
+    "transformers-names",
+    "attention-interface",
+    "attention-call-convention",
+    "mask-interface",
+    "config-attn-implementation",
+    "silu-activation",
+    "accelerate-hooks",
+    "deprecate-kwarg-wrapper",
+    "kernels-wrappers",
+}
+
+
+@pytest.fixture()
+def fresh_probes(monkeypatch):
+    """Probe results and the one-time warning recomputed for this test, and after it."""
+    failed_probes.cache_clear()
+    monkeypatch.setattr(_compat, "_warned", set())
+    yield
+    failed_probes.cache_clear()
+
+
+def test_every_probe_passes_on_the_installed_transformers():
+    names = {probe.name for probe in _compat.probes()}
+    assert names >= GLOBAL_PROBES | {f"vision-tower:{t}" for t in REGISTRY}
+    assert {"rope:llama", "classes:qwen2_vl_vision", "varlen-vision:qwen2_vl_vision"} <= names
+    assert failed_probes() == {}
+
+
+@pytest.mark.parametrize("version", ["5.16.1", "5.0.0", "4.57.1"])
+def test_a_version_older_than_the_lowest_supported_is_refused(version):
+    lowest = f"{LOWEST_SUPPORTED[0]}.{LOWEST_SUPPORTED[1]}"
+    with pytest.raises(PatchError, match=rf"transformers {version} is older .*>={lowest},<="):
+        check_transformers_version(version)
+
+
+def _low_end() -> str:
+    return f"{LOWEST_SUPPORTED[0]}.{LOWEST_SUPPORTED[1]}.0"
+
+
+@pytest.mark.parametrize("version", [_low_end(), "5.23.0.dev0", "5.25.3"])
+def test_a_supported_version_is_accepted_without_probing_or_warning(monkeypatch, version):
+    monkeypatch.setattr(_compat, "failed_probes", lambda: pytest.fail("probes ran"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_transformers_version(version) == version
+
+
+def test_a_newer_version_warns_once_when_every_probe_passes(fresh_probes):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert check_transformers_version(NEWER) == NEWER
+        assert check_transformers_version(NEWER) == NEWER
+        assert check_transformers_version("6.0.0") == "6.0.0"
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2, messages  # one per newer version, not one per call
+    assert messages[0].startswith(f"transformers {NEWER} is newer than the newest version")
+    assert f"({NEWEST_TESTED[0]}.{NEWEST_TESTED[1]})" in messages[0]
+    assert {w.category for w in caught} == {UserWarning}
+
+
+def _remove_register_from_mask_interface(monkeypatch):
+    monkeypatch.setattr(masking_utils, "AttentionMaskInterface", object)
+
+
+def _no_longer_flash(monkeypatch):
+    monkeypatch.setattr(modeling_qwen2_vl, "is_flash_attention_requested", lambda config: False)
+
+
+def _config_reads_elsewhere(monkeypatch):
+    monkeypatch.setattr(
+        transformers.PreTrainedConfig,
+        "_attn_implementation",
+        property(lambda self: "sdpa", lambda self, value: None),
+    )
+
+
+def _silu_is_gelu(monkeypatch):
+    monkeypatch.setitem(activations.ACT2FN, "silu", activations.GELUActivation)
+
+
+def _tower_stored_elsewhere(monkeypatch):
+    monkeypatch.setattr(modeling_qwen2_vl.Qwen2VLModel, "__init__", lambda self, config: None)
+
+
+def _hooks_without_old_forward(monkeypatch):
+    hooks = pytest.importorskip("accelerate.hooks")
+    monkeypatch.setattr(hooks, "add_hook_to_module", lambda module, hook: module)
+
+
+def _deprecate_kwarg_without_cell(monkeypatch):
+    def decorator(*args, **kwargs):
+        def wrap(function):
+            table = {"function": function}
+            return functools.wraps(function)(lambda *a, **k: table["function"](*a, **k))
+
+        return wrap
+
+    monkeypatch.setattr("transformers.utils.deprecation.deprecate_kwarg", decorator)
+
+
+FAILURES = {
+    "transformers-names": (
+        lambda mp: mp.setattr(sys.modules["transformers"], "PreTrainedModel", None),
+        "PreTrainedModel",
+    ),
+    "attention-interface": (
+        lambda mp: mp.setattr(modeling_utils, "ALL_ATTENTION_FUNCTIONS", {}),
+        "ALL_ATTENTION_FUNCTIONS is a dict",
+    ),
+    "attention-call-convention": (
+        lambda mp: mp.delattr("transformers.integrations.sdpa_attention.sdpa_attention_forward"),
+        "has no sdpa_attention_forward",
+    ),
+    "mask-interface": (_remove_register_from_mask_interface, "has no register"),
+    "config-attn-implementation": (_config_reads_elsewhere, "reads 'sdpa'"),
+    "silu-activation": (_silu_is_gelu, 'ACT2FN["silu"] is a GELUActivation'),
+    "accelerate-hooks": (_hooks_without_old_forward, "no _hf_hook / instance _old_forward"),
+    "deprecate-kwarg-wrapper": (_deprecate_kwarg_without_cell, "ValueError: wrapper: expected one"),
+    "rope:llama": (
+        lambda mp: mp.delattr(modeling_llama, "apply_rotary_pos_emb"),
+        "modeling_llama has no apply_rotary_pos_emb",
+    ),
+    "classes:qwen2_vl_text": (
+        lambda mp: mp.delattr(modeling_qwen2_vl, "Qwen2VLRMSNorm"),
+        "has no Qwen2VLRMSNorm",
+    ),
+    "varlen-vision:qwen2_vl_vision": (_no_longer_flash, "is False for 'ascend_flash'"),
+    "vision-tower:qwen2_vl": (
+        _tower_stored_elsewhere,
+        "stores the vision tower under model.visual",
+    ),
+}
+
+
+@pytest.mark.parametrize("probe", list(FAILURES))
+def test_a_newer_version_is_refused_naming_the_failing_probe(monkeypatch, fresh_probes, probe):
+    break_it, found = FAILURES[probe]
+    break_it(monkeypatch)
+    with pytest.raises(PatchError) as raised:
+        check_transformers_version(NEWER)
+    message = str(raised.value)
+    assert message.startswith(f"transformers {NEWER} is newer than the newest version")
+    assert f"probe {probe!r}: " in message and found in message, message
+
+
+def test_a_probe_that_raises_fails_with_the_exception(monkeypatch, fresh_probes):
+    def is_flash_attention_requested():
+        return True
+
+    monkeypatch.setattr(
+        modeling_qwen2_vl, "is_flash_attention_requested", is_flash_attention_requested
+    )
+    assert failed_probes() == {
+        "varlen-vision:qwen2_vl_vision": "TypeError: test_a_probe_that_raises_fails_with_the_"
+        "exception.<locals>.is_flash_attention_requested() takes 0 positional arguments but 1 "
+        "was given"
+    }
+
+
+def test_patch_refuses_a_newer_version_whose_probe_fails(monkeypatch, fresh_probes):
+    from ascend_vlm.models.tiny import build_model
+
+    model = build_model("llava_clip")
+    # (building a model can replace transformers' lazy module in sys.modules)
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", NEWER)
+    monkeypatch.delattr(modeling_llama, "apply_rotary_pos_emb")
+    with pytest.raises(PatchError, match="probe 'rope:llama'"):
+        ascend_vlm.patch(model)
+    assert not any("forward" in vars(module) for module in model.modules())
+
+
+def _rotate(q, k, cos, sin, unsqueeze_dim=1):
+    return q, k
+
+
+def test_rewrap_keeps_what_the_decorator_does_around_the_new_function():
+    calls = []
+
+    def forward(self, cache=None):
+        return ("stock", cache)
+
+    wrapper = deprecate_kwarg("past_key_values", "99.0.0", new_name="cache")(forward)
+    rebuilt = rewrap(wrapper, lambda self, cache=None: calls.append(cache) or ("new", cache))
+    with pytest.warns(FutureWarning, match="past_key_values"):
+        assert rebuilt(None, past_key_values=3) == ("new", 3)
+    assert calls == [3]
+    assert wrapper(None, cache=4) == ("stock", 4)  # the decorated original is untouched
+    assert rebuilt.__wrapped__ is not forward and rebuilt.__name__ == "forward"
+
+
+class _Attention:
+    def forward(self, q, k, cos, sin):
+        return _rotate(q, k, cos, sin)
+
+
+def _decorated(decorator):
+    return type("Decorated", (_Attention,), {"forward": decorator(_Attention.forward)})
+
+
+def _function_in_a_dict(function):
+    table = {"function": function}
+    return functools.wraps(function)(lambda *args: table["function"](*args))
+
+
+def test_rope_problem_accepts_rebuildable_decorators_and_names_others():
+    kwarg_renamed = _decorated(deprecate_kwarg("past_key_values", "99.0.0", new_name="cache"))
+    assert rope_problem(_Attention, "_rotate", "text") is None
+    assert rope_problem(kwarg_renamed, "_rotate", "text") is None
+    assert rope_problem(_decorated(_function_in_a_dict), "_rotate", "text") == (
+        f"Decorated.forward is decorated by <lambda> ({__file__}), which rebinding cannot rebuild"
+    )
+    assert rope_problem(_Attention, "apply_rotary_pos_emb", "text") == (
+        "_Attention.forward does not call apply_rotary_pos_emb"
+    )
+    assert rope_problem(_Attention, "_rotate", "vision") == (
+        "_rotate('q', 'k', 'cos', 'sin', 'unsqueeze_dim') does not have the expected signature "
+        "('q', 'k', 'cos', 'sin')"
+    )
