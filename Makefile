@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 CXX_SOURCES := $(shell find csrc tests -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test lint format sanitize header-check ext clean
+.PHONY: demo test test-lowest lint format sanitize header-check ext clean
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,18 @@ demo: ext
 
 test: ext
 	$(PY) -m pytest
+
+# The family and patching tests again on the lowest supported transformers (the venv has the newest
+# tested one): requirements-lowest.txt goes into a folder beside the venv, first on PYTHONPATH.
+LOWEST := $(VENV)/transformers-lowest
+
+$(LOWEST)/.installed: requirements-lowest.txt $(STAMP)
+	rm -rf $(LOWEST)
+	$(PY) -m pip install --quiet --no-deps --target $(LOWEST) -r requirements-lowest.txt
+	touch $@
+
+test-lowest: ext $(LOWEST)/.installed
+	PYTHONPATH=$(LOWEST) $(PY) -m pytest -q tests/models tests/patching tests/test_compat.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -75,7 +75,7 @@ setup(
     install_requires=[
         "torch>=2.6",
         "numpy>=1.24",
-        "transformers>=5.23,<5.24",
+        "transformers>=5.17,<6",
         "peft>=0.17",
         "safetensors>=0.4",
         "pillow>=10",

@@ -71,9 +71,9 @@ NEWEST_TESTED = (5, 25)
 # Contains "flash": transformers' `is_flash_attention_requested` tests for that substring, and the
 # Qwen-VL vision towers then make one packed varlen call instead of a per-image loop.
 ATTENTION_NAME = "ascend_flash"
-# The packed-segment kwargs `ascend_attention_forward` reads; a tower that passes its segments
-# under other names would reach the padded path and attend across images.
-VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# The packed-segment boundaries `ascend_attention_forward` reads; a tower that passed them under
+# other names would reach its padded path with no mask and attend across images.
+VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k")
 ROPE_PARAMETERS = {
     "text": ("q", "k", "cos", "sin", "unsqueeze_dim"),
     "vision": ("q", "k", "cos", "sin"),
@@ -236,12 +236,12 @@ def rope_problem(cls: type, function_name: str, style: str) -> str | None:
     forward = cls.forward
     while hasattr(forward, "__wrapped__"):
         if _cell_of_wrapped(forward) is None:
-            code = forward.__code__
-            return (
-                f"{cls.__name__}.forward is decorated by {code.co_name} ({code.co_filename}), "
-                f"which rebinding cannot rebuild"
-            )
+            code = getattr(forward, "__code__", None)
+            where = f"{code.co_name} ({code.co_filename})" if code else repr(forward)
+            return f"{cls.__name__}.forward is decorated by {where}, which rebinding cannot rebuild"
         forward = forward.__wrapped__
+    if not isinstance(forward, types.FunctionType):
+        return f"{cls.__name__}.forward is not a Python function: {forward!r}"
     if function_name not in forward.__code__.co_names:
         return f"{cls.__name__}.forward does not call {function_name}"
     original = plain_function(forward.__globals__.get(function_name))
@@ -495,7 +495,7 @@ def _varlen_vision_probe(part: _Part) -> str | None:
         stand_in = types.SimpleNamespace(_attn_implementation=ATTENTION_NAME)
         if not requested(stand_in):
             return f"is_flash_attention_requested is False for {ATTENTION_NAME!r}"
-        absent = set(VARLEN_KWARGS[:2]) - _keyword_names(forward.__code__)
+        absent = set(VARLEN_KWARGS) - _keyword_names(forward.__code__)
         if absent:
             return f"{name}.forward does not pass {', '.join(sorted(absent))}"
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import transformers
@@ -245,3 +246,25 @@ def test_rope_problem_accepts_rebuildable_decorators_and_names_others():
         "_rotate('q', 'k', 'cos', 'sin', 'unsqueeze_dim') does not have the expected signature "
         "('q', 'k', 'cos', 'sin')"
     )
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pinned(requirements: str) -> tuple[int, int]:
+    for line in (ROOT / requirements).read_text(encoding="utf-8").splitlines():
+        if line.startswith("transformers=="):
+            return _compat._major_minor(line.removeprefix("transformers=="))
+    raise AssertionError(f"{requirements} pins no transformers")
+
+
+def test_the_range_ends_are_the_pinned_test_environments():
+    # CI runs the suite on requirements-dev.txt and the family tests on requirements-lowest.txt.
+    assert _pinned("requirements-dev.txt") == NEWEST_TESTED
+    assert _pinned("requirements-lowest.txt") == LOWEST_SUPPORTED
+    lowest = f"{LOWEST_SUPPORTED[0]}.{LOWEST_SUPPORTED[1]}"
+    assert f'"transformers>={lowest},<{NEWEST_TESTED[0] + 1}",' in (ROOT / "setup.py").read_text()
+
+
+def test_the_installed_transformers_is_in_the_supported_range():
+    assert LOWEST_SUPPORTED <= _compat._major_minor(transformers.__version__) <= NEWEST_TESTED
