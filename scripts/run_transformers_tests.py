@@ -72,6 +72,8 @@ class FamilyResult:
     patched_only_failures: dict[str, str] = field(default_factory=dict)
     attention_name_failures: dict[str, str] = field(default_factory=dict)
     patched_only_passes: list[str] = field(default_factory=list)
+    # subtests (``self.subTest``) that fail only patched, inside tests that fail in both runs
+    patched_only_subtest_failures: list[str] = field(default_factory=list)
 
 
 def family_test_file(tests: Path, family: str) -> Path:
@@ -166,6 +168,13 @@ def read_junit(xml: Path) -> dict[str, Outcome]:
     return outcomes
 
 
+def read_subtest_failures(log: Path) -> set[str]:
+    """``SUBFAILED[<subtest>] <test id>`` lines of pytest's short summary in `log`."""
+    if not log.is_file():
+        return set()
+    return {line.strip() for line in log.read_text().splitlines() if line.startswith("SUBFAILED")}
+
+
 def first_line(message: str) -> str:
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     return lines[0][:300] if lines else ""
@@ -218,8 +227,9 @@ def summary_markdown(results: list[FamilyResult], filled_in: list[str], command:
             f"{r.seconds['stock']:.0f} | {r.seconds['patched']:.0f} |"
         )
     for r in results:
-        if r.patched_only_failures or r.attention_name_failures:
+        if r.patched_only_failures or r.attention_name_failures or r.patched_only_subtest_failures:
             lines += ["", f"## {r.family}", ""]
+            lines += [f"- {line}" for line in r.patched_only_subtest_failures]
             for test_id, message in {
                 **r.patched_only_failures,
                 **r.attention_name_failures,
@@ -267,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{family} {mode}: {len(outcomes[mode])} tests in {seconds[mode]:.0f} s", flush=True
             )
         result = diff(family, source, outcomes["stock"], outcomes["patched"])
+        subtests = {m: read_subtest_failures(logs / f"{family}.{m}.log") for m in outcomes}
+        result.patched_only_subtest_failures = sorted(subtests["patched"] - subtests["stock"])
         result.seconds = seconds
         results.append(result)
         command = " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])

@@ -170,3 +170,14 @@ def test_read_junit_takes_outcome_message_and_patched_count(script, tmp_path) ->
 def test_prepare_tests_refuses_a_directory_without_transformers_tests(script, tmp_path) -> None:
     with pytest.raises(ValueError, match="transformers_dir: expected a checkout"):
         script.prepare_tests(tmp_path, tmp_path / "work", ["qwen2_vl"])
+
+
+def test_read_subtest_failures_takes_the_short_summary_lines(script, tmp_path) -> None:
+    log = tmp_path / "r.log"
+    log.write_text(
+        "FAILED t.py::T::test_a - boom\n"
+        "SUBFAILED[model.x.bias] t.py::T::test_b\n"
+        "..SUBFAILED is only read at a line start\n"
+    )
+    assert script.read_subtest_failures(log) == {"SUBFAILED[model.x.bias] t.py::T::test_b"}
+    assert script.read_subtest_failures(tmp_path / "absent.log") == set()
