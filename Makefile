@@ -84,6 +84,7 @@ header-check: $(STAMP)
 	for era in 8.0 8.1; do \
 		for source in $(HEADER_CHECK_SOURCES) csrc/bindings.cpp; do \
 			$(CXX) -std=c++17 -Wall -Wextra -Werror -fsyntax-only -DASCEND_VLM_BACKEND_CANN \
+				-DASCEND_VLM_VERSION='"header-check"' \
 				-Itests/cpp/cann_headers/$$era -Itests/cpp/cann_headers/common -Icsrc \
 				$$($(PY) -m pybind11 --includes) $$source || exit 1; \
 		done; \

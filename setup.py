@@ -6,6 +6,7 @@ otherwise or when ``ASCEND_VLM_FORCE_SIM=1``.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,15 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+
+
+def read_version() -> str:
+    """The version from ``ascend_vlm/_version.py``, its one home (CMake reads the same line)."""
+    text = (ROOT / "ascend_vlm" / "_version.py").read_text(encoding="utf-8")
+    match = re.search(r'^__version__ = "([^"]+)"$', text, re.M)
+    if match is None:
+        raise RuntimeError("ascend_vlm/_version.py: expected a line '__version__ = \"...\"'")
+    return match.group(1)
 
 
 class CMakeExtension(Extension):
@@ -63,11 +73,13 @@ class BuildPyWithOpSpecs(build_py):
 
 setup(
     name="ascend_vlm",
-    version="0.1.0",
+    version=read_version(),
     description="Fused Ascend NPU kernels, AscendCL runtime bindings and multi-card LoRA "
     "fine-tuning for Hugging Face vision-language models",
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
+    license_expression="Apache-2.0",
+    license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=find_packages(include=["ascend_vlm", "ascend_vlm.*"]),
     ext_modules=[CMakeExtension("ascend_vlm._C")],

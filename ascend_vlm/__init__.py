@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ascend_vlm import device, ops
 from ascend_vlm._errors import AclError, PatchError
-
-__version__ = "0.1.0"
+from ascend_vlm._version import __version__ as __version__
 
 __all__ = [
     "AclError",

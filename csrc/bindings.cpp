@@ -18,6 +18,11 @@
 #include "acl_sim_ext.h"
 #endif
 
+// The build passes the package version read from ascend_vlm/_version.py (CMakeLists.txt).
+#ifndef ASCEND_VLM_VERSION
+#error "ASCEND_VLM_VERSION is not defined: build _C through CMakeLists.txt"
+#endif
+
 namespace py = pybind11;
 using ascend_vlm::AclError;
 using ascend_vlm::Buffer;
@@ -84,6 +89,7 @@ void launch_python_callback(Stream& stream, py::function fn) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "AscendCL runtime bindings (backend: " + std::string(kBackend) + ")";
+  m.attr("__version__") = ASCEND_VLM_VERSION;
 
   py::register_exception_translator([](std::exception_ptr raised) {
     try {
@@ -266,8 +272,10 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // Raw, unchecked AscendCL calls for tests that must provoke the runtime's own misuse errors
-  // (double free, foreign handles, ...) which the RAII classes above make impossible.
-  py::module_ acl = m.def_submodule("acl", "Raw AscendCL calls for tests; no safety net.");
+  // (double free, foreign handles, ...) which the RAII classes above make impossible. The
+  // leading underscore keeps them out of the extension's public surface.
+  py::module_ acl = m.def_submodule(
+      "_testing_acl", "Raw AscendCL calls for the test suite only; no safety net, not public API.");
   acl.def("malloc", [](size_t nbytes) {
     Runtime::instance().enter();
     void* ptr = nullptr;

@@ -93,3 +93,17 @@ def test_readme_public_api_line_lists_exactly_the_public_names() -> None:
     assert sorted(listed) == sorted(ascend_vlm.__all__)
     for name in ascend_vlm.__all__:
         assert getattr(ascend_vlm, name) is not None
+
+
+def test_the_extension_reports_the_package_version() -> None:
+    from ascend_vlm import _C
+
+    assert _C.__version__ == ascend_vlm.__version__
+
+
+def test_raw_acl_calls_are_not_on_the_extensions_public_surface() -> None:
+    from ascend_vlm import _C
+
+    public = {name for name in dir(_C) if not name.startswith("_")}
+    assert "acl" not in public
+    assert callable(_C._testing_acl.malloc)

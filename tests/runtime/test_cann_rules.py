@@ -114,7 +114,7 @@ def test_without_timed_waits_synchronize_still_works():
 
 def test_process_report_codes_of_cann_8():
     """Idle poll: ACL_ERROR_RT_REPORT_TIMEOUT; thread without streams: ACL_ERROR_RT_THREAD_SUBSCRIBE."""
-    assert _C.acl.process_report(10) == ACL_ERROR_RT_THREAD_SUBSCRIBE
+    assert _C._testing_acl.process_report(10) == ACL_ERROR_RT_THREAD_SUBSCRIBE
     stream = runtime.Stream()
     ran = threading.Event()
     stream.launch_host_func(ran.set)  # the runtime's report thread handles these codes

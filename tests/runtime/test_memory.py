@@ -132,47 +132,47 @@ def test_shrinking_pool_below_usage_is_invalid_param(small_pool):
 
 @requires_sim
 def test_double_free_and_foreign_pointer_are_param_invalid():
-    ptr = _C.acl.malloc(256)
-    _C.acl.free(ptr)
+    ptr = _C._testing_acl.malloc(256)
+    _C._testing_acl.free(ptr)
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtFree"):
-        _C.acl.free(ptr)
+        _C._testing_acl.free(ptr)
     foreign = np.zeros(64, dtype=np.uint8)
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtFree"):
-        _C.acl.free(foreign.ctypes.data)
+        _C._testing_acl.free(foreign.ctypes.data)
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtFreeHost"):
-        _C.acl.free_host(foreign.ctypes.data)
+        _C._testing_acl.free_host(foreign.ctypes.data)
 
 
 @requires_sim
 def test_host_register_misuse():
     pinned = runtime.PinnedBuffer(2 * PAGE)
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtHostUnregister"):
-        _C.acl.host_unregister(pinned.ptr)  # never registered
+        _C._testing_acl.host_unregister(pinned.ptr)  # never registered
     page = pinned.ptr + (-pinned.ptr % PAGE)  # the first page boundary inside the buffer
     with raises_acl(ACL_ERROR_RT_ADDR_UNALIGNED, "aclrtHostRegister"):
-        _C.acl.host_register(page + 64, PAGE)
-    device_alias = _C.acl.host_register(page, PAGE)
+        _C._testing_acl.host_register(page + 64, PAGE)
+    device_alias = _C._testing_acl.host_register(page, PAGE)
     assert device_alias not in (0, page)
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtHostRegister"):
-        _C.acl.host_register(page, PAGE)  # overlaps the live registration
-    _C.acl.host_unregister(page)
+        _C._testing_acl.host_register(page, PAGE)  # overlaps the live registration
+    _C._testing_acl.host_unregister(page)
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtHostUnregister"):
-        _C.acl.host_unregister(page)
+        _C._testing_acl.host_unregister(page)
 
 
 @requires_sim
 def test_malloc_host_promises_64_bytes_only_and_mapped_buffers_align_themselves():
     """aclrtMallocHost is 64-byte aligned; aclrtHostRegister needs 4 KB (issue 15, item 7)."""
-    raw = _C.acl.malloc_host(PAGE)
+    raw = _C._testing_acl.malloc_host(PAGE)
     assert raw % 64 == 0 and raw % PAGE != 0  # the simulator never hands out a page boundary
     with raises_acl(ACL_ERROR_RT_ADDR_UNALIGNED, "aclrtHostRegister"):
-        _C.acl.host_register(raw, PAGE)
-    registered = _C.acl.host_register(raw + (-raw % PAGE), 64)
+        _C._testing_acl.host_register(raw, PAGE)
+    registered = _C._testing_acl.host_register(raw + (-raw % PAGE), 64)
     assert registered != 0
     with raises_acl(ACL_ERROR_RT_PARAM_INVALID, "aclrtFreeHost"):
-        _C.acl.free_host(raw + (-raw % PAGE))  # not the address aclrtMallocHost returned
-    _C.acl.host_unregister(raw + (-raw % PAGE))
-    _C.acl.free_host(raw)
+        _C._testing_acl.free_host(raw + (-raw % PAGE))  # not the address aclrtMallocHost returned
+    _C._testing_acl.host_unregister(raw + (-raw % PAGE))
+    _C._testing_acl.free_host(raw)
     mapped = runtime.MappedBuffer(100)
     assert mapped.host_ptr % PAGE == 0
     np.frombuffer(mapped, dtype=np.uint8)[:] = 3  # the whole view is usable
@@ -184,7 +184,7 @@ def test_host_register_types_other_than_mapped(value, code):
     """IOMEMORY/READONLY are documented but "currently not supported"; others are invalid."""
     pinned = runtime.PinnedBuffer(2 * PAGE)
     with raises_acl(code, "aclrtHostRegister"):
-        _C.acl.host_register(pinned.ptr + (-pinned.ptr % PAGE), PAGE, value)
+        _C._testing_acl.host_register(pinned.ptr + (-pinned.ptr % PAGE), PAGE, value)
 
 
 @requires_sim
