@@ -99,9 +99,10 @@ def register_op(
         with torch.enable_grad():
             outputs = reference(*inputs, **ctx.keyword_only_inputs)
             # The op marks every output as requiring grad when any input does, but an output
-            # computed only from inputs without grad (k_out when only q requires grad) has no
-            # graph here, and an output the loss does not use may come without a gradient:
-            # differentiate only the outputs that have both.
+            # computed only from inputs without grad (k_out when only q requires grad, varlen
+            # rows with no key) has no graph here, and an output the loss does not use may come
+            # without a gradient: differentiate only the outputs that have both. With none left,
+            # every wanted gradient is zero.
             pairs = [
                 (output, grad)
                 for output, grad in zip(
@@ -117,7 +118,7 @@ def register_op(
                     allow_unused=True,
                 )
                 if pairs
-                else [None] * len(wanted)
+                else tuple(torch.zeros_like(inputs[i]) for i in wanted)
             )
         result: list[torch.Tensor | None] = [None] * len(inputs)
         for slot, grad in zip(wanted, grads, strict=True):

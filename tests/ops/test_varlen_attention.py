@@ -82,3 +82,16 @@ def test_npu_path_uses_the_kernel_only_within_its_limits(
     monkeypatch.setenv("ASCEND_VLM_BACKEND", "cpu")
     expected = ops.varlen_attention(packed, packed, packed, cu_seqlens, cu_seqlens)
     torch.testing.assert_close(out, expected)
+
+
+def test_backward_when_no_query_sees_a_key_gives_zero_gradients() -> None:
+    """Every segment has no key: the output is constant zeros, so every gradient is zero."""
+    query = torch.randn(3, 2, 4, requires_grad=True)
+    key = torch.randn(0, 1, 4, requires_grad=True)
+    value = torch.randn(0, 1, 4, requires_grad=True)
+    cu_q, cu_k = torch.tensor([0, 1, 3]), torch.tensor([0, 0, 0])
+    out = ops.varlen_attention(query, key, value, cu_q, cu_k)
+    assert torch.equal(out, torch.zeros(3, 2, 4))
+    out.sum().backward()
+    assert torch.equal(query.grad, torch.zeros(3, 2, 4))
+    assert key.grad.shape == value.grad.shape == (0, 1, 4)
