@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 Value = TypeVar("Value")
 
@@ -46,3 +47,9 @@ class HostValueCache(Generic[Value]):
             reference = weakref.ref(tensor, lambda _: entries.pop(key, None))
             entries[key] = (reference, tensor._version, value)
         return value
+
+
+def readable_on_host(tensor: torch.Tensor) -> bool:
+    """False for the fake tensors ``torch.compile``, AOT autograd and ``torch.export`` trace
+    with: their values do not exist, so a caller takes its value-independent path instead."""
+    return not is_fake(tensor)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
-from ascend_vlm.ops._host_values import HostValueCache
+from ascend_vlm.ops._host_values import HostValueCache, readable_on_host
 from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
 from ascend_vlm.ops._registration import register_op
 from ascend_vlm.ops._spec import load_spec
@@ -208,10 +208,13 @@ def _dead_row_mask(keep: torch.Tensor) -> torch.Tensor:
 
 
 def _dead_rows(keep: torch.Tensor | None) -> torch.Tensor | None:
-    """`_dead_row_mask`, or None when no row is dead (one host read: reference path only)."""
+    """`_dead_row_mask`, or None when no row is dead (one host read: reference path only).
+    Traced (backward under torch.compile) it is always the mask: the fix-up is exact either way."""
     if keep is None:
         return None
     dead = _dead_row_mask(keep)
+    if not readable_on_host(dead):
+        return dead
     return dead if bool(dead.any()) else None
 
 
@@ -270,7 +273,9 @@ def attention_reference(
         k = _to_bnsd(key, shape.num_kv_heads, layout)
         v = _to_bnsd(value, shape.num_kv_heads, layout)
     # Plain causal over a square score matrix is SDPA's own (top-left == bottom-right) fast path.
-    sdpa_causal = causal and attention_mask is None and shape.q_len == shape.kv_len
+    # bool() here and for enable_gqa: SDPA takes Python bools, and traced with dynamic shapes
+    # a shape comparison is a SymBool (bool() guards on it).
+    sdpa_causal = bool(causal and attention_mask is None and shape.q_len == shape.kv_len)
     sdpa_mask = dead = None
     if attention_mask is not None or (causal and not sdpa_causal):
         float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
@@ -278,7 +283,8 @@ def attention_reference(
         if causal:
             keep = _keep_mask(attention_mask, causal, shape, query.device)
             dead = _dead_rows(keep)
-        elif _mask_has_dead_rows(attention_mask):  # a host read once per mask object
+        elif not readable_on_host(attention_mask) or _mask_has_dead_rows(attention_mask):
+            # a host read once per mask object; traced, the exact fix-up without the read
             keep = _mask_keep(attention_mask)
             dead = _dead_row_mask(keep)
         elif not float_mask:
@@ -295,7 +301,7 @@ def attention_reference(
                 if sdpa_mask.dtype == torch.bool
                 else sdpa_mask.masked_fill(dead, 0.0)
             )
-    enable_gqa = shape.num_kv_heads != shape.num_heads
+    enable_gqa = bool(shape.num_kv_heads != shape.num_heads)
     if dropout_p > 0.0:
         out = _dropout_attention(
             q, k, v, sdpa_mask, sdpa_causal, scale, enable_gqa, dropout_p, dropout_seed
