@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from _runtime_helpers import (
     ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID,
+    ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL,
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
     ACL_ERROR_RT_INVALID_HANDLE,
     ACL_ERROR_RT_PARAM_INVALID,
@@ -83,7 +84,11 @@ def test_elapsed_time_is_non_negative_and_ordered():
     assert times[0] == 0.0
     assert all(t >= 0.0 for t in times)
     assert times == sorted(times)
-    assert isinstance(times[1], float)
+    # Each is the difference of two timestamps: spans add up, and the reverse order fails.
+    assert times[1] + marks[1].elapsed_time(marks[3]) == pytest.approx(times[3], abs=1e-3)
+    with pytest.raises(ascend_vlm.AclError) as raised:
+        marks[3].elapsed_time(marks[0])
+    assert raised.value.code == ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL
 
 
 def test_elapsed_time_needs_recorded_timing_events():
@@ -187,7 +192,7 @@ def test_destroy_waits_for_queued_work_then_invalidates_the_handle():
     assert stream.destroyed
     assert np.all(np.frombuffer(out, dtype=np.uint8) == 3)
     with pytest.raises(ascend_vlm.AclError) as raised:
-        _C.acl.destroy_stream(handle)  # destroyed handle
+        _C._testing_acl.destroy_stream(handle)  # destroyed handle
     assert raised.value.code == ACL_ERROR_RT_INVALID_HANDLE
     with pytest.raises(ascend_vlm.AclError) as raised:
         stream.synchronize()
@@ -198,12 +203,12 @@ def test_destroy_waits_for_queued_work_then_invalidates_the_handle():
 def test_copy_into_memory_freed_while_queued_fails_at_synchronize():
     stream = runtime.Stream()
     gate = threading.Event()
-    device_ptr = _C.acl.malloc(64)
+    device_ptr = _C._testing_acl.malloc(64)
     host = runtime.PinnedBuffer(64)
     stream.launch_host_func(lambda: gate.wait(10))
     # The native call: the Python layer only takes addresses of the runtime's own buffers.
     _C.Stream.memcpy_async(stream, device_ptr, 64, host.ptr, 64, 1)  # valid when issued
-    _C.acl.free(device_ptr)  # freed before the copy runs
+    _C._testing_acl.free(device_ptr)  # freed before the copy runs
     gate.set()
     with pytest.raises(ascend_vlm.AclError) as raised:
         stream.synchronize()
@@ -253,10 +258,10 @@ def test_async_copy_with_pageable_memory_returns_after_the_copy():
 def test_foreign_and_destroyed_event_handles_are_invalid():
     event = runtime.Event()
     with pytest.raises(ascend_vlm.AclError) as raised:
-        _C.acl.destroy_event(event.handle + 8)
+        _C._testing_acl.destroy_event(event.handle + 8)
     assert raised.value.code == ACL_ERROR_RT_INVALID_HANDLE
     with pytest.raises(ascend_vlm.AclError) as raised:
-        _C.acl.destroy_stream(event.handle)  # an event is not a stream
+        _C._testing_acl.destroy_stream(event.handle)  # an event is not a stream
     assert raised.value.code == ACL_ERROR_RT_INVALID_HANDLE
 
 
