@@ -64,6 +64,7 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
             self._recorded_at = time.perf_counter()
             if self._native is not None:
                 self._native.record(stream._native)
+            stream._completion = [self]  # in order: done once this record is
 
         def wait(self, stream: Stream | None = None) -> None:
             (stream if stream is not None else current_stream()).wait_event(self)
@@ -97,11 +98,14 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
             self.device_index = state["device"] if device is None else _device_index(device)
             self.priority = priority
             self._native = runtime.Stream(priority=priority) if runtime else None
+            # Events whose completion means all work submitted so far has completed.
+            self._completion: list[Event] = []
             live_streams.add(self)
 
         def wait_event(self, event: Event) -> None:
             if self._native is not None and event._native is not None:
                 self._native.wait_event(event._native)
+            self._completion.append(event)
 
         def wait_stream(self, stream: Stream) -> None:
             self.wait_event(stream.record_event())
@@ -113,7 +117,7 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
 
         def query(self) -> bool:
             """Whether all work queued so far has completed (non-blocking)."""
-            return self.record_event().query()
+            return all(event.query() for event in self._completion)
 
         def synchronize(self) -> None:
             if self._native is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -43,9 +44,13 @@ def _order_and_time(npu) -> None:
     side.wait_stream(main)
     end.record(side)
     npu.synchronize()
-    assert end.query()
-    assert isinstance(side.query(), bool)
+    # synchronize() waited for every stream: all recorded work is complete.
+    assert (start.query(), end.query(), main.query(), side.query()) == (True, True, True, True)
+    assert start.elapsed_time(start) == 0.0
     assert start.elapsed_time(end) >= 0.0
+    unrecorded = npu.Event(enable_timing=True)
+    with pytest.raises(ValueError, match="elapsed_time: expected both events recorded"):
+        start.elapsed_time(unrecorded)
     untimed = main.record_event()
     with pytest.raises(ValueError, match="elapsed_time: expected two events made with"):
         untimed.elapsed_time(end)
@@ -53,6 +58,20 @@ def _order_and_time(npu) -> None:
 
 def test_events_order_and_time_work(mock_npu) -> None:
     _order_and_time(torch.npu)
+
+
+def test_query_is_false_while_work_is_queued(mock_npu) -> None:
+    if not mock_npu.is_mock:
+        pytest.skip("holds a stream through the mock's native runtime stream")
+    main, side = torch.npu.current_stream(), torch.npu.Stream()
+    gate = threading.Event()
+    main._native.launch_host_func(lambda: gate.wait(10))  # main stays busy until the gate opens
+    done = main.record_event()
+    side.wait_stream(main)
+    assert (main.query(), done.query(), side.query()) == (False, False, False)
+    gate.set()
+    torch.npu.synchronize()
+    assert (main.query(), done.query(), side.query()) == (True, True, True)
 
 
 def test_host_side_streams_when_the_runtime_is_not_built(monkeypatch) -> None:
