@@ -693,12 +693,17 @@ def _route_attention(state: _PatchState, base: nn.Module, routed: list) -> None:
     would fail to initialise: transformers takes a "flash" name for a hub kernel). So each
     distinct config reachable from `base`'s submodules is copied once (a shallow copy: its own
     attribute table, shared values), a composite copy holds the copies of its sub-configs, and
-    the submodules' ``config`` attributes are rebound to the copies. ``base.config`` stays the
-    caller's object: ``model.config``, ``save_pretrained`` and models built from it are stock.
+    the submodules' ``config`` attributes are rebound to the copies. ``base.config`` and the
+    configs of the sub-models inside it (``PreTrainedModel`` submodules: language model, vision
+    tower) stay the caller's objects, so ``model.config``, ``save_pretrained`` and models built
+    from it are stock, and a sub-model's config is still the very sub-config of
+    ``model.config`` it was built from (transformers relies on that identity). Those sub-models
+    build their masks under the caller's implementation name; `ascend_attention_forward` takes
+    every mask those make (boolean, additive float or None).
     """
     if not routed:
         return
-    from transformers import PreTrainedConfig
+    from transformers import PreTrainedConfig, PreTrainedModel
 
     routed_ids = {id(config) for config in routed}
     copies: dict[int, PreTrainedConfig] = {}
@@ -717,7 +722,7 @@ def _route_attention(state: _PatchState, base: nn.Module, routed: list) -> None:
 
     for module in base.modules():
         config = module.__dict__.get("config")
-        if module is not base and isinstance(config, PreTrainedConfig):
+        if isinstance(config, PreTrainedConfig) and not isinstance(module, PreTrainedModel):
             state.rebind(module, "config", owned(config))
 
 

@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+import transformers
 
 import ascend_vlm
 from ascend_vlm.models.tiny import build_model, make_inputs
@@ -75,12 +76,13 @@ def test_the_callers_configs_keep_identity_and_values_and_unpatch_restores_them(
     ascend_vlm.patch(qwen)
     assert _config_snapshot(qwen.config) == snapshot
     assert qwen.config is held[id(qwen)]  # model.config is the caller's object
-    inner = (qwen.model, qwen.model.language_model, qwen.model.language_model.layers[0].self_attn)
-    assert all(m.config._attn_implementation == ATTENTION_NAME for m in inner)
-    assert qwen.model.visual.blocks[0].attn.config._attn_implementation == ATTENTION_NAME
-    # The private copies stay one consistent tree, as the caller's configs were.
-    assert qwen.model.config.text_config is qwen.model.language_model.config
-    assert qwen.model.config.vision_config is qwen.model.visual.config
+    attention = (qwen.model.language_model.layers[0].self_attn, qwen.model.visual.blocks[0].attn)
+    assert all(m.config._attn_implementation == ATTENTION_NAME for m in attention)
+    # The sub-models keep the caller's configs: each is the sub-config of model.config it was
+    # built from (transformers' test_internal_model_config_and_subconfig_are_same).
+    assert qwen.model.config is qwen.config
+    assert qwen.model.language_model.config is qwen.config.text_config
+    assert qwen.model.visual.config is qwen.config.vision_config
     ascend_vlm.unpatch(qwen)
     assert all(m.__dict__.get("config") is held[id(m)] for m in qwen.modules())
     assert _config_snapshot(qwen.config) == snapshot
@@ -118,8 +120,26 @@ def test_a_pickled_patched_model_keeps_its_private_configs_through_the_round_tri
     ascend_vlm.patch(qwen)
     loaded = copy.deepcopy(qwen)
     assert loaded.config._attn_implementation == "eager"
-    assert loaded.model.language_model.config._attn_implementation == ATTENTION_NAME
+    attention = loaded.model.language_model.layers[0].self_attn
+    assert attention.config._attn_implementation == ATTENTION_NAME
     ascend_vlm.unpatch(loaded)
+    assert attention.config is loaded.config.text_config
     assert loaded.model.language_model.config is loaded.config.text_config
     assert loaded.model.config is loaded.config
     assert torch.equal(_forward(loaded, inputs).logits, stock)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_clip", "gemma3"])
+def test_each_sub_model_keeps_the_sub_config_of_model_config_it_was_built_from(family):
+    model = build_model(family)
+    ascend_vlm.patch(model)
+    sub_configs = [getattr(model.config, name) for name in type(model.config).sub_configs]
+    sub_models = [
+        m
+        for m in model.modules()
+        if isinstance(m, transformers.PreTrainedModel) and type(m.config) is not type(model.config)
+    ]
+    assert sub_models  # each family has a language model or a vision tower of its own class
+    for sub_model in sub_models:
+        assert any(sub_model.config is config for config in sub_configs), type(sub_model)
+        assert sub_model.config._attn_implementation == "eager"

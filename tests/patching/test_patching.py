@@ -37,8 +37,9 @@ def test_patch_is_per_instance_and_leaves_other_models_and_classes_alone(qwen):
     class_forward = type(qwen.model.language_model.norm).forward
     ascend_vlm.patch(qwen)
     assert is_patched(qwen) and not is_patched(other)
-    assert qwen.model.language_model.config._attn_implementation == ATTENTION_NAME
-    assert other.model.language_model.config._attn_implementation == "eager"
+    attention = qwen.model.language_model.layers[0].self_attn
+    assert attention.config._attn_implementation == ATTENTION_NAME
+    assert other.model.language_model.layers[0].self_attn.config._attn_implementation == "eager"
     assert "forward" not in other.model.language_model.norm.__dict__
     assert type(qwen.model.language_model.norm).forward is class_forward
     assert torch.equal(_logits(other, inputs), before)
@@ -88,8 +89,10 @@ def test_report_counts_kinds_and_reasons_and_renders(qwen):
     reasons = {row["reason"] for row in data["left_alone"]}
     assert any("mlp=False" in reason for reason in reasons)
     assert any("vision=False" in reason for reason in reasons)
-    assert qwen.model.visual.config._attn_implementation == "eager"
-    assert qwen.model.language_model.config._attn_implementation == ATTENTION_NAME
+    assert qwen.model.visual.blocks[0].attn.config._attn_implementation == "eager"
+    assert qwen.model.language_model.layers[0].self_attn.config._attn_implementation == (
+        ATTENTION_NAME
+    )
     text = str(report)
     assert "Qwen2VLRMSNorm" in text and "ops.rms_norm" in text and "kept:" in text
 
