@@ -139,7 +139,30 @@ def check_exact_cases(group: dist.ProcessGroup) -> None:
             assert state.stats.steps == num_cases, config
             assert state.stats.buckets == 2 * num_cases - 1, config
         assert hooked["threshold=1.0,recheck=0"][0].stats.dense_fallbacks == 0
-        assert hooked["threshold=0.5,recheck=0"][0].stats.dense_fallbacks > 0
+        expected = expected_dense_fallbacks(group_size, dtype, threshold=0.5)
+        assert expected > 0  # the cases must exercise the fallback
+        assert hooked["threshold=0.5,recheck=0"][0].stats.dense_fallbacks == expected
+
+
+def expected_dense_fallbacks(group_size: int, dtype: torch.dtype, threshold: float) -> int:
+    """How many buckets of `cases` send densely without re-check caching: those whose union of
+    nonzero chunks (any set bit, -0.0 included, over every rank's targets in ``dtype``) exceeds
+    ``threshold`` of their chunks. Every rank's targets are regenerated here from their seeds.
+
+    The first case is all zeros (DDP's one-bucket first step sends nothing), so only the later
+    steps count, with one bucket per parameter."""
+    per_rank = [list(cases(rank, group_size)) for rank in range(group_size)]
+    count = 0
+    for step in range(1, len(per_rank[0])):
+        for index, numel in enumerate(SIZES):
+            num_chunks = math.ceil(numel / CHUNK)
+            union = torch.zeros(num_chunks, dtype=torch.bool)
+            for targets in per_rank:
+                bits = targets[step][1][index].to(dtype).view(BITS[dtype])
+                padded = torch.nn.functional.pad(bits, (0, num_chunks * CHUNK - numel))
+                union |= padded.view(num_chunks, CHUNK).ne(0).any(dim=1)
+            count += int(union.sum()) > threshold * num_chunks
+    return count
 
 
 def check_stats_bookkeeping() -> None:
