@@ -19,7 +19,7 @@ Load with ``pytest -p ascend_vlm.testing.transformers_suite``.
 from __future__ import annotations
 
 import contextlib
-import sys
+import inspect
 from collections.abc import Callable, Iterator
 from types import FrameType
 
@@ -60,7 +60,7 @@ class AutoPatcher:
 
         def post_init(model, *args, **kwargs):
             result = original(model, *args, **kwargs)
-            if not patcher._suspended and is_top_level(model, sys._getframe(1)):
+            if not patcher._suspended and is_top_level(model, inspect.currentframe().f_back):
                 patcher._patch(model)
                 patcher.patched += 1
             return result
