@@ -41,7 +41,7 @@ from ascend_vlm.models.tiny import FAMILIES, SIZES, build_model, make_inputs
 # "sdpa_again" is an A/A control: a second, identical unpatched sdpa model. Its ratio to "sdpa"
 # is the noise floor of the table (weight placement in memory and machine load alone).
 IMPLEMENTATIONS = ("eager", "sdpa", "sdpa_again", "patched")
-# Rounds per size relative to --repeats: small forwards take ~100x longer than tiny ones.
+# Rounds per size relative to --repeats: a small model's forward takes far longer than a tiny one's.
 REPEAT_SCALE = {"tiny": 1.0, "small": 0.5}
 
 

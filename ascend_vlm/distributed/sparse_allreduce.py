@@ -311,9 +311,9 @@ class _Chunks:
 
         Tested on raw bits so that -0.0 and NaN count as non-zero: a chunk is skipped only if
         it is all +0.0, and +0.0 / world_size summed over ranks is +0.0, exactly what the dense
-        hook produces there. On CPU a uint8 max over the bytes is one vectorised pass (~4x
-        faster than integer max plus min, ~8x faster than ``any``); whether NPU reduces uint8
-        is UNVERIFIED, so other devices compare same-width integers with 0 instead.
+        hook produces there. On CPU a uint8 max over the bytes is one vectorised pass, cheaper
+        than an integer max plus min or ``any``; whether NPU reduces uint8 is UNVERIFIED, so
+        other devices compare same-width integers with 0.
         ``via_bytes`` forces one formulation (both give the same mask); None picks by device.
         """
         if via_bytes is None:
@@ -362,9 +362,8 @@ class _Chunks:
         """Inverse of :meth:`gather`: write ``packed`` back into the selected chunks.
 
         On CPU the rows are copied by NumPy's row assignment on same-width integer views (a
-        bit-exact copy): for whole contiguous rows it is ~4x faster than ``index_copy_``,
-        which copies element by element (10% of a 25 MiB fp32 bucket: 0.1 ms against 0.45 ms).
-        Other devices use ``index_copy_``. ``via_numpy`` forces one of the two (same result);
+        bit-exact copy of whole contiguous rows, where ``index_copy_`` copies element by
+        element; README's benchmark section has the ratio). Other devices use ``index_copy_``. ``via_numpy`` forces one of the two (same result);
         None picks by device.
         """
         rows_in = packed[: row_ids.numel() * self.chunk_size].view(-1, self.chunk_size)
