@@ -48,6 +48,12 @@ varlen-vision:<mt>         a vision attention whose forward asks ``is_flash_atte
                            gets True for ``ATTENTION_NAME`` (the "flash" substring rule) and passes
                            its packed segments as ``VARLEN_KWARGS``.
 vision-tower:<model_type>  the model classes store the tower under a path of the family spec.
+torch-mode-stacks          ``torch._C._len_torch_function_stack`` / ``_len_torch_dispatch_stack``
+                           count the active torch function / dispatch modes
+                           (`torch_mode_stack_depths`: the ops' eager fast path).
+torch-fake-tensors         ``torch._subclasses.fake_tensor.is_fake`` tells the fake tensors of
+                           ``torch.compile`` / ``torch.export`` from real ones (`fake_tensor_test`:
+                           the ops read no values of fake tensors).
 ========================== ==========================================================================
 """
 
@@ -386,6 +392,56 @@ def _kernels_wrappers() -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- torch internals
+
+
+def torch_mode_stack_depths() -> tuple[Callable[[], int], Callable[[], int]]:
+    """The functions counting the active ``__torch_function__`` and ``__torch_dispatch__``
+    modes. The public way to ask (``torch.overrides._get_current_function_mode_stack``) builds
+    a list per call; the ops ask on every call."""
+    import torch
+
+    return torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack
+
+
+def fake_tensor_test() -> Callable[[object], bool]:
+    """The function telling whether a tensor is (or wraps) a fake tensor of ``torch.compile``,
+    AOT autograd or ``torch.export``, whose values do not exist."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake
+
+
+def _torch_mode_stacks() -> str | None:
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    function_modes, dispatch_modes = torch_mode_stack_depths()
+    outside = (function_modes(), dispatch_modes())
+    with TorchFunctionMode():
+        in_function_mode = (function_modes(), dispatch_modes())
+    with TorchDispatchMode():
+        in_dispatch_mode = (function_modes(), dispatch_modes())
+    found = (outside, in_function_mode, in_dispatch_mode)
+    if found != ((0, 0), (1, 0), (0, 1)):
+        return (
+            f"(function, dispatch) mode depths outside, in a function mode, in a dispatch mode: "
+            f"{found}, expected ((0, 0), (1, 0), (0, 1))"
+        )
+    return None
+
+
+def _torch_fake_tensors() -> str | None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(2)
+    is_fake = fake_tensor_test()
+    found = (is_fake(fake), is_fake(torch.empty(2)))
+    return None if found == (True, False) else f"is_fake (fake, real) gives {found}"
+
+
 _GLOBAL_PROBES = (
     Probe("transformers-names", _transformers_names),
     Probe("attention-interface", _attention_interface),
@@ -396,6 +452,8 @@ _GLOBAL_PROBES = (
     Probe("accelerate-hooks", _accelerate_hooks),
     Probe("deprecate-kwarg-wrapper", _deprecate_kwarg_wrapper),
     Probe("kernels-wrappers", _kernels_wrappers),
+    Probe("torch-mode-stacks", _torch_mode_stacks),
+    Probe("torch-fake-tensors", _torch_fake_tensors),
 )
 
 

@@ -355,7 +355,7 @@ def _register_attention() -> None:
 
 
 def _rms_norm_forward(
-    kernel_for: Callable, module: nn.Module, eps: float, offset: float, hidden_states: torch.Tensor
+    rms_norm: Callable, module: nn.Module, eps: float, offset: float, hidden_states: torch.Tensor
 ):
     """The module's norm through ``ops.rms_norm``, with the stock module's output dtype.
 
@@ -366,16 +366,15 @@ def _rms_norm_forward(
     applied after it. With equal dtypes the op applies ``w`` inside its fp32 math and rounds once
     where the stock module rounds twice (within one unit of the last place of ``x.dtype``).
 
-    ``kernel_for`` is the op module's: the adapters run ``ops.<op>``'s one-line body themselves,
-    which saves a Python frame per call on the hot path of every layer (scripts/bench_patch.py).
+    ``rms_norm`` is ``ops.rms_norm``, bound once instead of looked up per call.
     """
     weight = module.weight
     if offset or weight.dtype == hidden_states.dtype:
-        return kernel_for(hidden_states, weight)(hidden_states, weight, eps, offset=offset)
+        return rms_norm(hidden_states, weight, eps, offset=offset)
     unit = torch.ones(
         hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device
     )
-    return weight * _ops().rms_norm(hidden_states, unit, eps)
+    return weight * rms_norm(hidden_states, unit, eps)
 
 
 def _swiglu_mlp_forward(
@@ -385,27 +384,25 @@ def _swiglu_mlp_forward(
     return module.down_proj(gated)
 
 
-def _rope_text(kernel_for: Callable, table_scale: float, q, k, cos, sin, unsqueeze_dim=1):
-    """Drop-in for transformers' `apply_rotary_pos_emb` (once ``kernel_for``, the
-    rotary_embedding_pair module's, and ``table_scale``, a bound on the model's |cos| and |sin|,
+def _rope_text(rotary_pair: Callable, table_scale: float, q, k, cos, sin, unsqueeze_dim=1):
+    """Drop-in for transformers' `apply_rotary_pos_emb` (once ``rotary_pair``,
+    ``ops.rotary_embedding_pair``, and ``table_scale``, a bound on the model's |cos| and |sin|,
     are bound): q/k [B, N, S, D], cos/sin [B, S, D]."""
     if unsqueeze_dim != 1:
         raise ValueError(
             f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]), got {unsqueeze_dim}"
         )
-    return kernel_for(q, k, cos, sin)(q, k, cos, sin, table_scale=table_scale)
+    return rotary_pair(q, k, cos, sin, table_scale=table_scale)
 
 
-def _rope_vision(kernel_for: Callable, table_scale: float, q, k, cos, sin):
-    """Drop-in for `apply_rotary_pos_emb_vision` (once ``kernel_for`` and ``table_scale`` are
+def _rope_vision(rotary_pair: Callable, table_scale: float, q, k, cos, sin):
+    """Drop-in for `apply_rotary_pos_emb_vision` (once ``rotary_pair`` and ``table_scale`` are
     bound): q/k [T, N, D], cos/sin [T, D], fp32 math. The op sees q/k as [1, N, T, D] views."""
     q_bnsd = (q if q.dtype == _FLOAT32 else q.float()).transpose(0, 1).unsqueeze(0)
     k_bnsd = (k if k.dtype == _FLOAT32 else k.float()).transpose(0, 1).unsqueeze(0)
     cos = cos if cos.dtype == _FLOAT32 else cos.float()
     sin = sin if sin.dtype == _FLOAT32 else sin.float()
-    q_out, k_out = kernel_for(q_bnsd, k_bnsd, cos, sin)(
-        q_bnsd, k_bnsd, cos, sin, table_scale=table_scale
-    )
+    q_out, k_out = rotary_pair(q_bnsd, k_bnsd, cos, sin, table_scale=table_scale)
     q_out, k_out = q_out[0].transpose(0, 1), k_out[0].transpose(0, 1)  # -> [T, N, D]
     return (
         q_out if q_out.dtype == q.dtype else q_out.to(q.dtype),
@@ -421,7 +418,7 @@ def _rope_adapter(style: str, table_scale: float = 1.0) -> Callable:
     tables bounded by ``table_scale`` (1.0: unit tables)."""
     return functools.partial(
         _ROPE_STYLES[style],
-        _op_module("rotary_embedding").rotary_embedding_pair_kernel_for,
+        _ops().rotary_embedding_pair,
         table_scale,
     )
 
@@ -760,8 +757,7 @@ def _patch_norm(state: _PatchState, module: nn.Module, offset: float, enabled: b
             report.left_alone, ("norm", name, "no weight/eps attributes to hand to the op")
         )
     else:
-        kernel_for = _op_module("rms_norm").rms_norm_kernel_for
-        forward = functools.partial(_rms_norm_forward, kernel_for, module, float(eps), offset)
+        forward = functools.partial(_rms_norm_forward, _ops().rms_norm, module, float(eps), offset)
         state.rebind(module, "forward", forward)
         state.rebind(
             module,

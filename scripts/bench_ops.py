@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
@@ -108,29 +108,36 @@ def small_op_cases(dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]:
         ]
 
 
+def checked_reference(module: ModuleType, *args: object) -> object:
+    """An op module's check and reference on ``args`` (all of the op's, in spec order): what
+    the op's kernel runs, without the dispatcher or the public function around it."""
+    return module._reference(module._check(*args), *args)
+
+
 def dispatch_overhead(repeats: int) -> list[tuple[str, float, float, float]]:
-    """Per-call cost on tiny inputs (microseconds): the reference function alone, the public
+    """Per-call cost on tiny inputs (microseconds): the checked reference alone, the public
     wrapper (eager fast path) and the registered op through the dispatcher."""
     x, w = torch.randn(1, 8), torch.randn(8)
     w_parameter = torch.nn.Parameter(w.clone())  # what a patched norm hands the op
     q = torch.randn(1, 1, 1, 8)
+    attention_args = (q, q, q, None, "BNSD", None, None, False, None, 0.0, None)  # spec order
     rows = []
     for label, direct_call, wrapper_call, op_call in (
         (
             "rms_norm [1, 8]",
-            lambda: rms_norm_module._reference(x, w),
+            lambda: checked_reference(rms_norm_module, x, w, 1e-6, 0.0),
             lambda: ops.rms_norm(x, w),
             lambda: torch.ops.ascend_vlm.rms_norm(x, w),
         ),
         (
             "rms_norm [1, 8] Parameter weight",
-            lambda: rms_norm_module._reference(x, w_parameter),
+            lambda: checked_reference(rms_norm_module, x, w_parameter, 1e-6, 0.0),
             lambda: ops.rms_norm(x, w_parameter),
             lambda: torch.ops.ascend_vlm.rms_norm(x, w_parameter),
         ),
         (
             "fused_attention [1,1,1,8]",
-            lambda: fused_attention_module.attention_reference(q, q, q),
+            lambda: checked_reference(fused_attention_module, *attention_args),
             lambda: ops.fused_attention(q, q, q),
             lambda: torch.ops.ascend_vlm.fused_attention(q, q, q),
         ),

@@ -8,6 +8,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
+import torch._subclasses.fake_tensor
 import transformers
 from transformers import activations, masking_utils, modeling_utils
 from transformers.models.llama import modeling_llama
@@ -37,6 +39,8 @@ GLOBAL_PROBES = {
     "accelerate-hooks",
     "deprecate-kwarg-wrapper",
     "kernels-wrappers",
+    "torch-mode-stacks",
+    "torch-fake-tensors",
 }
 
 
@@ -146,6 +150,15 @@ FAILURES = {
     "silu-activation": (_silu_is_gelu, 'ACT2FN["silu"] is a GELUActivation'),
     "accelerate-hooks": (_hooks_without_old_forward, "no _hf_hook / instance _old_forward"),
     "deprecate-kwarg-wrapper": (_deprecate_kwarg_without_cell, "ValueError: wrapper: expected one"),
+    "torch-mode-stacks": (
+        lambda mp: mp.setattr(torch._C, "_len_torch_dispatch_stack", lambda: 0),
+        "(function, dispatch) mode depths outside, in a function mode, in a dispatch mode: "
+        "((0, 0), (1, 0), (0, 0))",
+    ),
+    "torch-fake-tensors": (
+        lambda mp: mp.setattr(torch._subclasses.fake_tensor, "is_fake", lambda tensor: False),
+        "is_fake (fake, real) gives (False, False)",
+    ),
     "rope:llama": (
         lambda mp: mp.delattr(modeling_llama, "apply_rotary_pos_emb"),
         "modeling_llama has no apply_rotary_pos_emb",

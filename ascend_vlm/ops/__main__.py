@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ascend_vlm.ops._spec import available_specs, markdown_table
+from ascend_vlm.ops._op_spec import available_specs, markdown_table
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,9 +33,3 @@ def check_rank(argument: str, tensor: torch.Tensor, rank: int, description: str)
 def check_same_dtype(argument: str, tensor: torch.Tensor, reference_name: str, dtype) -> None:
     if tensor.dtype != dtype:
         raise invalid(argument, f"dtype {dtype} (same as {reference_name})", tensor.dtype)
-
-
-def check_dim(argument: str, tensor: torch.Tensor, dim: int, size: int, what: str) -> None:
-    """Require ``tensor.shape[dim] == size``; ``what`` names the size (e.g. ``"B=2"``)."""
-    if tensor.shape[dim] != size:
-        raise invalid(argument, f"dim {dim} of size {what}", f"shape {tuple(tensor.shape)}")

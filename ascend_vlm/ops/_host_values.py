@@ -14,9 +14,11 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
+
+from ascend_vlm._compat import fake_tensor_test
 
 Value = TypeVar("Value")
+_is_fake = fake_tensor_test()
 
 
 class HostValueCache(Generic[Value]):
@@ -52,4 +54,4 @@ class HostValueCache(Generic[Value]):
 def readable_on_host(tensor: torch.Tensor) -> bool:
     """False for the fake tensors ``torch.compile``, AOT autograd and ``torch.export`` trace
     with: their values do not exist, so a caller takes its value-independent path instead."""
-    return not is_fake(tensor)
+    return not _is_fake(tensor)

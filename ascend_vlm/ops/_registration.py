@@ -1,78 +1,212 @@
-"""Registers an op from its spec: schema, kernel, fake kernel and autograd, all in one call.
+"""Builds an op from its spec: the ``torch.library`` op (schema, kernel, fake kernel, autograd)
+and its public Python function, in one call of :func:`register_op`.
 
-Dispatch: one ``CompositeExplicitAutograd`` kernel serves every device. It calls the op's NPU
-implementation when :func:`ascend_vlm.device.use_npu_kernels` says so (real NPU tensors, or any
-tensor under the mock NPU) and the plain-torch reference otherwise.
+``op_plugins/<op>/spec.json`` is the op's one declaration of argument names, order, defaults and
+keyword-only-ness; the functions taking the op's arguments are generated from it. An op module
+supplies what a spec cannot say, each taking the spec's arguments positionally in spec order:
 
-Eager fast path: the public wrapper runs that same kernel directly, skipping the dispatcher
-and the Python autograd wrapper (~15-25 us per call on CPU, see scripts/bench_ops.py), when
-nothing could observe the difference: not compiling/exporting, no torch function or dispatch mode
-active, only plain tensors (``nn.Parameter`` included: module weights), a first input not on
-the meta device (torch rejects meta inputs beside real ones either way) and no gradient needed.
-Everything else — autograd, ``torch.compile``, ``torch.export``, fake tensors,
-``torch.ops.ascend_vlm.*`` callers — goes through the registered op.
+* ``check(*args)`` validates a call (every failure a ``ValueError`` naming the argument) and
+  returns what the implementations need from it (e.g. the call's geometry) or None. It runs
+  once per call, at one place on each path: the public function's eager fast path, the
+  registered kernel and the fake kernel.
+* ``reference(checked, *args)``: the plain-torch math, also what backward differentiates.
+* ``npu(checked, *args)``: the torch_npu kernel call (the reference for what it does not take).
+* ``fake(checked, *args)``: empty outputs of the right shapes and dtypes, for ``torch.compile``,
+  ``torch.export`` and meta tensors.
 
-Autograd: backward *recomputes* the forward through the reference implementation under
-``torch.enable_grad`` and differentiates it with ``torch.autograd.grad``. That costs one extra
-forward per backward, but keeps a single source of truth for the math, is exact for every
-backend (the NPU kernels compute the same function) and needs no hand-written gradient per op.
+Dispatch: one ``CompositeExplicitAutograd`` kernel serves every device. It calls ``npu`` when
+:func:`ascend_vlm.device.use_npu_kernels` says so (real NPU tensors, or any tensor under the mock
+NPU) and ``reference`` otherwise.
+
+Eager fast path: the public function runs that same kernel body directly, skipping the
+dispatcher and the Python autograd wrapper (see scripts/bench_ops.py), when nothing could observe
+the difference: not compiling/exporting, no torch function or dispatch mode active, only plain
+tensors (``nn.Parameter`` included: module weights), a first input not on the meta device (torch
+rejects meta inputs beside real ones either way) and no gradient needed. Everything else —
+autograd, ``torch.compile``, ``torch.export``, fake tensors, ``torch.ops.ascend_vlm.*`` callers —
+goes through the registered op.
+
+Autograd: backward *recomputes* the forward through ``reference`` under ``torch.enable_grad`` and
+differentiates it with ``torch.autograd.grad``. That costs one extra forward per backward, but
+keeps a single source of truth for the math, is exact for every backend (the NPU kernels compute
+the same function) and needs no hand-written gradient per op.
 """
 
 from __future__ import annotations
 
+import inspect
+import linecache
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from ascend_vlm._compat import torch_mode_stack_depths
 from ascend_vlm.device import use_npu_kernels
 from ascend_vlm.ops._checks import invalid
-from ascend_vlm.ops._spec import OpSpec
+from ascend_vlm.ops._op_spec import OpSpec
 
 _LOG = logging.getLogger(__name__)
 _LIBRARY = torch.library.Library("ascend_vlm", "DEF")
 # Tensor types the kernel sees exactly as the dispatcher would. nn.Parameter qualifies: it
 # disables __torch_function__ (torch.nn.parameter), so module weights stay on the fast path.
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_torch_function_modes, _dispatch_modes = torch_mode_stack_depths()
 
-
-# Bound once: the eager fast path below runs on every op call, and each `torch.x.y` spelled out
-# there is two more attribute lookups per call. Dynamo still recognises the bound functions.
-_is_compiling = torch.compiler.is_compiling
-_torch_function_modes = torch._C._len_torch_function_stack
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-_grad_enabled = torch.is_grad_enabled
+# The generated functions. `{signature}` is the spec's, with defaults named `_default_<arg>`;
+# `{args}` passes every argument positionally in spec order.
+_GUARD = """\
+    if not isinstance({first}, _Tensor):  # the dispatcher lets None through
+        raise _invalid({first!r}, "a Tensor", type({first}).__name__)
+"""
+_KERNEL = (
+    "def {name}({signature}):\n"
+    + _GUARD
+    + """\
+    checked = _check({args})
+    return (_npu if _use_npu_kernels({first}) else _reference)(checked, {args})
+"""
+)
+_FAKE = "def {name}({signature}):\n" + _GUARD + "    return _fake(_check({args}), {args})\n"
+# The fast-path conditions are spelled out inline, with the module-level names bound once: this
+# runs on every op call, where each extra frame or attribute lookup is a measurable share of a
+# small op. The compiling test comes early: Dynamo folds it to True and traces no further.
+_PUBLIC = """\
+def {name}({signature}):
+{fills}    if (
+        type({first}) in _plain
+        and not _is_compiling()
+        and not {first}.is_meta
+        and not _dispatch_modes()
+        and not _torch_function_modes(){plain_others}
+        and not (_grad_enabled() and ({requires_grad}))
+    ):
+        checked = _check({args})
+        return (_npu if _use_npu_kernels({first}) else _reference)(checked, {args})
+    return _overload({overload_args})
+"""
 
 
 def register_op(
     spec: OpSpec,
     *,
-    reference: Callable[..., torch.Tensor],
-    npu: Callable[..., torch.Tensor],
-    fake: Callable[..., torch.Tensor],
-) -> Callable[..., Callable[..., Any]]:
-    """Define ``torch.ops.ascend_vlm.<spec.name>`` and return its ``kernel_for(*tensors)``: the
-    public wrapper calls ``kernel_for(<tensor args>)(<all args>)``, which is the op's default
-    overload or, on the eager fast path described in the module docstring, its implementation.
+    check: Callable[..., Any],
+    reference: Callable[..., Any],
+    npu: Callable[..., Any],
+    fake: Callable[..., Any],
+    doc: str,
+    fills: Mapping[str, Callable[..., Any]] | None = None,
+) -> Callable[..., Any]:
+    """Define ``torch.ops.ascend_vlm.<spec.name>`` from ``check``, ``reference``, ``npu`` and
+    ``fake`` (module docstring) and return its public function, with the signature
+    ``spec.signature()`` and docstring ``doc``.
 
-    ``reference``, ``npu`` and ``fake`` take the schema's arguments (kwarg-only ones by keyword)
-    and must validate their inputs with the op's shared check function. Bind the result in
-    ``reference``'s module as ``<spec.name>_kernel_for``: it carries that name, so pickle finds
-    it there (patched modules hold it, and a pickled patched model refers to it by name).
+    ``fills`` maps an argument to a function of the arguments its parameters name, whose result
+    replaces that argument in the public function before anything else runs (callers of
+    ``torch.ops.ascend_vlm.*`` pass it themselves): e.g. a dropout seed drawn when None.
+
+    Bind the result in ``reference``'s module under ``spec.name``: it carries that module and
+    name, so pickle finds it there (patched modules hold the public ops).
     """
     _LIBRARY.define(spec.name + spec.schema())
+    namespace: dict[str, Any] = {
+        "_Tensor": torch.Tensor,
+        "_invalid": invalid,
+        "_check": check,
+        "_reference": reference,
+        "_npu": npu,
+        "_fake": fake,
+        "_use_npu_kernels": use_npu_kernels,
+        "_plain": _PLAIN_TENSOR_TYPES,
+        "_is_compiling": torch.compiler.is_compiling,
+        "_dispatch_modes": _dispatch_modes,
+        "_torch_function_modes": _torch_function_modes,
+        "_grad_enabled": torch.is_grad_enabled,
+    }
+    module = reference.__module__
+    _LIBRARY.impl(
+        spec.name,
+        _generate(spec, "kernel", _KERNEL, namespace, module),
+        "CompositeExplicitAutograd",
+    )
+    fake_kernel = _generate(spec, "fake", _FAKE, namespace, module)
+    torch.library.register_fake(spec.qualname, fake_kernel, lib=_LIBRARY)
+    _register_autograd(spec, check, reference)
+    _register_descriptor(spec)
+    namespace["_overload"] = getattr(torch.ops.ascend_vlm, spec.name).default
+    fill_lines = ""
+    for argument, fill in (fills or {}).items():
+        namespace[f"_fill_{argument}"] = fill
+        parameters = ", ".join(inspect.signature(fill).parameters)
+        fill_lines += f"    {argument} = _fill_{argument}({parameters})\n"
+    public = _generate(spec, "public function", _PUBLIC, namespace, module, fills=fill_lines)
+    public.__doc__ = doc
+    return public
 
-    first_input = spec.raw["inputs"][0]["name"]
 
-    def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if not isinstance(args[0], torch.Tensor):  # the dispatcher lets None through
-            raise invalid(first_input, "a Tensor", type(args[0]).__name__)
-        implementation = npu if use_npu_kernels(args[0]) else reference
-        return implementation(*args, **kwargs)
+def _generate(
+    spec: OpSpec, role: str, template: str, namespace: dict[str, Any], module: str, **extra: str
+) -> Callable[..., Any]:
+    """``template`` filled in for ``spec`` and executed in ``namespace``: a function named
+    ``spec.name`` of ``module`` whose signature is ``spec.signature()``."""
+    signature = spec.signature()
+    parameters = list(signature.parameters.values())
+    tensors = [entry["name"] for entry in spec.raw["inputs"]]
+    optional = {entry["name"] for entry in spec.raw["inputs"] if entry.get("optional", False)}
+    first, others = tensors[0], tensors[1:]
+    for parameter in parameters:
+        if parameter.default is not inspect.Parameter.empty:
+            namespace[f"_default_{parameter.name}"] = parameter.default
+    rendered = []
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in rendered:
+            rendered.append("*")
+        has_default = parameter.default is not inspect.Parameter.empty
+        rendered.append(
+            f"{parameter.name}=_default_{parameter.name}" if has_default else parameter.name
+        )
+    plain_others = "".join(
+        f"\n        and ({t} is None or type({t}) in _plain)"
+        if t in optional
+        else f"\n        and type({t}) in _plain"
+        for t in others
+    )
+    requires_grad = " or ".join(
+        f"({t} is not None and {t}.requires_grad)" if t in optional else f"{t}.requires_grad"
+        for t in tensors
+    )
+    source = template.format(
+        name=spec.name,
+        signature=", ".join(rendered),
+        args=", ".join(p.name for p in parameters),
+        first=first,
+        plain_others=plain_others,
+        requires_grad=requires_grad,
+        overload_args=", ".join(
+            f"{p.name}={p.name}" if p.kind is inspect.Parameter.KEYWORD_ONLY else p.name
+            for p in parameters
+        ),
+        **extra,
+    )
+    filename = f"<ascend_vlm.ops.{spec.name} {role}, generated from its spec>"
+    exec(compile(source, filename, "exec"), namespace)
+    # Tracebacks and inspect.getsource show the generated lines.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    function = namespace.pop(spec.name)
+    function.__module__ = module
+    return function
 
-    _LIBRARY.impl(spec.name, kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(spec.qualname, fake, lib=_LIBRARY)
+
+def _register_autograd(
+    spec: OpSpec, check: Callable[..., Any], reference: Callable[..., Any]
+) -> None:
+    """Backward by recomputing ``reference`` (module docstring)."""
+    keyword_only = [
+        name
+        for name, parameter in spec.signature().parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
 
     def setup_context(
         ctx: Any,
@@ -83,21 +217,23 @@ def register_op(
         # Only positional inputs can receive gradients (torch.library's autograd contract), so
         # specs keep differentiable tensors positional.
         ctx.tensor_slots = [i for i, value in enumerate(inputs) if isinstance(value, torch.Tensor)]
-        ctx.other_inputs = [None if isinstance(v, torch.Tensor) else v for v in inputs]
-        ctx.keyword_only_inputs = keyword_only_inputs or {}
+        given = keyword_only_inputs or {}
+        ctx.other_inputs = [None if isinstance(v, torch.Tensor) else v for v in inputs] + [
+            given[name] for name in keyword_only
+        ]
         ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_slots))
 
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        inputs = list(ctx.other_inputs)
+        args = list(ctx.other_inputs)
         wanted: list[int] = []
         for slot, saved in zip(ctx.tensor_slots, ctx.saved_tensors, strict=True):
             if ctx.needs_input_grad[slot]:
-                inputs[slot] = saved.detach().requires_grad_(True)
+                args[slot] = saved.detach().requires_grad_(True)
                 wanted.append(slot)
             else:
-                inputs[slot] = saved
+                args[slot] = saved
         with torch.enable_grad():
-            outputs = reference(*inputs, **ctx.keyword_only_inputs)
+            outputs = reference(check(*args), *args)
             # The op marks every output as requiring grad when any input does, but an output
             # computed only from inputs without grad (k_out when only q requires grad, varlen
             # rows with no key) has no graph here, and an output the loss does not use may come
@@ -113,14 +249,14 @@ def register_op(
             grads = (
                 torch.autograd.grad(
                     [output for output, _ in pairs],
-                    [inputs[i] for i in wanted],
+                    [args[i] for i in wanted],
                     [grad for _, grad in pairs],
                     allow_unused=True,
                 )
                 if pairs
-                else tuple(torch.zeros_like(inputs[i]) for i in wanted)
+                else tuple(torch.zeros_like(args[i]) for i in wanted)
             )
-        result: list[torch.Tensor | None] = [None] * len(inputs)
+        result: list[torch.Tensor | None] = [None] * (len(args) - len(keyword_only))
         for slot, grad in zip(wanted, grads, strict=True):
             result[slot] = grad
         return tuple(result)
@@ -128,36 +264,6 @@ def register_op(
     torch.library.register_autograd(
         spec.qualname, backward, setup_context=setup_context, lib=_LIBRARY
     )
-    _register_descriptor(spec)
-    overload = getattr(torch.ops.ascend_vlm, spec.name).default
-
-    def kernel_for(*tensors: torch.Tensor | None) -> Callable[..., Any]:
-        """What to call with this call's arguments: the implementation itself when that is
-        indistinguishable from calling the op (module docstring), else the registered overload,
-        which also reports bad arguments. ``tensors`` are the call's tensor arguments in schema
-        order (None for an absent optional one); the first selects the implementation. Called
-        per op call, and cheaper than forwarding ``*args, **kwargs`` through one more frame."""
-        first = tensors[0]
-        if (
-            type(first) in _PLAIN_TENSOR_TYPES
-            and not _is_compiling()  # first: Dynamo folds it to True and traces no further
-            and not first.is_meta  # other inputs on meta fail the device check either way
-            and not _dispatch_modes()
-            and not _torch_function_modes()
-        ):
-            grad_enabled = _grad_enabled()
-            for tensor in tensors:
-                if tensor is not None and (
-                    type(tensor) not in _PLAIN_TENSOR_TYPES
-                    or (grad_enabled and tensor.requires_grad)
-                ):
-                    return overload
-            return npu if use_npu_kernels(first) else reference
-        return overload
-
-    kernel_for.__module__ = reference.__module__
-    kernel_for.__name__ = kernel_for.__qualname__ = f"{spec.name}_kernel_for"
-    return kernel_for
 
 
 def _register_descriptor(spec: OpSpec) -> None:
@@ -175,8 +281,9 @@ def _register_descriptor(spec: OpSpec) -> None:
             error,
         )
         return
-    register = getattr(runtime, "register_op", None)
-    if register is None:
-        _LOG.debug("op %s: ascend_vlm.runtime has no register_op yet", spec.name)
-        return
-    register(spec.descriptor())
+    runtime.register_op(spec.descriptor())
+
+
+def empty_like_first_input(_checked: object, first: torch.Tensor, *_: object) -> torch.Tensor:
+    """The ``fake`` of an op whose one output has its first input's shape and dtype."""
+    return torch.empty_like(first)

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
 from ascend_vlm.ops._host_values import HostValueCache, readable_on_host
 from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
-from ascend_vlm.ops._registration import register_op
-from ascend_vlm.ops._spec import load_spec
+from ascend_vlm.ops._op_spec import load_spec
+from ascend_vlm.ops._registration import empty_like_first_input, register_op
 
 SPEC = load_spec("fused_attention")
 _QKV_DTYPES = SPEC.input_dtypes("query")
@@ -59,6 +59,7 @@ def _check(
     layout: str,
     num_heads: int | None,
     num_kv_heads: int | None,
+    _causal: bool,
     scale: float | None,
     dropout_p: float,
     dropout_seed: int | None,
@@ -237,35 +238,23 @@ def _from_bnsd(out: torch.Tensor, layout: str) -> torch.Tensor:
     return out.transpose(1, 2).reshape(batch, seq, heads * head_dim)
 
 
-def attention_reference(
+def _reference(
+    shape: AttentionShape,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    layout: str = "BNSD",
-    num_heads: int | None = None,
-    num_kv_heads: int | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
+    attention_mask: torch.Tensor | None,
+    layout: str,
+    _num_heads: int | None,
+    _num_kv_heads: int | None,
+    causal: bool,
+    scale: float | None,
+    dropout_p: float,
+    dropout_seed: int | None,
 ) -> torch.Tensor:
     """Plain-torch fused_attention (also what backward differentiates): one SDPA call with GQA
     via ``enable_gqa``, masks merged into one SDPA mask, dead rows zeroed afterwards; with
     dropout, the same math spelled out around the seeded mask of `_dropout_attention`."""
-    shape = _check(
-        query,
-        key,
-        value,
-        attention_mask,
-        layout,
-        num_heads,
-        num_kv_heads,
-        scale,
-        dropout_p,
-        dropout_seed,
-    )
     if layout == "BNSD":
         q, k, v = query, key, value
     else:
@@ -351,6 +340,20 @@ def _dropout_attention(
     return (probs * kept) @ v / (1.0 - dropout_p)
 
 
+def checked_bnsd_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    """fused_attention's reference for BNSD query/key/value without mask or dropout whose
+    dtypes, shapes (``Nq % Nkv == 0``, same B and D) and ``scale`` the caller has checked."""
+    batch, heads, q_len, head_dim = query.shape
+    shape = AttentionShape(batch, heads, key.shape[1], q_len, key.shape[2], head_dim)
+    return _reference(shape, query, key, value, None, "BNSD", None, None, causal, scale, 0.0, None)
+
+
 _NPU_CAUSAL_MASKS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -370,31 +373,19 @@ _has_additive_bias = HostValueCache(
 
 
 def _npu(
+    shape: AttentionShape,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    layout: str = "BNSD",
-    num_heads: int | None = None,
-    num_kv_heads: int | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
+    attention_mask: torch.Tensor | None,
+    layout: str,
+    num_heads: int | None,
+    num_kv_heads: int | None,
+    causal: bool,
+    scale: float | None,
+    dropout_p: float,
+    dropout_seed: int | None,
 ) -> torch.Tensor:
-    shape = _check(
-        query,
-        key,
-        value,
-        attention_mask,
-        layout,
-        num_heads,
-        num_kv_heads,
-        scale,
-        dropout_p,
-        dropout_seed,
-    )
     float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
     if (
         not fits_npu_fusion_attention(query.dtype, shape.num_heads, shape.head_dim)
@@ -405,18 +396,19 @@ def _npu(
         or dropout_p > 0.0
         or (float_mask and _has_additive_bias(attention_mask))
     ):
-        return attention_reference(
+        return _reference(
+            shape,
             query,
             key,
             value,
             attention_mask,
-            layout=layout,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            causal=causal,
-            scale=scale,
-            dropout_p=dropout_p,
-            dropout_seed=dropout_seed,
+            layout,
+            num_heads,
+            num_kv_heads,
+            causal,
+            scale,
+            dropout_p,
+            dropout_seed,
         )
     torch_npu = importlib.import_module("torch_npu")
     softmax_scale = 1.0 / math.sqrt(shape.head_dim) if scale is None else scale
@@ -451,53 +443,21 @@ def _npu(
     return out
 
 
-def _fake(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    layout: str = "BNSD",
-    num_heads: int | None = None,
-    num_kv_heads: int | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
-) -> torch.Tensor:
-    _check(
-        query,
-        key,
-        value,
-        attention_mask,
-        layout,
-        num_heads,
-        num_kv_heads,
-        scale,
-        dropout_p,
-        dropout_seed,
-    )
-    return torch.empty_like(query)
+def _draw_dropout_seed(dropout_p: float, dropout_seed: int | None) -> int | None:
+    """One seed from torch's default CPU generator when dropout is on and no seed was given."""
+    if dropout_seed is None and dropout_p > 0.0:
+        return int(torch.randint(2**62, ()).item())
+    return dropout_seed
 
 
-fused_attention_kernel_for = register_op(SPEC, reference=attention_reference, npu=_npu, fake=_fake)
-
-
-def fused_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    layout: str = "BNSD",
-    num_heads: int | None = None,
-    num_kv_heads: int | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
-) -> torch.Tensor:
-    """Softmax attention; output has the query's layout and shape.
+fused_attention = register_op(
+    SPEC,
+    check=_check,
+    reference=_reference,
+    npu=_npu,
+    fake=empty_like_first_input,
+    fills={"dropout_seed": _draw_dropout_seed},
+    doc="""Softmax attention; output has the query's layout and shape.
 
     Layouts: "BNSD" q ``[B, Nq, Sq, D]``, k/v ``[B, Nkv, Skv, D]``; "BSH" q ``[B, Sq, Nq*D]``,
     k/v ``[B, Skv, Nkv*D]`` with ``num_heads`` (and ``num_kv_heads``, default ``num_heads``)
@@ -512,19 +472,5 @@ def fused_attention(
     is drawn from torch's default CPU generator per call, so ``torch.manual_seed`` reproduces a
     run and checkpointing with ``preserve_rng_state`` (the default) recomputes the same mask.
     Bad inputs raise ``ValueError`` naming the argument.
-    """
-    if dropout_seed is None and dropout_p > 0.0:
-        dropout_seed = int(torch.randint(2**62, ()).item())
-    return fused_attention_kernel_for(query, key, value, attention_mask)(
-        query,
-        key,
-        value,
-        attention_mask,
-        layout=layout,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        causal=causal,
-        scale=scale,
-        dropout_p=dropout_p,
-        dropout_seed=dropout_seed,
-    )
+    """,
+)

@@ -13,8 +13,8 @@ import torch
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
 from ascend_vlm.ops._npu_kernels import NPU_DTYPES
-from ascend_vlm.ops._registration import register_op
-from ascend_vlm.ops._spec import load_spec
+from ascend_vlm.ops._op_spec import load_spec
+from ascend_vlm.ops._registration import empty_like_first_input, register_op
 
 SPEC = load_spec("rms_norm")
 _X_DTYPES = SPEC.input_dtypes("x")
@@ -23,7 +23,7 @@ _COMPUTE_DTYPES = (torch.float32, torch.float64)  # promote_types(x.dtype, float
 _NPU_MIN_RANK, _NPU_MAX_RANK = 2, 8  # npu_rms_norm: self has 2-8 dims
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+def _check(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> None:
     if (  # every rule below at once; the named checks only run to explain a failure
         x.dtype in _X_DTYPES
         and weight.dtype in _WEIGHT_DTYPES
@@ -47,9 +47,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
 
 
 def _reference(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
+    _checked: None, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
 ) -> torch.Tensor:
-    _check(x, weight, eps)
     dtype = x.dtype
     # Conversions only when needed: in fp32 models each no-op `.to` is a measurable share of a
     # small norm's time (scripts/bench_patch.py).
@@ -58,16 +57,16 @@ def _reference(
     if offset:
         gamma = gamma + offset
     x_compute = x if dtype == compute_dtype else x.to(compute_dtype)
-    y = torch.rms_norm(x_compute, (x.shape[-1],), gamma, eps)  # F.rms_norm: one frame more
+    # torch.rms_norm, not F.rms_norm: the functional form is a Python wrapper around it.
+    y = torch.rms_norm(x_compute, (x.shape[-1],), gamma, eps)
     return y if y.dtype == dtype else y.to(dtype)
 
 
 def _npu(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
+    _checked: None, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
 ) -> torch.Tensor:
-    _check(x, weight, eps)
     if x.dtype not in NPU_DTYPES or weight.dtype not in NPU_DTYPES:
-        return _reference(x, weight, eps, offset=offset)
+        return _reference(None, x, weight, eps, offset)
     gamma = weight if (not offset and weight.dtype == x.dtype) else weight.float() + offset
     torch_npu = importlib.import_module("torch_npu")
     if _NPU_MIN_RANK <= x.dim() <= _NPU_MAX_RANK:
@@ -76,22 +75,16 @@ def _npu(
     return torch_npu.npu_rms_norm(rows, gamma, epsilon=eps)[0].reshape(x.shape)
 
 
-def _fake(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
-) -> torch.Tensor:
-    _check(x, weight, eps)
-    return torch.empty_like(x)
-
-
-rms_norm_kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
-
-
-def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
-) -> torch.Tensor:
-    """RMSNorm over the last dim: ``x * rsqrt(mean(x^2) + eps) * (offset + weight)``.
+rms_norm = register_op(
+    SPEC,
+    check=_check,
+    reference=_reference,
+    npu=_npu,
+    fake=empty_like_first_input,
+    doc="""RMSNorm over the last dim: ``x * rsqrt(mean(x^2) + eps) * (offset + weight)``.
 
     Computed in fp32 (fp64 for fp64 input) and returned in ``x.dtype``; ``offset=1.0`` is Gemma's
-    ``(1 + weight)`` convention. ``weight`` is 1-D of size ``x.shape[-1]``.
-    """
-    return rms_norm_kernel_for(x, weight)(x, weight, eps, offset=offset)
+    ``(1 + weight)`` convention. ``weight`` is 1-D of size ``x.shape[-1]``. Bad inputs raise
+    ``ValueError`` naming the argument.
+    """,
+)

@@ -26,13 +26,14 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
 from ascend_vlm.ops._npu_kernels import NPU_DTYPES
-from ascend_vlm.ops._registration import register_op
-from ascend_vlm.ops._spec import load_spec
+from ascend_vlm.ops._op_spec import load_spec
+from ascend_vlm.ops._registration import empty_like_first_input, register_op
 
 SPEC = load_spec("rotary_embedding")
 _X_DTYPES = SPEC.input_dtypes("x")
@@ -41,12 +42,12 @@ _NPU_MAX_HEAD_DIM = 896  # npu_rotary_mul: D < 896 (doc above)
 _NPU_MAX_BN = 1000  # half mode: B, N < 1000; interleave mode: B * N < 1000
 
 
-def _check(
+def _check_rotated(
     x: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     mrope_section: list[int] | None,
-    name: str = "x",
+    name: str,
 ) -> None:
     """Validate ``x`` (called ``name`` in errors) against the cos/sin tables."""
     if (  # the common call, every rule below at once; the rest runs to explain a failure
@@ -201,90 +202,30 @@ def _kernel_table(table: torch.Tensor, dtype: torch.dtype, table_scale: float) -
     return table.to(dtype).contiguous()
 
 
-def _empty_like(x: torch.Tensor, *_: object) -> torch.Tensor:
-    """The fake implementations' :data:`_Rotation`: shape and dtype only."""
-    return torch.empty_like(x)
-
-
-def _single_op(rotate: _Rotation) -> Callable[..., torch.Tensor]:
-    """The rotary_embedding implementation that checks, selects the tables and ``rotate``s."""
-
-    def implementation(
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        *,
-        mrope_section: list[int] | None = None,
-        interleaved: bool = False,
-        table_scale: float = 1.0,
-    ) -> torch.Tensor:
-        _check(x, cos, sin, mrope_section)
-        _check_table_scale(table_scale)
-        cos4, sin4 = _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
-        return rotate(x, cos4, sin4, interleaved, table_scale, {})
-
-    return implementation
-
-
-_reference, _npu, _fake = (_single_op(r) for r in (_rotated, _npu_rotated, _empty_like))
-rotary_embedding_kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
-
-
-def rotary_embedding(
+def _check(
     x: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    *,
-    mrope_section: list[int] | None = None,
-    interleaved: bool = False,
-    table_scale: float = 1.0,
-) -> torch.Tensor:
-    """Apply RoPE to ``x`` ``[B, N, S, D]``; cos/sin ``[B|1, S, Dr]``, ``[S, Dr]`` or, with
-    ``mrope_section``, ``[3, B|1, S, Dr]``. ``table_scale``: a bound on ``|cos|`` and ``|sin|``
-    (1.0 for unit tables; transformers' ``attention_scaling`` for scaled ones). Returns ``x``'s
-    shape and dtype (see module docstring for the formula). Raises ValueError naming the
-    argument for bad shapes, dtypes or a ``table_scale`` that is not a finite float > 0."""
-    return rotary_embedding_kernel_for(x, cos, sin)(
-        x, cos, sin, mrope_section=mrope_section, interleaved=interleaved, table_scale=table_scale
-    )
-
-
-PAIR_SPEC = load_spec("rotary_embedding_pair")
-
-
-def _pair_tables(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
     mrope_section: list[int] | None,
+    _interleaved: bool,
     table_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check q and k against the tables, then select the tables once for both."""
-    _check(q, cos, sin, mrope_section, name="q")
-    _check(k, cos, sin, mrope_section, name="k")
+) -> None:
+    _check_rotated(x, cos, sin, mrope_section, "x")
     _check_table_scale(table_scale)
-    if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise invalid("k", f"batch and sequence (dims 0, 2) of q {tuple(q.shape)}", tuple(k.shape))
-    return _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
 
 
-def _pair_op(rotate: _Rotation) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The rotary_embedding_pair implementation: tables selected once, q and k ``rotate``d
-    separately (never joined) with kernel-ready tables shared between them."""
+def _rotation_op(rotate: _Rotation) -> Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]:
+    """The implementation of rotary_embedding (``x``) and rotary_embedding_pair (``q, k``) that
+    ``rotate``s: tables selected once, each input rotated separately (never joined), kernel-ready
+    tables shared between them."""
 
-    def implementation(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        *,
-        mrope_section: list[int] | None = None,
-        interleaved: bool = False,
-        table_scale: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos4, sin4 = _pair_tables(q, k, cos, sin, mrope_section, table_scale)
+    def implementation(_checked: None, *args: object) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        *inputs, cos, sin, mrope_section, interleaved, table_scale = args
+        cos4, sin4 = _select_tables(cos, mrope_section), _select_tables(sin, mrope_section)
         shared: dict = {}
+        if len(inputs) == 1:
+            return rotate(inputs[0], cos4, sin4, interleaved, table_scale, shared)
+        q, k = inputs
         return rotate(q, cos4, sin4, interleaved, table_scale, shared), rotate(
             k, cos4, sin4, interleaved, table_scale, shared
         )
@@ -292,33 +233,48 @@ def _pair_op(rotate: _Rotation) -> Callable[..., tuple[torch.Tensor, torch.Tenso
     return implementation
 
 
-_pair_reference, _pair_npu, _pair_fake = (
-    _pair_op(r) for r in (_rotated, _npu_rotated, _empty_like)
-)
-rotary_embedding_pair_kernel_for = register_op(
-    PAIR_SPEC, reference=_pair_reference, npu=_pair_npu, fake=_pair_fake
+_reference, _npu = _rotation_op(_rotated), _rotation_op(_npu_rotated)
+rotary_embedding = register_op(
+    SPEC,
+    check=_check,
+    reference=_reference,
+    npu=_npu,
+    fake=empty_like_first_input,
+    doc="""Apply RoPE to ``x`` ``[B, N, S, D]``; cos/sin ``[B|1, S, Dr]``, ``[S, Dr]`` or, with
+    ``mrope_section``, ``[3, B|1, S, Dr]``. ``table_scale``: a bound on ``|cos|`` and ``|sin|``
+    (1.0 for unit tables; transformers' ``attention_scaling`` for scaled ones). Returns ``x``'s
+    shape and dtype (see module docstring for the formula). Raises ValueError naming the
+    argument for bad shapes, dtypes or a ``table_scale`` that is not a finite float > 0.""",
 )
 
 
-def rotary_embedding_pair(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    mrope_section: list[int] | None = None,
-    interleaved: bool = False,
-    table_scale: float = 1.0,
+PAIR_SPEC = load_spec("rotary_embedding_pair")
+
+
+def _check_pair(q: torch.Tensor, k: torch.Tensor, *tables_and_options: Any) -> None:
+    """Check a rotary_embedding_pair call: ``tables_and_options`` are its arguments after k."""
+    cos, sin, mrope_section, _interleaved, table_scale = tables_and_options
+    _check_rotated(q, cos, sin, mrope_section, "q")
+    _check_rotated(k, cos, sin, mrope_section, "k")
+    _check_table_scale(table_scale)
+    if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise invalid("k", f"batch and sequence (dims 0, 2) of q {tuple(q.shape)}", tuple(k.shape))
+
+
+def _pair_fake(
+    _checked: None, q: torch.Tensor, k: torch.Tensor, *_: object
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin))`` (same options) in one
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+rotary_embedding_pair = register_op(
+    PAIR_SPEC,
+    check=_check_pair,
+    reference=_reference,
+    npu=_npu,
+    fake=_pair_fake,
+    doc="""``(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin))`` (same options) in one
     call: the tables are selected once, q and k are never joined. ``k`` may have fewer heads than
-    ``q`` (GQA) but shares its batch and sequence length."""
-    return rotary_embedding_pair_kernel_for(q, k, cos, sin)(
-        q,
-        k,
-        cos,
-        sin,
-        mrope_section=mrope_section,
-        interleaved=interleaved,
-        table_scale=table_scale,
-    )
+    ``q`` (GQA) but shares its batch and sequence length. Bad inputs raise ``ValueError``
+    naming the argument.""",
+)

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from ascend_vlm.device import use_npu_kernels
 from ascend_vlm.ops._checks import check_dtype, check_same_dtype, invalid
 from ascend_vlm.ops._npu_kernels import NPU_DTYPES
+from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import register_op
-from ascend_vlm.ops._spec import load_spec
 
 SPEC = load_spec("swiglu")
 _X_DTYPES = SPEC.input_dtypes("x")
@@ -36,37 +36,36 @@ def _check(x: torch.Tensor, dim: int) -> int:
     return x.shape[dim] // 2
 
 
-def _reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    _check(x, dim)
+def _reference(_half: int, x: torch.Tensor, dim: int) -> torch.Tensor:
     gate, up = x.chunk(2, dim)
     return F.silu(gate) * up
 
 
-def _npu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    _check(x, dim)
+def _npu(half: int, x: torch.Tensor, dim: int) -> torch.Tensor:
     if x.dtype not in NPU_DTYPES or x.dim() > _NPU_MAX_RANK:
-        return _reference(x, dim)
+        return _reference(half, x, dim)
     torch_npu = importlib.import_module("torch_npu")
     return torch_npu.npu_swiglu(x.contiguous(), dim=dim)
 
 
-def _fake(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    half = _check(x, dim)
+def _fake(half: int, x: torch.Tensor, dim: int) -> torch.Tensor:
     shape = list(x.shape)
     shape[dim] = half
     return x.new_empty(shape)
 
 
-swiglu_kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
-
-
-def swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """SwiGLU: ``silu(a) * b`` where ``a, b = x.chunk(2, dim)``; the output halves ``dim``.
+swiglu = register_op(
+    SPEC,
+    check=_check,
+    reference=_reference,
+    npu=_npu,
+    fake=_fake,
+    doc="""SwiGLU: ``silu(a) * b`` where ``a, b = x.chunk(2, dim)``; the output halves ``dim``.
 
     Raises ``ValueError`` for an odd size along ``dim``, an out-of-range ``dim`` or an
     unsupported dtype.
-    """
-    return swiglu_kernel_for(x)(x, dim)
+    """,
+)
 
 
 def swiglu_projections(

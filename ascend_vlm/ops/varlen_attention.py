@@ -22,11 +22,11 @@ import torch
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
 from ascend_vlm.ops._host_values import HostValueCache
 from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
-from ascend_vlm.ops._registration import register_op
-from ascend_vlm.ops._spec import load_spec
+from ascend_vlm.ops._op_spec import load_spec
+from ascend_vlm.ops._registration import empty_like_first_input, register_op
 from ascend_vlm.ops.fused_attention import (
     NPU_SPARSE_RIGHT_DOWN_CAUSAL,
-    attention_reference,
+    checked_bnsd_attention,
     npu_causal_mask,
 )
 
@@ -38,14 +38,19 @@ _QKV_DTYPES = SPEC.input_dtypes("query")
 _CU_DTYPES = SPEC.input_dtypes("cu_seqlens_q")
 
 
-def _check_shapes(
+def _check(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
+    _max_seqlen_q: int | None,
+    _max_seqlen_k: int | None,
+    _causal: bool,
     scale: float | None,
 ) -> None:
+    """The checks that need no values of cu_seqlens (so they hold for fake tensors too); the
+    implementations check the offsets themselves (`_query_and_key_lengths`)."""
     check_dtype("query", query, _QKV_DTYPES)
     check_same_dtype("key", key, "query", query.dtype)
     check_same_dtype("value", value, "query", query.dtype)
@@ -147,53 +152,50 @@ def _query_and_key_lengths(
 
 
 def _reference(
+    _checked: None,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
-    *,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    causal: bool = False,
-    scale: float | None = None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    causal: bool,
+    scale: float | None,
 ) -> torch.Tensor:
-    _check_shapes(query, key, value, cu_seqlens_q, cu_seqlens_k, scale)
     q_lens, k_lens = _query_and_key_lengths(
         query, key, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     )
-    attend = dict(causal=causal, scale=scale)
     if q_lens and q_lens == k_lens and len(set(q_lens)) == 1 and q_lens[0] > 0:
         # Equal segments (e.g. same-size images): one batched call, [n, S, N, D] -> BNSD.
         n, seg = len(q_lens), q_lens[0]
         q, k, v = (t.view(n, seg, *t.shape[1:]).transpose(1, 2) for t in (query, key, value))
-        out = attention_reference(q, k, v, **attend)
+        out = checked_bnsd_attention(q, k, v, causal, scale)
         return out.transpose(1, 2).reshape(query.shape)
     outputs = []
     for q, k, v in zip(query.split(q_lens), key.split(k_lens), value.split(k_lens), strict=True):
         if q.shape[0] == 0 or k.shape[0] == 0:  # nothing to attend to: rows are 0 by contract
             outputs.append(q.new_zeros(q.shape))
             continue
-        out = attention_reference(
-            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], **attend
+        out = checked_bnsd_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal, scale
         )
         outputs.append(out[0].transpose(0, 1))
     return torch.cat(outputs) if outputs else query.new_zeros(query.shape)
 
 
 def _npu(
+    _checked: None,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
-    *,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    causal: bool = False,
-    scale: float | None = None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    causal: bool,
+    scale: float | None,
 ) -> torch.Tensor:
-    _check_shapes(query, key, value, cu_seqlens_q, cu_seqlens_k, scale)
     q_lens, k_lens = _query_and_key_lengths(
         query, key, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     )
@@ -210,15 +212,16 @@ def _npu(
     )
     if not fits_kernel or has_dead_rows:
         return _reference(
+            None,
             query,
             key,
             value,
             cu_seqlens_q,
             cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k,
-            causal=causal,
-            scale=scale,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal,
+            scale,
         )
     torch_npu = importlib.import_module("torch_npu")
     return torch_npu.npu_fusion_attention(
@@ -236,48 +239,13 @@ def _npu(
     )[0]
 
 
-def _fake(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    *,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-) -> torch.Tensor:
-    _check_shapes(query, key, value, cu_seqlens_q, cu_seqlens_k, scale)
-    return torch.empty_like(query)
-
-
-varlen_attention_kernel_for = register_op(SPEC, reference=_reference, npu=_npu, fake=_fake)
-
-
-def varlen_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    *,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """Attention within packed segments: q ``[T, Nq, D]``, k/v ``[Tk, Nkv, D]``, cu_seqlens
+varlen_attention = register_op(
+    SPEC,
+    check=_check,
+    reference=_reference,
+    npu=_npu,
+    fake=empty_like_first_input,
+    doc="""Attention within packed segments: q ``[T, Nq, D]``, k/v ``[Tk, Nkv, D]``, cu_seqlens
     int32/int64 ``[n + 1]`` from 0 to T (Tk). Returns ``[T, Nq, D]``. ``max_seqlen_*`` are
-    optional upper bounds (checked). Bad shapes or offsets raise ``ValueError``."""
-    return varlen_attention_kernel_for(query, key, value, cu_seqlens_q, cu_seqlens_k)(
-        query,
-        key,
-        value,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        causal=causal,
-        scale=scale,
-    )
+    optional upper bounds (checked). Bad shapes or offsets raise ``ValueError``.""",
+)

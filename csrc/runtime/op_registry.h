@@ -1,5 +1,7 @@
-// Registry of custom-op descriptors (op_plugins/<op>/spec.json): what each op accepts, checked
-// once at registration so every later consumer can trust it.
+// Registry of custom-op descriptors (op_plugins/<op>/spec.json): what each op accepts. The
+// descriptor format has one validator, in Python (ascend_vlm/_op_descriptor.py): the ops must load
+// their specs without this extension, and ascend_vlm.runtime.register_op checks every descriptor
+// there before it reaches this registry.
 #ifndef ASCEND_VLM_RUNTIME_OP_REGISTRY_H_
 #define ASCEND_VLM_RUNTIME_OP_REGISTRY_H_
 
@@ -29,7 +31,7 @@ using AttrValue =
 
 struct AttrSpec {
   std::string name;
-  std::string type;  // int float bool str int_list float_list
+  std::string type;  // an attr type of ascend_vlm/_op_descriptor.py (int, float, ...)
   std::optional<AttrValue> default_value;
   bool operator==(const AttrSpec& other) const;
 };
@@ -48,9 +50,8 @@ class OpRegistry {
  public:
   static OpRegistry& global();
 
-  // Validates and stores `op`. Throws std::invalid_argument naming the op, the field, what was
-  // expected and what came. Registering an identical descriptor again is a no-op; a different
-  // descriptor under a taken name is an error.
+  // Stores `op` (already validated). Registering an identical descriptor again is a no-op; a
+  // different descriptor under a taken name throws std::invalid_argument naming the op.
   void add(const OpDescriptor& op);
   // False if no op has that name.
   bool remove(const std::string& name);
@@ -62,9 +63,6 @@ class OpRegistry {
   mutable std::mutex mutex_;
   std::map<std::string, OpDescriptor> ops_;
 };
-
-// Throws std::invalid_argument if `op` breaks a rule of the descriptor format.
-void validate_op_descriptor(const OpDescriptor& op);
 
 }  // namespace ascend_vlm
 

@@ -3,6 +3,7 @@ comparisons for both paths live in test_op_info.py)."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -12,8 +13,25 @@ from _op_samples import AttentionCase, KernelSpy, on_device, to_bsh
 from _recording import RecordOps
 
 from ascend_vlm import ops
-from ascend_vlm.ops.fused_attention import _npu as npu_fused_attention
-from ascend_vlm.ops.fused_attention import attention_reference
+
+attention_module = importlib.import_module("ascend_vlm.ops.fused_attention")
+
+
+def _implementation(implementation):
+    """``implementation`` of fused_attention called as the op is (checked arguments, spec
+    order): the registered op would be one opaque call to RecordOps."""
+
+    def call(*args, **kwargs):
+        bound = attention_module.SPEC.signature().bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = tuple(bound.arguments.values())
+        return implementation(attention_module._check(*arguments), *arguments)
+
+    return call
+
+
+attention_reference = _implementation(attention_module._reference)
+npu_fused_attention = _implementation(attention_module._npu)
 
 
 def _fp64_case(**overrides) -> AttentionCase:
@@ -181,7 +199,6 @@ def test_reference_reads_a_mask_once_and_again_after_an_in_place_change() -> Non
     mask = torch.ones(2, 1, 3, 3, dtype=torch.bool)
 
     def attend() -> torch.Tensor:
-        # The reference itself: the registered op is one opaque call to RecordOps.
         return attention_reference(q, k, v, mask)
 
     assert _host_reads(attend) == 1
@@ -223,7 +240,6 @@ def test_npu_path_reads_no_mask_values_on_the_host(mock_npu, monkeypatch) -> Non
     additive[0, ..., 0] = torch.finfo(torch.float32).min
 
     def attend(mask: torch.Tensor) -> torch.Tensor:
-        # The NPU implementation itself: the registered op is one opaque call to RecordOps.
         return npu_fused_attention(q, k, v, mask, causal=True)
 
     outputs = {}

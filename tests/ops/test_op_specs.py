@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ascend_vlm import ops
-from ascend_vlm.ops import _spec
+from ascend_vlm.ops import _op_spec as _spec
 
 OP_NAMES = sorted(ops.__all__)
 
@@ -74,70 +74,70 @@ def _write_spec(root: Path, name: str, **changes) -> Path:
     return path
 
 
+def _load_error(monkeypatch, root: Path, name: str) -> str:
+    """The ValueError message of loading spec ``name`` from ``root`` alone."""
+    monkeypatch.setattr(_spec, "spec_roots", lambda: [root])
+    _spec.load_spec.cache_clear()
+    try:
+        with pytest.raises(ValueError) as raised:
+            _spec.load_spec(name)
+    finally:
+        _spec.load_spec.cache_clear()
+    return str(raised.value)
+
+
+def _input(**changes) -> dict:
+    entry = {"name": "x", "dtypes": ["float32"], "formats": ["ND"], "rank": 2, "optional": False}
+    return {**entry, **changes}
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
         (
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "dtypes": ["float8"],
-                        "formats": ["ND"],
-                        "rank": 2,
-                        "dynamic_dims": [0],
-                        "optional": False,
-                    }
-                ]
-            },
-            "inputs.x.dtypes: expected one of",
+            {"inputs": [_input(dtypes=["float8"])]},
+            "inputs[0].dtypes: expected names from ['float16', 'bfloat16', 'float32', 'float64', "
+            "'int8', 'uint8', 'int32', 'int64', 'bool'], got 'float8'",
         ),
         (
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "dtypes": ["float32"],
-                        "formats": ["NCDHW"],
-                        "rank": 2,
-                        "dynamic_dims": [0],
-                        "optional": False,
-                    }
-                ]
-            },
-            "inputs.x.formats: expected one of",
+            {"inputs": [_input(formats=["NCDHW"])]},
+            "inputs[0].formats: expected names from ['ND', 'BNSD', 'BSH', 'BSND', 'SBH', 'TND', "
+            "'NCHW', 'NHWC'], got 'NCDHW'",
         ),
         (
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "dtypes": ["float32"],
-                        "formats": ["ND"],
-                        "rank": 2,
-                        "dynamic_dims": [2],
-                        "optional": False,
-                    }
-                ]
-            },
-            "inputs.x.dynamic_dims: expected dims < rank 2",
+            {"attrs": [{"name": "dim", "type": "double", "default": 0}]},
+            "attrs[0].type: expected one of ['int', 'float', 'bool', 'str', 'int_list', "
+            "'float_list'], got 'double'",
+        ),
+        (
+            {"inputs": [_input(dynamic_dims=[2])]},
+            "inputs[0].dynamic_dims: expected axes in [0, 2), got [2]",
         ),
         (
             {"attrs": [{"name": "x", "type": "int", "default": 0}]},
-            "inputs/attrs: expected unique argument names",
+            "attrs[0].name: expected names unique among tensors and attrs, got x",
+        ),
+        (
+            {"attrs": [{"name": "dim", "type": "int", "default": 0.5}]},
+            "attrs[0].default: expected a value of type 'int', got 0.5",
         ),
     ],
-    ids=["dtype", "format", "dynamic-dim", "duplicate"],
+    ids=["dtype", "format", "attr-type", "dynamic-dim", "duplicate", "default"],
 )
-def test_malformed_specs_are_rejected_naming_the_field(tmp_path, monkeypatch, changes, message):
-    _write_spec(tmp_path, "broken_op", **changes)
-    monkeypatch.setattr(_spec, "spec_roots", lambda: [tmp_path])
-    _spec.load_spec.cache_clear()
-    try:
-        with pytest.raises(ValueError, match=re.escape(message)):
-            _spec.load_spec("broken_op")
-    finally:
-        _spec.load_spec.cache_clear()
+def test_malformed_specs_are_rejected_naming_file_and_field(
+    tmp_path, monkeypatch, changes, message
+):
+    path = _write_spec(tmp_path, "broken_op", **changes)
+    assert _load_error(monkeypatch, tmp_path, "broken_op") == f"{path}: {message}"
+
+
+def test_a_spec_named_after_another_folder_is_rejected(tmp_path, monkeypatch) -> None:
+    path = _write_spec(tmp_path, "renamed_op")
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps({**raw, "name": "swiglu"}))
+    assert _load_error(monkeypatch, tmp_path, "renamed_op") == (
+        f"{path}: name: expected the folder name 'renamed_op', got 'swiglu'"
+    )
 
 
 def test_installed_copy_is_found_when_the_source_tree_is_absent(tmp_path, monkeypatch) -> None:

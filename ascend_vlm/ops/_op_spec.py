@@ -18,29 +18,11 @@ from typing import Any
 import torch
 
 import ascend_vlm
+from ascend_vlm._op_descriptor import ATTR_TYPES, DTYPES, check_descriptor
 
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "bool": torch.bool,
-}
-FORMATS = frozenset({"ND", "BNSD", "BSH", "BSND", "SBH", "TND", "NCHW", "NHWC"})
-# spec attr type -> torch schema type
-ATTR_TYPES = {
-    "int": "int",
-    "float": "float",
-    "bool": "bool",
-    "str": "str",
-    "int_list": "int[]",
-    "float_list": "float[]",
-}
-# Keys of the descriptor the C++ registry understands; "kwarg_only" only shapes the Python schema.
+# The spec's dtype names are torch's.
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
+# Keys of the descriptor the C++ registry stores; "kwarg_only" only shapes the Python schema.
 _TENSOR_KEYS = ("name", "dtypes", "formats", "rank", "dynamic_dims", "optional")
 _OUTPUT_KEYS = ("name", "dtypes", "formats", "rank", "dynamic_dims")
 _ATTR_KEYS = ("name", "type", "default")
@@ -67,13 +49,8 @@ class OpSpec:
         """The torch dtypes the spec allows for input ``input_name``."""
         for entry in self.raw["inputs"]:
             if entry["name"] == input_name:
-                return frozenset(DTYPES[d] for d in entry["dtypes"])
+                return frozenset(TORCH_DTYPES[d] for d in entry["dtypes"])
         raise KeyError(f"{self.name}: spec has no input {input_name!r}")
-
-    def arguments(self) -> list[tuple[str, bool]]:
-        """Schema arguments in order as ``(name, kwarg_only)``: tensor inputs, then attrs."""
-        entries = self.raw["inputs"] + self.raw["attrs"]
-        return [(e["name"], bool(e.get("kwarg_only", False))) for e in entries]
 
     def signature(self) -> inspect.Signature:
         """The Python signature the schema implies, which the public wrapper
@@ -82,9 +59,9 @@ class OpSpec:
         parameters = []
         for entry in self.raw["inputs"] + self.raw["attrs"]:
             if "type" in entry:
-                default = entry["default"]
+                default = entry.get("default")
             else:
-                default = None if entry["optional"] else inspect.Parameter.empty
+                default = None if entry.get("optional", False) else inspect.Parameter.empty
             kind = (
                 inspect.Parameter.KEYWORD_ONLY
                 if entry.get("kwarg_only", False)
@@ -113,19 +90,19 @@ class OpSpec:
             "name": raw["name"],
             "summary": raw["summary"],
             "npu_kernel": raw["npu_kernel"],
-            "inputs": [{k: e[k] for k in _TENSOR_KEYS} for e in raw["inputs"]],
-            "outputs": [{k: e[k] for k in _OUTPUT_KEYS} for e in raw["outputs"]],
-            "attrs": [{k: e[k] for k in _ATTR_KEYS} for e in raw["attrs"]],
+            "inputs": [{k: e[k] for k in _TENSOR_KEYS if k in e} for e in raw["inputs"]],
+            "outputs": [{k: e[k] for k in _OUTPUT_KEYS if k in e} for e in raw["outputs"]],
+            "attrs": [{k: e[k] for k in _ATTR_KEYS if k in e} for e in raw["attrs"]],
         }
 
 
 def _schema_argument(entry: dict[str, Any]) -> str:
     if "type" not in entry:  # a tensor input
-        if entry["optional"]:
+        if entry.get("optional", False):
             return f"Tensor? {entry['name']}=None"
         return f"Tensor {entry['name']}"
     schema_type = ATTR_TYPES[entry["type"]]
-    default = entry["default"]
+    default = entry.get("default")
     if default is None:
         return f"{schema_type}? {entry['name']}=None"
     if isinstance(default, str):
@@ -137,48 +114,18 @@ def _schema_argument(entry: dict[str, Any]) -> str:
     return f"{schema_type} {entry['name']}={default!r}"
 
 
-def _check_spec(raw: dict[str, Any], origin: Path) -> None:
-    """Reject malformed specs early, naming the file, the field, what was expected and got."""
-
-    def fail(field: str, expected: str, got: object) -> ValueError:
-        return ValueError(f"{origin}: {field}: expected {expected}, got {got!r}")
-
-    for key in ("name", "summary", "npu_kernel", "inputs", "outputs", "attrs"):
-        if key not in raw:
-            raise fail(key, "a value", "missing")
-    if raw["name"] != origin.parent.name:
-        raise fail("name", f"the folder name {origin.parent.name!r}", raw["name"])
-    for section in ("inputs", "outputs"):
-        for entry in raw[section]:
-            field = f"{section}.{entry.get('name')}"
-            for dtype in entry["dtypes"]:
-                if dtype not in DTYPES:
-                    raise fail(f"{field}.dtypes", f"one of {sorted(DTYPES)}", dtype)
-            for fmt in entry["formats"]:
-                if fmt not in FORMATS:
-                    raise fail(f"{field}.formats", f"one of {sorted(FORMATS)}", fmt)
-            rank = entry["rank"]
-            if not isinstance(rank, int) or rank < -1:
-                raise fail(f"{field}.rank", "an int >= -1 (-1 = any)", rank)
-            if rank != -1 and any(d >= rank for d in entry["dynamic_dims"]):
-                raise fail(f"{field}.dynamic_dims", f"dims < rank {rank}", entry["dynamic_dims"])
-    for entry in raw["attrs"]:
-        if entry["type"] not in ATTR_TYPES:
-            raise fail(f"attrs.{entry['name']}.type", f"one of {sorted(ATTR_TYPES)}", entry["type"])
-    names = [e["name"] for e in raw["inputs"] + raw["attrs"]]
-    if len(set(names)) != len(names):
-        raise fail("inputs/attrs", "unique argument names", names)
-
-
 @functools.cache
 def load_spec(op_name: str) -> OpSpec:
     """Load and check ``<root>/<op_name>/spec.json`` from the first root that has it."""
     for root in spec_roots():
         path = root / op_name / "spec.json"
         if path.is_file():
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            _check_spec(raw, path)
-            return OpSpec(name=op_name, raw=raw)
+            raw = check_descriptor(json.loads(path.read_text(encoding="utf-8")), str(path))
+            if raw["name"] != op_name:
+                raise ValueError(
+                    f"{path}: name: expected the folder name {op_name!r}, got {raw['name']!r}"
+                )
+            return OpSpec(name=op_name, raw={"attrs": [], **raw})
     searched = ", ".join(str(r) for r in spec_roots())
     raise FileNotFoundError(f"op spec {op_name!r}: no {op_name}/spec.json under {searched}")
 
@@ -199,7 +146,7 @@ def markdown_table(specs: list[OpSpec]) -> str:
     for spec in specs:
         raw = spec.raw
         inputs = "<br>".join(
-            f"`{e['name']}`{'?' if e['optional'] else ''}: {', '.join(e['dtypes'])}; "
+            f"`{e['name']}`{'?' if e.get('optional', False) else ''}: {', '.join(e['dtypes'])}; "
             f"{', '.join(e['formats'])}"
             for e in raw["inputs"]
         )
