@@ -1,13 +1,14 @@
 """ascend_vlm: fused Ascend NPU kernels and runtime plumbing for Hugging Face VLMs.
 
 Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules :mod:`ops`,
-:mod:`runtime`, :mod:`distributed`, :mod:`device` (backend selection) and :mod:`testing` (the
-mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
+:mod:`runtime`, :mod:`distributed`, :mod:`kernel_backend` (which implementation the ops run)
+and :mod:`testing` (the mock NPU and its pytest plugin), and the errors :class:`AclError`,
+:class:`PatchError`.
 
 Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schemas, kernels,
 fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-ed program or a
 compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
-:mod:`ops` (with :mod:`device`); everything heavier (transformers through ``patch``,
+:mod:`ops` (with :mod:`kernel_backend`); everything heavier (transformers through ``patch``,
 :mod:`distributed`, :mod:`testing`) loads on first access.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ascend_vlm import device, ops
+from ascend_vlm import kernel_backend, ops
 from ascend_vlm._errors import AclError, PatchError
 from ascend_vlm._version import __version__ as __version__
 
@@ -24,8 +25,8 @@ __all__ = [
     "AclError",
     "PatchError",
     "PatchReport",
-    "device",
     "distributed",
+    "kernel_backend",
     "ops",
     "patch",
     "runtime",

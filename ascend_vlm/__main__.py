@@ -139,9 +139,9 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _backend() -> str:
-    from ascend_vlm.device import backend
+    from ascend_vlm.kernel_backend import active_backend
 
-    return backend()
+    return active_backend()
 
 
 def models_table(markdown: bool) -> str:

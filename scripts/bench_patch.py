@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 
 import ascend_vlm
-from ascend_vlm.device import backend
+from ascend_vlm.kernel_backend import active_backend
 from ascend_vlm.models.tiny import FAMILIES, SIZES, build_model, make_inputs
 
 # "sdpa_again" is an A/A control: a second, identical unpatched sdpa model. Its ratio to "sdpa"
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "command: python scripts/bench_patch.py " + " ".join(sys.argv[1:] if argv is None else argv)
     )
     print(
-        f"backend={backend()} torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"backend={active_backend()} torch={torch.__version__} threads={torch.get_num_threads()} "
         f"repeats={args.repeats} instances={args.instances} new_tokens={args.new_tokens}"
     )
     header = (

@@ -76,7 +76,7 @@ def test_import_registers_every_op_and_exposes_the_public_submodules() -> None:
     import torch
     import ascend_vlm
 
-    print(ascend_vlm.device.backend(), callable(ascend_vlm.testing.install_mock_npu))
+    print(ascend_vlm.kernel_backend.active_backend(), callable(ascend_vlm.testing.install_mock_npu))
     print([name for name in sys.argv[1:] if hasattr(torch.ops.ascend_vlm, name)])
     """
     names = sorted(ascend_vlm.ops.__all__)

@@ -184,10 +184,10 @@ class Runtime:
 
 
 def _npu_available() -> bool:
-    """True when a real torch_npu sees a device (``ascend_vlm.device.backend() == "npu"``)."""
-    from ascend_vlm.device import backend
+    """True when a real torch_npu sees a device (``kernel_backend.active_backend() == "npu"``)."""
+    from ascend_vlm.kernel_backend import active_backend
 
-    return backend() == "npu"
+    return active_backend() == "npu"
 
 
 def init_runtime() -> Runtime:

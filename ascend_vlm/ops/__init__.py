@@ -1,8 +1,9 @@
 """Fused ops as ``torch.library`` custom ops in the ``ascend_vlm`` namespace.
 
 Each op (``torch.ops.ascend_vlm.<name>``) has a plain-torch CPU reference, an NPU implementation
-calling torch_npu's fused kernel (used when :func:`ascend_vlm.device.backend` is "npu" for NPU
-tensors, or "mock"), a fake implementation for ``torch.compile`` / ``torch.export`` and autograd.
+calling torch_npu's fused kernel (used when :func:`ascend_vlm.kernel_backend.active_backend` is
+"npu" for NPU tensors, or "mock"), a fake implementation for ``torch.compile`` /
+``torch.export`` and autograd.
 Each op's interface is declared once in ``op_plugins/<name>/spec.json``.
 """
 

@@ -15,8 +15,8 @@ supplies what a spec cannot say, each taking the spec's arguments positionally i
   ``torch.export`` and meta tensors.
 
 Dispatch: one ``CompositeExplicitAutograd`` kernel serves every device. It calls ``npu`` when
-:func:`ascend_vlm.device.use_npu_kernels` says so (real NPU tensors, or any tensor under the mock
-NPU) and ``reference`` otherwise.
+:func:`ascend_vlm.kernel_backend.use_npu_kernels` says so (real NPU tensors, or any tensor under
+the mock NPU) and ``reference`` otherwise.
 
 Eager fast path: the public function runs that same kernel body directly, skipping the
 dispatcher and the Python autograd wrapper (see scripts/bench_ops.py), when nothing could observe
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from ascend_vlm._compat import torch_mode_stack_depths
-from ascend_vlm.device import use_npu_kernels
+from ascend_vlm.kernel_backend import use_npu_kernels
 from ascend_vlm.ops._checks import invalid
 from ascend_vlm.ops._op_spec import OpSpec
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ascend_vlm.device import use_npu_kernels
+from ascend_vlm.kernel_backend import use_npu_kernels
 from ascend_vlm.ops._checks import check_dtype, check_same_dtype, invalid
 from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._op_spec import load_spec
@@ -75,7 +75,7 @@ def swiglu_projections(
 ) -> torch.Tensor:
     """A gated MLP's core, ``silu(gate_proj(x)) * up_proj(x)``, on top of its two projections.
 
-    When the fused kernel runs (:func:`ascend_vlm.device.use_npu_kernels`) this is
+    When the fused kernel runs (:func:`ascend_vlm.kernel_backend.use_npu_kernels`) this is
     ``swiglu(cat(gate_proj(x), up_proj(x)))``. Otherwise the formula runs in transformers' order
     (gate, activation, up, product): no concatenation copy, and the gate's pre-activation is
     freed before ``up_proj`` runs, so peak memory is that of the unpatched MLP. Raises

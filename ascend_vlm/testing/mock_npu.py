@@ -4,7 +4,8 @@
 ``npu_fusion_attention``, ``npu_rms_norm``, ``npu_rotary_mul``, ``npu_swiglu`` and an ``npu``
 submodule) and sets ``torch.npu`` to that submodule (``is_available``, ``device_count``,
 ``current_device``, ``set_device``, ``synchronize``, ``Stream``, ``Event``, ``current_stream``,
-``stream``). ``uninstall_mock_npu()`` restores exactly what was there before.
+``stream``), and selects the ``"mock"`` kernel backend (:mod:`ascend_vlm.kernel_backend`).
+``uninstall_mock_npu()`` restores exactly what was there before, the backend selection included.
 
 Each stand-in op re-implements the documented contract of the real kernel on CPU tensors,
 independently of :mod:`ascend_vlm.ops`: argument validation (``ValueError`` naming the argument,
@@ -29,7 +30,8 @@ from typing import Any
 
 import torch
 
-from ascend_vlm.device import MOCK_MARKER
+from ascend_vlm import kernel_backend
+from ascend_vlm.kernel_backend import MOCK_MARKER
 from ascend_vlm.testing._streams import make_stream_api
 
 INT_MAX = 2147483647  # default pre_tockens / next_tockens
@@ -543,8 +545,9 @@ def _build_modules(device_count: int) -> tuple[types.ModuleType, types.ModuleTyp
 def install_mock_npu(device_count: int = 1) -> types.ModuleType:
     """Install the mock ``torch_npu`` (and ``torch.npu``); returns the mock module.
 
-    Installs nest: each call must be paired with :func:`uninstall_mock_npu`. Raises
-    ``RuntimeError`` if a real torch_npu is already imported (the mock never shadows it).
+    Selects the ``"mock"`` kernel backend. Installs nest: each call must be paired with
+    :func:`uninstall_mock_npu`. Raises ``RuntimeError`` if a real torch_npu is already imported
+    (the mock never shadows it).
     """
     if device_count < 1:
         raise _bad("device_count", "an int >= 1", device_count)
@@ -555,22 +558,23 @@ def install_mock_npu(device_count: int = 1) -> types.ModuleType:
                 "install_mock_npu: a real torch_npu is imported; refusing to "
                 "shadow it (set ASCEND_VLM_TEST_REAL_NPU=1 to test on it)"
             )
-        _SAVED.append(
-            {
-                "torch_npu": sys.modules.get("torch_npu", _ABSENT),
-                "torch_npu.npu": sys.modules.get("torch_npu.npu", _ABSENT),
-                "torch.npu": torch.__dict__.get("npu", _ABSENT),
-            }
-        )
+        saved = {
+            "torch_npu": sys.modules.get("torch_npu", _ABSENT),
+            "torch_npu.npu": sys.modules.get("torch_npu.npu", _ABSENT),
+            "torch.npu": torch.__dict__.get("npu", _ABSENT),
+        }
         mock, npu = _build_modules(device_count)
         sys.modules["torch_npu"] = mock
         sys.modules["torch_npu.npu"] = npu
         torch.npu = npu
+        saved["backend"] = kernel_backend.set_backend("mock")
+        _SAVED.append(saved)
         return mock
 
 
 def uninstall_mock_npu() -> None:
-    """Undo the latest :func:`install_mock_npu`, restoring the previous modules exactly."""
+    """Undo the latest :func:`install_mock_npu`, restoring the previous modules and kernel
+    backend selection exactly."""
     with _LOCK:
         if not _SAVED:
             raise RuntimeError("uninstall_mock_npu: the mock NPU is not installed")
@@ -584,6 +588,7 @@ def uninstall_mock_npu() -> None:
             torch.__dict__.pop("npu", None)
         else:
             torch.npu = saved["torch.npu"]
+        kernel_backend.set_backend(saved["backend"])
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from _op_samples import AttentionCase, KernelSpy, on_device, to_bsh
 from _recording import RecordOps
 
 from ascend_vlm import ops
+from ascend_vlm.kernel_backend import using_backend
 
 attention_module = importlib.import_module("ascend_vlm.ops.fused_attention")
 
@@ -77,8 +78,7 @@ def test_npu_path_gradients_match_reference(mock_npu) -> None:
         if use_mock:
             out = ops.fused_attention(*inputs, **kwargs)
         else:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setenv("ASCEND_VLM_BACKEND", "cpu")
+            with using_backend("cpu"):
                 out = ops.fused_attention(*inputs, **kwargs)
         grads.append(torch.autograd.grad(out.square().sum(), inputs))
     for from_npu_path, from_reference in zip(*grads, strict=True):
@@ -221,8 +221,8 @@ def test_npu_path_keeps_what_the_kernel_cannot_take_on_the_reference(
     q = torch.randn(shape, dtype=dtype, device=mock_npu.device)
     out = ops.fused_attention(q, q, q, causal=True)
     assert spy.calls == 0
-    monkeypatch.setenv("ASCEND_VLM_BACKEND", "cpu")
-    torch.testing.assert_close(out, ops.fused_attention(q, q, q, causal=True))
+    with using_backend("cpu"):
+        torch.testing.assert_close(out, ops.fused_attention(q, q, q, causal=True))
 
 
 def _host_reads(call) -> int:
@@ -250,11 +250,11 @@ def test_npu_path_reads_no_mask_values_on_the_host(mock_npu, monkeypatch) -> Non
     additive[1, ..., 1] = 0.5  # a real bias, written in place: read again, kept off the kernel
     outputs["bias"] = attend(additive)
     assert spy.calls == 3
-    monkeypatch.setenv("ASCEND_VLM_BACKEND", "cpu")
     pure = additive.clone()
     pure[1, ..., 1] = 0.0
     for name, mask in (("bool", padding), ("float", pure), ("bias", additive)):
-        expected = ops.fused_attention(q, k, v, attention_mask=mask, causal=True)
+        with using_backend("cpu"):
+            expected = ops.fused_attention(q, k, v, attention_mask=mask, causal=True)
         torch.testing.assert_close(outputs[name], expected, msg=name)
     assert torch.equal(outputs["bool"][1], torch.zeros_like(outputs["bool"][1]))
 

@@ -7,6 +7,7 @@ import torch
 from _op_samples import KernelSpy, VarlenCase
 
 from ascend_vlm import ops
+from ascend_vlm.kernel_backend import using_backend
 
 
 def _case(**overrides) -> VarlenCase:
@@ -79,8 +80,8 @@ def test_npu_path_uses_the_kernel_only_within_its_limits(
     cu_seqlens = torch.tensor([0, 2, 5], dtype=torch.int32, device=mock_npu.device)
     out = ops.varlen_attention(packed, packed, packed, cu_seqlens, cu_seqlens)
     assert spy.calls == int(on_kernel)
-    monkeypatch.setenv("ASCEND_VLM_BACKEND", "cpu")
-    expected = ops.varlen_attention(packed, packed, packed, cu_seqlens, cu_seqlens)
+    with using_backend("cpu"):
+        expected = ops.varlen_attention(packed, packed, packed, cu_seqlens, cu_seqlens)
     torch.testing.assert_close(out, expected)
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ascend_vlm.device import backend
+from ascend_vlm.kernel_backend import active_backend
 from ascend_vlm.testing import _streams
 
 
@@ -80,16 +80,16 @@ def test_host_side_streams_when_the_runtime_is_not_built(monkeypatch) -> None:
 
 
 def test_fixture_selects_the_npu_backend(mock_npu) -> None:
-    assert backend() == ("mock" if mock_npu.is_mock else "npu")
+    assert active_backend() == ("mock" if mock_npu.is_mock else "npu")
 
 
 @pytest.mark.mock_npu
 def test_marker_installs_the_mock_without_naming_the_fixture() -> None:
-    assert backend() in ("mock", "npu")
+    assert active_backend() in ("mock", "npu")
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("torch_npu") is not None, reason="a real torch_npu is installed"
 )
 def test_without_the_fixture_the_backend_is_cpu() -> None:
-    assert backend() == "cpu"
+    assert active_backend() == "cpu"
