@@ -93,8 +93,15 @@ class DeviceBuffer(_Buffer):
         if policy not in MALLOC_POLICIES:
             raise ValueError(f"policy: expected one of {sorted(MALLOC_POLICIES)}, got {policy!r}")
         super().__init__(nbytes, MALLOC_POLICIES[policy])
-        # Streams this buffer was queued on; they hold it while the work may be pending.
+        # Streams this buffer was queued on; they hold it while the work may be pending. Weak,
+        # so a buffer never keeps a stream alive.
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+
+    def used_on(self, stream: Stream) -> None:
+        """Record that work queued on ``stream`` may use this buffer, so :meth:`free` first
+        waits for it (``stream.finish_work_on(self)``). :meth:`Stream.hold_until_done` calls
+        this for the device buffers it holds."""
+        self._streams.add(stream)
 
     def free(self) -> None:
         """Return the memory to the device now (``aclrtFree``); idempotent.
@@ -104,7 +111,7 @@ class DeviceBuffer(_Buffer):
         and leaves the buffer allocated). Must not be called from a host callback.
         """
         for stream in list(self._streams):
-            stream._finish_work_on(self)
+            stream.finish_work_on(self)
         super().free()
 
 

@@ -12,6 +12,8 @@ kernels use, and drops the references once that work is known to be done: after
 holding the buffer. Host objects used as endpoints (tensors, arrays) are held the same way; an
 int address must lie inside a live buffer (see :mod:`ascend_vlm.runtime.memory`), which the
 caller keeps alive.
+Code that queues work by other means (a kernel launch) holds its operands the same way through
+:meth:`Stream.hold_until_done`.
 
 Devices: a stream or event belongs to the device that was current when it was created, and every
 call on it runs in that device's context, whatever :func:`ascend_vlm.runtime.set_device` selected
@@ -88,7 +90,7 @@ class Stream(_C.Stream):
         The GIL is released meanwhile.
         """
         super().memcpy_async(*resolve_copy(dst, src, nbytes, kind, "aclrtMemcpyAsync"))
-        self._hold(dst, src)
+        self.hold_until_done(dst, src)
 
     def wait_event(self, event: Event) -> None:
         """Make work queued after this call wait for ``event``'s latest record."""
@@ -129,15 +131,23 @@ class Stream(_C.Stream):
         super().destroy()
         self._release_through(self._mark())
 
-    def _hold(self, *operands: Endpoint) -> None:
-        """Keep the non-int ``operands`` (just queued on this stream) alive until done."""
+    def hold_until_done(self, *operands: Endpoint) -> None:
+        """Keep ``operands`` alive until the work queued on this stream so far is known done.
+
+        Call it right after queueing work that uses ``operands`` (buffers, host objects; int
+        addresses are skipped, they are the caller's to keep valid). The stream drops them at
+        the next :meth:`synchronize` or :meth:`destroy` that covers the work, or once an
+        :class:`Event` recorded after it reports completion. A :class:`DeviceBuffer` among them
+        also learns of the stream (:meth:`DeviceBuffer.used_on`), so its ``free()`` first waits
+        for that work (:meth:`finish_work_on`).
+        """
         buffers = [operand for operand in operands if not isinstance(operand, int)]
         with self._in_flight_lock:
             self._in_flight.extend(buffers)
             self._issued += len(buffers)
         for buffer in buffers:
             if isinstance(buffer, DeviceBuffer):
-                buffer._streams.add(self)
+                buffer.used_on(self)
 
     def _mark(self) -> int:
         """The position reached by the buffers held so far (for :meth:`_release_through`)."""
@@ -151,8 +161,9 @@ class Stream(_C.Stream):
                 self._in_flight.popleft()
                 self._released += 1
 
-    def _finish_work_on(self, buffer: _C.Buffer) -> None:
-        """Synchronize if work still holding ``buffer`` may be queued on this stream."""
+    def finish_work_on(self, buffer: _C.Buffer) -> None:
+        """Synchronize if work queued on this stream may still use ``buffer`` (it is held, see
+        :meth:`hold_until_done`); otherwise return at once."""
         with self._in_flight_lock:
             holds = any(held is buffer for held in self._in_flight)
         if holds:
@@ -251,7 +262,7 @@ def sim_copy_kernel(
     _C.sim_copy_kernel(
         stream, _device_address("dst", dst, count), _device_address("src", src, count), count
     )
-    stream._hold(dst, src)
+    stream.hold_until_done(dst, src)
 
 
 def _release_recorded(recorded: tuple[weakref.ref[Stream], int] | None) -> None:

@@ -171,6 +171,28 @@ def test_free_waits_for_queued_copies_that_use_the_buffer(gated_stream):
     assert np.all(contents(out) == 7)
 
 
+def test_hold_until_done_contract_for_work_queued_outside_memcpy(gated_stream):
+    """What a kernel launcher relies on: held operands live until the stream's work is done,
+    and a held device buffer's free() waits for that work; unrelated buffers do not wait."""
+    stream, gate = gated_stream
+    ran: list[str] = []
+    stream.launch_host_func(lambda: ran.append("kernel"))  # stands in for a launched kernel
+    host, host_ref = held_only_by_the_stream(np.zeros, SLOT)
+    device = runtime.DeviceBuffer(SLOT)
+    unrelated = runtime.DeviceBuffer(SLOT)
+    stream.hold_until_done(host, device, device.ptr)  # the int address is the caller's to keep
+    del host
+    stream.finish_work_on(unrelated)  # not held: returns with the stream still blocked
+    unrelated.free()
+    assert (ran, is_alive(host_ref)) == ([], True)
+    threading.Timer(0.05, gate.set).start()
+    device.free()  # waits for the held work first
+    assert ran == ["kernel"]
+    assert device.closed
+    stream.synchronize()
+    assert not is_alive(host_ref)
+
+
 def test_free_after_synchronize_returns_device_memory_at_once():
     stream = runtime.Stream()
     device = runtime.DeviceBuffer(1 << 20)
