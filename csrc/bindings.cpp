@@ -101,7 +101,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  m.def("backend", [] { return kBackend; });
+  m.def("acl_backend", [] { return kBackend; });
   m.def("init", [] { Runtime::instance().init(); });
   m.def(
       "finalize", [] { Runtime::instance().finalize(); }, py::call_guard<py::gil_scoped_release>());

@@ -1,14 +1,14 @@
 """AscendCL runtime: sessions, devices, buffers (incl. UVA zero-copy), streams, events, op registry.
 
 Backed by ``ascend_vlm._C``, built against the real AscendCL when CANN is installed and against
-the simulated AscendCL in ``csrc/sim`` otherwise (see :func:`backend`). Every AscendCL failure
+the simulated AscendCL in ``csrc/sim`` otherwise (see :func:`acl_backend`). Every AscendCL failure
 raises :class:`ascend_vlm.AclError` carrying the ACL error code, its name and the failing call.
 """
 
 from __future__ import annotations
 
 from ascend_vlm.runtime.device import (
-    backend,
+    acl_backend,
     capabilities,
     current_device,
     device_count,
@@ -39,7 +39,7 @@ __all__ = [
     "MappedBuffer",
     "PinnedBuffer",
     "Stream",
-    "backend",
+    "acl_backend",
     "capabilities",
     "current_device",
     "device_count",

@@ -22,9 +22,10 @@ from ascend_vlm.runtime._checks import require_byte_count, require_int
 atexit.register(_C.shutdown)
 
 
-def backend() -> str:
-    """``"cann"`` when built against a real CANN toolkit, ``"sim"`` for the simulated runtime."""
-    return _C.backend()
+def acl_backend() -> str:
+    """The AscendCL this runtime is built against: ``"cann"`` for a real CANN toolkit, ``"sim"``
+    for the simulated runtime (``csrc/sim``)."""
+    return _C.acl_backend()
 
 
 def init() -> None:
@@ -82,7 +83,7 @@ def capabilities() -> dict[str, object]:
     native = dict(_C.capabilities())
     native["host_mapping"] = native["host_register_exported"] and native["host_register_soc"]
     native["host_mapping_requirement"] = _C.host_register_requirement()
-    return {"backend": backend(), **native}
+    return {"backend": acl_backend(), **native}
 
 
 def sync_timeout_ms() -> int:

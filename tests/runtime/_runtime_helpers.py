@@ -23,7 +23,7 @@ ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
 ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
 
 requires_sim = pytest.mark.skipif(
-    runtime.backend() != "sim", reason="needs the simulated AscendCL runtime"
+    runtime.acl_backend() != "sim", reason="needs the simulated AscendCL runtime"
 )
 
 

@@ -18,8 +18,8 @@ from ascend_vlm import runtime
 
 
 @requires_sim
-def test_backend_is_sim_here():
-    result = run_python("import ascend_vlm; print(ascend_vlm.runtime.backend())")
+def test_acl_backend_is_sim_here():
+    result = run_python("import ascend_vlm; print(ascend_vlm.runtime.acl_backend())")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "sim"
 
