@@ -147,8 +147,7 @@ def _backend() -> str:
 def models_table(markdown: bool) -> str:
     """Supported model types with what `patch` swaps in each family's tiny model (counts)."""
     import ascend_vlm
-    from ascend_vlm.models import REGISTRY
-    from ascend_vlm.models._spec import KINDS
+    from ascend_vlm.models import KINDS, REGISTRY
     from ascend_vlm.models.tiny import FAMILIES, build_model
 
     header = ["model_type", "tiny model tested", *KINDS]

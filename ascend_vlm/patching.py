@@ -49,9 +49,15 @@ from ascend_vlm._compat import (
     rope_problem,
 )
 from ascend_vlm._errors import PatchError
-from ascend_vlm.models import spec_for, supported_model_types
-from ascend_vlm.models._backbones import TEXT_BACKBONES
-from ascend_vlm.models._spec import KINDS, ModelSpec, PartSpec, Rope
+from ascend_vlm.models import (
+    KINDS,
+    TEXT_BACKBONES,
+    ModelSpec,
+    PartSpec,
+    Rope,
+    spec_for,
+    supported_model_types,
+)
 
 _STATE_KEY = "_ascend_vlm_patch_state"
 _FLOAT32 = torch.float32  # the vision RoPE adapter compares dtypes per call

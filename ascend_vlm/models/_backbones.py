@@ -3,7 +3,7 @@ plug in, keyed by the sub-config's `model_type`."""
 
 from __future__ import annotations
 
-from ascend_vlm.models._spec import LeaveAlone, PartSpec, RmsNorm, Rope, SwigluMlp
+from ascend_vlm.models.family_spec import LeaveAlone, PartSpec, RmsNorm, Rope, SwigluMlp
 
 NO_FUSED_LAYER_NORM = "ascend_vlm.ops has no fused LayerNorm; nn.LayerNorm is kept"
 NON_GATED_MLP = "fc1 -> act -> fc2 MLP is not gated; ops.swiglu does not apply"

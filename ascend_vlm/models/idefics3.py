@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ascend_vlm.models._backbones import text_backbone, vision_backbone
-from ascend_vlm.models._spec import ModelSpec
+from ascend_vlm.models.family_spec import ModelSpec
 
 MODEL_TYPES = ("idefics3", "smolvlm")
 

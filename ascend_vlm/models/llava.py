@@ -5,7 +5,7 @@ sub-config's own model_type."""
 from __future__ import annotations
 
 from ascend_vlm.models._backbones import text_backbone, vision_backbone
-from ascend_vlm.models._spec import ModelSpec
+from ascend_vlm.models.family_spec import ModelSpec
 
 MODEL_TYPES = (
     "llava",

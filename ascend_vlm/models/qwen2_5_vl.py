@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ascend_vlm.models._spec import ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
+from ascend_vlm.models.family_spec import ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
 
 MODEL_TYPES = ("qwen2_5_vl",)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ascend_vlm.models._backbones import NO_FUSED_LAYER_NORM, NON_GATED_MLP
-from ascend_vlm.models._spec import LeaveAlone, ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
+from ascend_vlm.models.family_spec import LeaveAlone, ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
 
 MODEL_TYPES = ("qwen2_vl",)
 

@@ -4,7 +4,7 @@ ViT with 2-D RoPE and varlen attention."""
 from __future__ import annotations
 
 from ascend_vlm.models._backbones import NO_FUSED_LAYER_NORM, NON_GATED_MLP
-from ascend_vlm.models._spec import LeaveAlone, ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
+from ascend_vlm.models.family_spec import LeaveAlone, ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
 
 MODEL_TYPES = ("qwen3_vl",)
 

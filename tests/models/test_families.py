@@ -15,7 +15,7 @@ import torch
 import transformers
 
 import ascend_vlm
-from ascend_vlm.models._spec import KINDS
+from ascend_vlm.models import KINDS
 from ascend_vlm.models.tiny import FAMILIES, build_model, make_inputs
 
 ATOL = 1e-4
