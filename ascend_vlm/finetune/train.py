@@ -150,8 +150,9 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class Runtime:
-    """Where this process runs: its rank among ``world_size``, device and autocast dtype."""
+class ProcessPlacement:
+    """Where this process runs: its rank (global and on its node) among ``world_size``
+    processes, its device and its autocast dtype (None: no autocast)."""
 
     rank: int
     local_rank: int
@@ -190,7 +191,7 @@ def _npu_available() -> bool:
     return active_backend() == "npu"
 
 
-def init_runtime() -> Runtime:
+def init_process_placement() -> ProcessPlacement:
     """Join torchrun's process group (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` from its env).
 
     NPU: backend ``hccl`` on ``npu:<local_rank>`` with bf16 autocast (torch_npu registers the
@@ -207,7 +208,7 @@ def init_runtime() -> Runtime:
         device, backend, dtype = torch.device("cpu"), "gloo", None
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend=backend)
-    return Runtime(rank, local_rank, world_size, device, dtype)
+    return ProcessPlacement(rank, local_rank, world_size, device, dtype)
 
 
 def seed_everything(seed: int) -> None:
@@ -302,7 +303,7 @@ def build_samples(config: TrainConfig) -> tuple[Sequence[VQASample], Sequence[VQ
 
 def micro_batches(
     dataset_size: int,
-    runtime: Runtime,
+    placement: ProcessPlacement,
     batch_size: int,
     seed: int,
     start_epoch: int = 0,
@@ -319,8 +320,8 @@ def micro_batches(
 
     sampler = DistributedSampler(
         range(dataset_size),
-        num_replicas=runtime.world_size,
-        rank=runtime.rank,
+        num_replicas=placement.world_size,
+        rank=placement.rank,
         shuffle=True,
         seed=seed,
         drop_last=True,
@@ -358,9 +359,9 @@ def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[s
     return {key: value.to(device) for key, value in batch.items() if key != "labels"}
 
 
-def _comm_hook(config: TrainConfig, ddp_model: Any, runtime: Runtime) -> Any:
+def _comm_hook(config: TrainConfig, ddp_model: Any, placement: ProcessPlacement) -> Any:
     """Register the sparse-mask AllReduce hook when asked for; return its state (or None)."""
-    if config.comm_hook == "none" or runtime.world_size == 1:
+    if config.comm_hook == "none" or placement.world_size == 1:
         return None
     from ascend_vlm.distributed import SparseAllReduceState, sparse_allreduce_hook
 
@@ -409,7 +410,7 @@ def evaluate(
     model: Any,
     processor: Any,
     samples: Sequence[VQASample],
-    runtime: Runtime,
+    placement: ProcessPlacement,
     batch_size: int,
     max_new_tokens: int,
 ) -> float:
@@ -419,14 +420,14 @@ def evaluate(
     """
     encoded = EncodedDataset(samples, processor, with_answer=False)
     pad_id = pad_token_id_of(processor)
-    indices = list(range(runtime.rank, len(samples), runtime.world_size))
+    indices = list(range(placement.rank, len(samples), placement.world_size))
     correct = 0
     model.eval()
-    with torch.no_grad(), runtime.autocast():
+    with torch.no_grad(), placement.autocast():
         for start in range(0, len(indices), batch_size):
             chunk = indices[start : start + batch_size]
             batch = collate([encoded[i] for i in chunk], pad_id, padding_side="left")
-            inputs = model_inputs(batch, runtime.device)
+            inputs = model_inputs(batch, placement.device)
             output = model.generate(
                 **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id
             )
@@ -437,7 +438,7 @@ def evaluate(
                 normalise_answer(answer) == normalise_answer(samples[i].answer)
                 for answer, i in zip(answers, chunk, strict=True)
             )
-    total_correct, total = runtime.all_reduce_sum([correct, len(indices)])
+    total_correct, total = placement.all_reduce_sum([correct, len(indices)])
     return total_correct / total
 
 
@@ -496,7 +497,7 @@ def train(config: TrainConfig) -> TrainResult:
     the same command always continues. The process group is destroyed on return.
     """
     try:
-        _settle_run_config(config, init_runtime())
+        _settle_run_config(config, init_process_placement())
         if config.base_train_steps > 0 and not config.full_finetune:
             base_config = base_phase_config(config)
             base_model = Path(base_config.output_dir) / FINAL_MODEL
@@ -509,7 +510,7 @@ def train(config: TrainConfig) -> TrainResult:
             dist.destroy_process_group()
 
 
-def _settle_run_config(config: TrainConfig, runtime: Runtime) -> None:
+def _settle_run_config(config: TrainConfig, placement: ProcessPlacement) -> None:
     """Check ``config`` against the saved settings of the run it continues; then save it."""
     output_dir = Path(config.output_dir)
     path = output_dir / CONFIG_FILE
@@ -526,11 +527,11 @@ def _settle_run_config(config: TrainConfig, runtime: Runtime) -> None:
     if config.resume is not None and saved_path.is_file():
         saved = json.loads(saved_path.read_text(encoding="utf-8"))
         notes = check_resume(saved, requested, _trained_steps(config), str(saved_path))
-        if runtime.is_main:
+        if placement.is_main:
             for note in notes:
                 logger.info(note)
-    runtime.barrier()  # every rank has read the saved settings before rank 0 replaces them
-    if runtime.is_main:
+    placement.barrier()  # every rank has read the saved settings before rank 0 replaces them
+    if placement.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write_text(path, json.dumps(requested, indent=2))
 
@@ -607,13 +608,13 @@ def _with_trainable_weights(model: Any, config: TrainConfig) -> tuple[Any, int]:
 def _train(config: TrainConfig) -> TrainResult:
     from torch.nn.parallel import DistributedDataParallel
 
-    runtime = init_runtime()
+    placement = init_process_placement()
     output_dir = Path(config.output_dir)
-    if runtime.is_main:
+    if placement.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
     # Same seed on every rank while building: identical LoRA init everywhere.
     seed_everything(config.seed)
-    model, processor = load_base_model(config.model_path, runtime.device)
+    model, processor = load_base_model(config.model_path, placement.device)
     patch_note = apply_ascend_patch(model, config.patch)
     model, lora_targets = _with_trainable_weights(model, config)
     train_samples, eval_samples = build_samples(config)
@@ -624,38 +625,38 @@ def _train(config: TrainConfig) -> TrainResult:
     optimizer = torch.optim.AdamW(
         trainable, lr=config.learning_rate, weight_decay=config.weight_decay
     )
-    metrics = MetricsLog(output_dir / METRICS_FILE, runtime.is_main)
+    metrics = MetricsLog(output_dir / METRICS_FILE, placement.is_main)
 
     loop_state = {"step": 0, "epoch": 0, "next_index": 0}
     if config.resume is not None:
         path = checkpoint.resolve_checkpoint(output_dir, config.resume)
         loop_state = checkpoint.load_checkpoint(
-            path, model=model, optimizer=optimizer, rank=runtime.rank
+            path, model=model, optimizer=optimizer, rank=placement.rank
         )
         metrics.truncate_after(loop_state["step"])
     else:
-        seed_everything(config.seed + runtime.rank)
+        seed_everything(config.seed + placement.rank)
         metrics.truncate_after(0)
 
     ddp_model = model
     hook_state = None
-    if runtime.world_size > 1:
+    if placement.world_size > 1:
         ddp_model = DistributedDataParallel(model, device_ids=None)
-        hook_state = _comm_hook(config, ddp_model, runtime)
-    comm = CommCounter(hook_state, trainable, runtime.world_size)
+        hook_state = _comm_hook(config, ddp_model, placement)
+    comm = CommCounter(hook_state, trainable, placement.world_size)
 
-    if runtime.is_main:
+    if placement.is_main:
         logger.info(
             "world=%d device=%s patch=%s lora_targets=%d modules trainable=%d params",
-            runtime.world_size,
-            runtime.device,
+            placement.world_size,
+            placement.device,
             patch_note,
             lora_targets,
             sum(p.numel() for p in trainable),
         )
     batches = micro_batches(
         len(train_set),
-        runtime,
+        placement,
         config.batch_size,
         config.seed,
         loop_state["epoch"],
@@ -665,7 +666,7 @@ def _train(config: TrainConfig) -> TrainResult:
     stop_at = config.max_steps
     if config.stop_after_steps is not None:
         stop_at = min(stop_at, config.stop_after_steps)
-    progress = _progress_bar(config, runtime, initial=step)
+    progress = _progress_bar(config, placement, initial=step)
     last_loss = math.nan
     model.train()
     while step < stop_at:
@@ -675,15 +676,15 @@ def _train(config: TrainConfig) -> TrainResult:
             epoch, next_index, indices = next(batches)
             micro.append(collate([train_set[i] for i in indices], pad_id))
         local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)
-        (global_answer_tokens,) = runtime.all_reduce_sum([local_tokens])
+        (global_answer_tokens,) = placement.all_reduce_sum([local_tokens])
         local_loss = 0.0
         for position, batch in enumerate(micro):
             last = position == len(micro) - 1
             sync = contextlib.nullcontext() if last or ddp_model is model else ddp_model.no_sync()
-            with sync, runtime.autocast():
-                logits = ddp_model(**model_inputs(batch, runtime.device)).logits
-                loss_sum = answer_token_loss_sum(logits, batch["labels"].to(runtime.device))
-                (loss_sum * runtime.world_size / global_answer_tokens).backward()
+            with sync, placement.autocast():
+                logits = ddp_model(**model_inputs(batch, placement.device)).logits
+                loss_sum = answer_token_loss_sum(logits, batch["labels"].to(placement.device))
+                (loss_sum * placement.world_size / global_answer_tokens).backward()
             local_loss += float(loss_sum.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
         learning_rate = scheduled_lr(
@@ -695,7 +696,7 @@ def _train(config: TrainConfig) -> TrainResult:
         optimizer.zero_grad(set_to_none=True)
         step += 1
         local_seen = sum(int(b["attention_mask"].sum()) for b in micro)
-        loss_total, tokens_seen = runtime.all_reduce_sum([local_loss, local_seen])
+        loss_total, tokens_seen = placement.all_reduce_sum([local_loss, local_seen])
         elapsed = time.perf_counter() - started
         record = {
             "step": step,
@@ -718,8 +719,8 @@ def _train(config: TrainConfig) -> TrainResult:
                 model=model,
                 optimizer=optimizer,
                 loop_state={"epoch": epoch, "next_index": next_index},
-                rank=runtime.rank,
-                barrier=runtime.barrier,
+                rank=placement.rank,
+                barrier=placement.barrier,
             )
     if progress is not None:
         progress.close()
@@ -728,17 +729,17 @@ def _train(config: TrainConfig) -> TrainResult:
     )
     if step < config.max_steps:  # stopped early on purpose: no final adapter, no eval
         return result
-    final = _save_final(model, processor, output_dir, config.full_finetune, runtime)
+    final = _save_final(model, processor, output_dir, config.full_finetune, placement)
     result.eval_accuracy = evaluate(
-        model, processor, eval_samples, runtime, config.eval_batch_size, config.max_new_tokens
+        model, processor, eval_samples, placement, config.eval_batch_size, config.max_new_tokens
     )
     metrics.write({"step": step, "eval_accuracy": result.eval_accuracy})
-    if runtime.is_main:
+    if placement.is_main:
         base_path, base_description = _base_model_identity(config)
         card = model_card(
             config,
             result,
-            runtime.world_size,
+            placement.world_size,
             final,
             base_path=base_path,
             base_description=base_description,
@@ -768,20 +769,22 @@ def _base_model_identity(config: TrainConfig) -> tuple[str, str]:
     return config.model_path, f"`{config.model_path}`."
 
 
-def _progress_bar(config: TrainConfig, runtime: Runtime, initial: int) -> Any:
-    if not (config.progress and runtime.is_main):
+def _progress_bar(config: TrainConfig, placement: ProcessPlacement, initial: int) -> Any:
+    if not (config.progress and placement.is_main):
         return None
     from tqdm import tqdm
 
     return tqdm(total=config.max_steps, initial=initial, desc="finetune", dynamic_ncols=True)
 
 
-def _save_final(model: Any, processor: Any, output_dir: Path, full: bool, runtime: Runtime) -> Path:
+def _save_final(
+    model: Any, processor: Any, output_dir: Path, full: bool, placement: ProcessPlacement
+) -> Path:
     """Rank 0 writes the LoRA adapter to ``<output_dir>/adapter`` (PEFT format) or, for full
     training, model + processor to ``<output_dir>/model``; via a staging dir + rename.
     Returns that folder."""
     final = output_dir / (FINAL_MODEL if full else FINAL_ADAPTER)
-    if runtime.is_main:
+    if placement.is_main:
         staging = output_dir / f".{final.name}.staging"
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging, safe_serialization=True)
@@ -789,5 +792,5 @@ def _save_final(model: Any, processor: Any, output_dir: Path, full: bool, runtim
             processor.save_pretrained(staging)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
-    runtime.barrier()
+    placement.barrier()
     return final
