@@ -5,19 +5,44 @@ calling torch_npu's fused kernel (used when :func:`ascend_vlm.kernel_backend.act
 "npu" for NPU tensors, or "mock"), a fake implementation for ``torch.compile`` /
 ``torch.export`` and autograd.
 Each op's interface is declared once in ``op_plugins/<name>/spec.json``.
+
+Beside the ops, plain functions composed of them give the semantics model code expects:
+``rms_norm_promoting`` (transformers' RMSNorm output dtypes), ``rotary_embedding_pair_vision``
+(packed vision RoPE in fp32), ``packed_attention`` (varlen attention in transformers' layout)
+and ``swiglu_projections`` (a gated MLP's core on top of its projections).
 """
 
 from ascend_vlm.ops.fused_attention import fused_attention
-from ascend_vlm.ops.rms_norm import rms_norm
-from ascend_vlm.ops.rotary_embedding import rotary_embedding, rotary_embedding_pair
-from ascend_vlm.ops.swiglu import swiglu
-from ascend_vlm.ops.varlen_attention import varlen_attention
+from ascend_vlm.ops.rms_norm import rms_norm, rms_norm_promoting
+from ascend_vlm.ops.rotary_embedding import (
+    rotary_embedding,
+    rotary_embedding_pair,
+    rotary_embedding_pair_vision,
+)
+from ascend_vlm.ops.swiglu import swiglu, swiglu_projections
+from ascend_vlm.ops.varlen_attention import packed_attention, varlen_attention
 
-__all__ = [
+# The torch.library ops (``torch.ops.ascend_vlm.<name>``, one spec.json each); the other public
+# names are plain functions composed of them.
+OPS = (
     "fused_attention",
     "rms_norm",
     "rotary_embedding",
     "rotary_embedding_pair",
     "swiglu",
+    "varlen_attention",
+)
+
+__all__ = [
+    "OPS",
+    "fused_attention",
+    "packed_attention",
+    "rms_norm",
+    "rms_norm_promoting",
+    "rotary_embedding",
+    "rotary_embedding_pair",
+    "rotary_embedding_pair_vision",
+    "swiglu",
+    "swiglu_projections",
     "varlen_attention",
 ]

@@ -88,3 +88,29 @@ rms_norm = register_op(
     ``ValueError`` naming the argument.
     """,
 )
+
+
+def rms_norm_promoting(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: float = 0.0
+) -> torch.Tensor:
+    """RMSNorm with the output dtype transformers' RMSNorm modules give, for any weight dtype.
+
+    With ``x_norm = x * rsqrt(mean(x^2, -1) + eps)`` computed in fp32:
+
+    * ``offset != 0`` (Gemma: ``(x_norm * (offset + weight)).to(x.dtype)``) or ``weight.dtype ==
+      x.dtype``: exactly :func:`rms_norm`, output in ``x.dtype``. (Llama-style modules round
+      ``x_norm`` to ``x.dtype`` before the product and round again after it; :func:`rms_norm`
+      rounds once, so the two agree within one unit of the last place of ``x.dtype``.)
+    * ``offset == 0`` and ``weight.dtype != x.dtype`` (Llama: ``weight * x_norm.to(x.dtype)``,
+      e.g. fp32 weights on bf16 activations): ``weight * rms_norm(x, ones)``, output in
+      ``torch.promote_types(weight.dtype, x.dtype)``.
+
+    ``weight`` is 1-D of size ``x.shape[-1]``. Raises ValueError naming the argument for bad
+    shapes or dtypes.
+    """
+    if offset or weight.dtype == x.dtype:
+        return rms_norm(x, weight, eps, offset=offset)
+    if not weight.is_floating_point():
+        raise invalid("weight", "a floating-point dtype", weight.dtype)
+    unit = torch.ones(weight.shape, dtype=x.dtype, device=x.device)  # shape checked by rms_norm
+    return weight * rms_norm(x, unit, eps)

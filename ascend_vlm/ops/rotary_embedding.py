@@ -278,3 +278,32 @@ rotary_embedding_pair = register_op(
     ``q`` (GQA) but shares its batch and sequence length. Bad inputs raise ``ValueError``
     naming the argument.""",
 )
+
+
+def rotary_embedding_pair_vision(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    table_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on a vision tower's packed q ``[T, Nq, D]`` and k ``[T, Nk, D]`` with cos/sin
+    ``[T, Dr]``, in fp32 whatever the inputs' dtypes (transformers'
+    ``apply_rotary_pos_emb_vision``): :func:`rotary_embedding_pair` on fp32 copies of q, k, cos
+    and sin viewed as ``[1, N, T, D]``, each output cast back to the dtype of its input.
+    ``table_scale`` as in :func:`rotary_embedding`. Raises ValueError naming the argument for bad
+    shapes or dtypes."""
+    check_rank("q", q, 3, "3-D [T, N, D]")
+    check_rank("k", k, 3, "3-D [T, N, D]")
+    float32 = torch.float32
+    q_bnsd = (q if q.dtype == float32 else q.float()).transpose(0, 1).unsqueeze(0)
+    k_bnsd = (k if k.dtype == float32 else k.float()).transpose(0, 1).unsqueeze(0)
+    cos = cos if cos.dtype == float32 else cos.float()
+    sin = sin if sin.dtype == float32 else sin.float()
+    q_out, k_out = rotary_embedding_pair(q_bnsd, k_bnsd, cos, sin, table_scale=table_scale)
+    q_out, k_out = q_out[0].transpose(0, 1), k_out[0].transpose(0, 1)  # -> [T, N, D]
+    return (
+        q_out if q_out.dtype == q.dtype else q_out.to(q.dtype),
+        k_out if k_out.dtype == k.dtype else k_out.to(k.dtype),
+    )

@@ -27,6 +27,7 @@ from ascend_vlm.ops._registration import empty_like_first_input, register_op
 from ascend_vlm.ops.fused_attention import (
     NPU_SPARSE_RIGHT_DOWN_CAUSAL,
     checked_bnsd_attention,
+    fused_attention,
     npu_causal_mask,
 )
 
@@ -84,7 +85,7 @@ def _check(
 
 
 # The offsets of a cu_seqlens tensor on the host: read once per tensor (transformers hands the
-# same one to every vision layer), shared by the checks, the NPU call and equal_segment_count.
+# same one to every vision layer), shared by the checks, the NPU call and _equal_segment_count.
 host_bounds = HostValueCache(lambda cu_seqlens: tuple(cu_seqlens.tolist()))
 
 
@@ -100,34 +101,6 @@ def _segment_lengths(
         max_name = name.replace("cu_seqlens", "max_seqlen")
         raise invalid(max_name, f">= the longest segment ({max(lengths)})", max_seqlen)
     return lengths
-
-
-def equal_segment_count(
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    total_q: int,
-    total_k: int,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-) -> int | None:
-    """``n`` when the call is self-attention (one cu_seqlens tensor for queries and keys) over
-    ``n`` non-empty segments of one length ``L`` within the ``max_seqlen_*`` given, else None.
-
-    Such a call equals :func:`~ascend_vlm.ops.fused_attention` on ``n`` batched sequences of
-    length ``L``. Malformed offsets give None (the varlen op's checks then report them).
-    """
-    if cu_seqlens_k is not cu_seqlens_q or total_k != total_q or cu_seqlens_q.dim() != 1:
-        return None
-    bounds = host_bounds(cu_seqlens_q)
-    count = len(bounds) - 1
-    if count < 1 or total_q == 0 or total_q % count:
-        return None
-    length = total_q // count
-    if bounds != tuple(range(0, total_q + 1, length)):
-        return None
-    if any(limit is not None and limit < length for limit in (max_seqlen_q, max_seqlen_k)):
-        return None
-    return count
 
 
 def _query_and_key_lengths(
@@ -249,3 +222,94 @@ varlen_attention = register_op(
     int32/int64 ``[n + 1]`` from 0 to T (Tk). Returns ``[T, Nq, D]``. ``max_seqlen_*`` are
     optional upper bounds (checked). Bad shapes or offsets raise ``ValueError``.""",
 )
+
+
+def _equal_segment_count(
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    total_q: int,
+    total_k: int,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+) -> int | None:
+    """``n`` when the call is self-attention (one cu_seqlens tensor for queries and keys) over
+    ``n`` non-empty segments of one length ``L`` within the ``max_seqlen_*`` given, else None.
+
+    Such a call equals :func:`~ascend_vlm.ops.fused_attention` on ``n`` batched sequences of
+    length ``L``. Malformed offsets give None (the varlen op's checks then report them).
+    """
+    if cu_seqlens_k is not cu_seqlens_q or total_k != total_q or cu_seqlens_q.dim() != 1:
+        return None
+    bounds = host_bounds(cu_seqlens_q)
+    count = len(bounds) - 1
+    if count < 1 or total_q == 0 or total_q % count:
+        return None
+    length = total_q // count
+    if bounds != tuple(range(0, total_q + 1, length)):
+        return None
+    if any(limit is not None and limit < length for limit in (max_seqlen_q, max_seqlen_k)):
+        return None
+    return count
+
+
+def packed_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None = None,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """:func:`varlen_attention` in the layout transformers hands its attention functions.
+
+    q ``[1, Nq, T, D]``, k/v ``[1, Nkv, Tk, D]``: segments packed along the sequence axis, with
+    the offsets, bounds, ``causal`` and ``scale`` of :func:`varlen_attention`; ``cu_seqlens_k``
+    defaults to ``cu_seqlens_q``. Returns ``[1, T, Nq, D]`` contiguous, equal to
+    :func:`varlen_attention` on the ``[T, N, D]`` views. Computed as:
+
+    * one segment: :func:`fused_attention` on the inputs as they are;
+    * self-attention (one offsets tensor for queries and keys) over ``n`` segments of one length
+      ``L``: one :func:`fused_attention` over ``[n, N, L, D]`` views of the inputs, which spares
+      the round trip through the packed ``[T, N, D]`` layout;
+    * otherwise :func:`varlen_attention` on ``[T, N, D]`` views.
+
+    Raises ValueError naming the argument for inputs that are not 4-D with batch 1, and as
+    :func:`varlen_attention` does for bad offsets.
+    """
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if tensor.dim() != 4 or tensor.shape[0] != 1:
+            raise invalid(
+                name, "4-D [1, N, T, D] (packed segments)", f"shape {tuple(tensor.shape)}"
+            )
+    if cu_seqlens_k is None:
+        cu_seqlens_k = cu_seqlens_q
+    segments = _equal_segment_count(
+        cu_seqlens_q, cu_seqlens_k, query.shape[2], key.shape[2], max_seqlen_q, max_seqlen_k
+    )
+    if segments == 1:
+        output = fused_attention(query, key, value, causal=causal, scale=scale)
+        return output.transpose(1, 2).contiguous()
+    if segments is not None:
+        # `view` splits the sequence axis without a copy: [1, N, n*L, D] -> [n, N, L, D].
+        batched = [
+            t.view(t.shape[1], segments, -1, t.shape[3]).transpose(0, 1)
+            for t in (query, key, value)
+        ]
+        output = fused_attention(*batched, causal=causal, scale=scale)
+        output = output.transpose(1, 2).reshape(1, query.shape[2], output.shape[1], -1)
+        return output.contiguous()
+    packed = [t[0].transpose(0, 1) for t in (query, key, value)]  # [T, N, D]
+    output = varlen_attention(
+        *packed,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        causal=causal,
+        scale=scale,
+    )
+    return output.unsqueeze(0)

@@ -7,7 +7,8 @@ import gc
 import torch
 
 from ascend_vlm.ops._host_values import HostValueCache
-from ascend_vlm.ops.varlen_attention import equal_segment_count, host_bounds
+from ascend_vlm.ops.varlen_attention import _equal_segment_count as equal_segment_count
+from ascend_vlm.ops.varlen_attention import host_bounds
 
 
 def _counting_cache() -> tuple[HostValueCache, list[int]]:
