@@ -26,12 +26,21 @@ attention-call-convention  the interface calls ``f(module, query, key, value, at
                            dropout=, scaling=, is_causal=)`` as ``sdpa_attention_forward`` takes them
                            (``ascend_attention_forward``).
 mask-interface             ``masking_utils.AttentionMaskInterface.register`` and ``sdpa_mask`` exist;
-                           without a mask function the mask is None and causality is lost.
+                           without a mask function the mask is None and causality is lost
+                           (`register_attention_function`).
 config-attn-implementation ``config._attn_implementation`` reads ``_attn_implementation_internal``,
-                           the attribute patch switches per config.
+                           the attribute patch switches per config (`set_attention_implementation`).
+config-sub-configs         a config class lists its sub-configs in ``sub_configs`` and an instance
+                           holds them in its ``__dict__`` under those names (config routing).
+varlen-kwargs              ``FlashAttentionKwargs`` names the packed-segment kwargs ``VARLEN_KWARGS``
+                           and their bounds ``VARLEN_BOUND_KWARGS`` (``ascend_attention_forward``).
+output-collector           ``utils.output_capturing._active_collector`` is the context variable
+                           holding the outputs a capture collects (`output_collector`): attention
+                           weights are computed only when it asks for "*attentions".
 silu-activation            ``ACT2FN["silu"]``'s class is one of ``SILU_ACTIVATIONS`` (MLP adapter).
 accelerate-hooks           ``add_hook_to_module`` keeps ``_hf_hook`` and calls ``_old_forward`` at
-                           each call, so rebinding ``_old_forward`` keeps the hook (patching).
+                           each call, so rebinding ``_old_forward`` keeps the hook
+                           (`forward_attribute`).
 deprecate-kwarg-wrapper    ``deprecate_kwarg`` (on attention forwards since 5.24) keeps the function
                            in one closure cell, so `rewrap` rebuilds it around the RoPE-rebound one.
 kernels-wrappers           with ``kernels`` installed (a dependency of transformers >= 5.25): the
@@ -39,6 +48,9 @@ kernels-wrappers           with ``kernels`` installed (a dependency of transform
                            `plain_function` finds the function ``use_kernel_forward_from_hub``
                            turned into a module.
 classes:<model_type>       the module classes the family specs name exist in that modeling module.
+attributes:<model_type>    the norm classes store ``weight`` and one of ``NORM_EPS_ATTRIBUTES``, the
+                           MLP classes ``MLP_PROJECTIONS`` and ``MLP_ACTIVATION`` (the adapters
+                           read them; a module without them is left alone).
 attention-routing:<mt>     each attention class's forward looks its function up in
                            ``ALL_ATTENTION_FUNCTIONS`` by ``config._attn_implementation``.
 rope:<model_type>          the RoPE function exists with the parameters of its style
@@ -80,11 +92,18 @@ ATTENTION_NAME = "ascend_flash"
 # The packed-segment boundaries `ascend_attention_forward` reads; a tower that passed them under
 # other names would reach its padded path with no mask and attend across images.
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k")
+# Optional upper bounds of the segment lengths passed beside them.
+VARLEN_BOUND_KWARGS = ("max_length_q", "max_length_k")
 ROPE_PARAMETERS = {
     "text": ("q", "k", "cos", "sin", "unsqueeze_dim"),
     "vision": ("q", "k", "cos", "sin"),
 }
 SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
+# Attributes the module adapters read: an RMSNorm's epsilon (Llama style, then Gemma style), a
+# gated MLP's projections and activation.
+NORM_EPS_ATTRIBUTES = ("variance_epsilon", "eps")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+MLP_ACTIVATION = "act_fn"
 
 
 @dataclass(frozen=True)
@@ -258,6 +277,53 @@ def rope_problem(cls: type, function_name: str, style: str) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- internals, used
+
+# The accelerate hook's attribute and the forward it wraps (`accelerate.hooks.add_hook_to_module`).
+_HOOK_ATTRIBUTE, _HOOKED_FORWARD = "_hf_hook", "_old_forward"
+
+
+def register_attention_function(name: str, function: Callable) -> None:
+    """Register `function` as transformers attention implementation `name`, with ``sdpa_mask``
+    as its mask function (idempotent). Without a mask function transformers hands the attention
+    a mask of None and causal masking is silently lost."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def set_attention_implementation(config: object, name: str) -> None:
+    """Make `config` (a ``PreTrainedConfig``) name attention implementation `name`, without the
+    checks and sub-config propagation of transformers' public setter."""
+    config._attn_implementation_internal = name
+
+
+def forward_attribute(module: object) -> str:
+    """The instance attribute holding the forward that `module`'s calls run: ``"forward"``, or
+    for a module carrying an accelerate hook (``device_map=...``, offload), the wrapped forward
+    the hook's wrapper looks up at every call, so rebinding it keeps the hook around it."""
+    if hasattr(module, _HOOK_ATTRIBUTE) and _HOOKED_FORWARD in vars(module):
+        return _HOOKED_FORWARD
+    return "forward"
+
+
+@functools.cache
+def output_collector() -> Callable[[], dict | None]:
+    """The getter of transformers' active output collector: None, or the dict of the outputs the
+    running capture collects (output name -> list).
+
+    transformers 5 asks for attention weights through its output capture: the ``capture_outputs``
+    decorator of a model's forward (reading ``output_attentions`` from the call or the config)
+    sets this per-context dict, and forward hooks on the attention modules append element 1 of
+    their result, the weights, to its "attentions" list.
+    """
+    from transformers.utils.output_capturing import _active_collector
+
+    return _active_collector.get
+
+
 # --------------------------------------------------------------------------- global probes
 
 
@@ -312,7 +378,7 @@ def _config_attn_implementation() -> str | None:
     from transformers import PreTrainedConfig
 
     config = PreTrainedConfig()
-    config._attn_implementation_internal = ATTENTION_NAME
+    set_attention_implementation(config, ATTENTION_NAME)
     found = getattr(config, "_attn_implementation", None)
     if found != ATTENTION_NAME:
         return (
@@ -337,12 +403,42 @@ def _accelerate_hooks() -> str | None:
     import torch
 
     module = add_hook_to_module(torch.nn.Identity(), ModelHook())
-    if not hasattr(module, "_hf_hook") or "_old_forward" not in vars(module):
-        return "add_hook_to_module sets no _hf_hook / instance _old_forward"
-    module._old_forward = lambda x: x + 1
+    if forward_attribute(module) != _HOOKED_FORWARD:
+        return f"add_hook_to_module sets no {_HOOK_ATTRIBUTE} / instance {_HOOKED_FORWARD}"
+    vars(module)[_HOOKED_FORWARD] = lambda x: x + 1
     if module(torch.zeros(1)).item() != 1.0:
         return "the hooked forward does not call _old_forward at call time"
     return None
+
+
+def _config_sub_configs() -> str | None:
+    from transformers import AutoConfig, PreTrainedConfig
+
+    from ascend_vlm.models import REGISTRY
+
+    for model_type in REGISTRY:
+        config = AutoConfig.for_model(model_type)
+        names = getattr(type(config), "sub_configs", None)
+        if not isinstance(names, dict) or not any("vision" in name for name in names):
+            return f"{type(config).__name__}.sub_configs names no vision sub-config: {names!r}"
+        held = [n for n in names if isinstance(config.__dict__.get(n), PreTrainedConfig)]
+        if not held:
+            return f"{type(config).__name__} holds none of {list(names)} in its __dict__"
+    return None
+
+
+def _varlen_kwargs() -> str | None:
+    from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
+
+    absent = set(VARLEN_KWARGS + VARLEN_BOUND_KWARGS) - set(FlashAttentionKwargs.__annotations__)
+    return f"FlashAttentionKwargs has no {', '.join(sorted(absent))}" if absent else None
+
+
+def _output_collector() -> str | None:
+    from transformers.utils import output_capturing
+
+    problem = _missing(output_capturing, ("_active_collector",))
+    return problem or _missing(output_capturing._active_collector, ("get", "set", "reset"))
 
 
 def _rewrapped_call(wrapper: types.FunctionType, *args, **kwargs) -> object:
@@ -448,6 +544,9 @@ _GLOBAL_PROBES = (
     Probe("attention-call-convention", _attention_call_convention),
     Probe("mask-interface", _mask_interface),
     Probe("config-attn-implementation", _config_attn_implementation),
+    Probe("config-sub-configs", _config_sub_configs),
+    Probe("varlen-kwargs", _varlen_kwargs),
+    Probe("output-collector", _output_collector),
     Probe("silu-activation", _silu_activation),
     Probe("accelerate-hooks", _accelerate_hooks),
     Probe("deprecate-kwarg-wrapper", _deprecate_kwarg_wrapper),
@@ -515,6 +614,25 @@ def _classes_probe(part: _Part) -> str | None:
     module = part.modeling
     absent = [name for name in _swapped_classes(part.spec) if not hasattr(module, name)]
     return f"{module.__name__} has no {', '.join(absent)}" if absent else None
+
+
+def _attributes_probe(part: _Part) -> str | None:
+    """Attribute names a class stores, read from its ``__init__``'s code (no model is built)."""
+    module = part.modeling
+    expected = [
+        (name, ("weight",), NORM_EPS_ATTRIBUTES) for n in part.spec.norms for name in n.classes
+    ]
+    expected += [
+        (name, (*MLP_PROJECTIONS, MLP_ACTIVATION), ()) for m in part.spec.mlps for name in m.classes
+    ]
+    for name, required, one_of in expected:
+        stored = set(getattr(module, name).__init__.__code__.co_names)
+        absent = [attribute for attribute in required if attribute not in stored]
+        if one_of and not stored & set(one_of):
+            absent.append(" or ".join(one_of))
+        if absent:
+            return f"{name}.__init__ stores no {', '.join(absent)}"
+    return None
 
 
 def _attention_routing_probe(part: _Part) -> str | None:
@@ -590,7 +708,11 @@ def probes() -> tuple[Probe, ...]:
 
     found = list(_GLOBAL_PROBES)
     for part in _parts():
-        checks = {"classes": _classes_probe, "attention-routing": _attention_routing_probe}
+        checks = {
+            "classes": _classes_probe,
+            "attributes": _attributes_probe,
+            "attention-routing": _attention_routing_probe,
+        }
         if part.spec.ropes:
             checks["rope"] = _rope_probe
         if part.side == "vision":

@@ -11,9 +11,16 @@ import pytest
 import torch
 import torch._subclasses.fake_tensor
 import transformers
-from transformers import activations, masking_utils, modeling_utils
+from transformers import (
+    activations,
+    masking_utils,
+    modeling_flash_attention_utils,
+    modeling_utils,
+)
+from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.llama import modeling_llama
-from transformers.models.qwen2_vl import modeling_qwen2_vl
+from transformers.models.qwen2_vl import configuration_qwen2_vl, modeling_qwen2_vl
+from transformers.utils import output_capturing
 from transformers.utils.deprecation import deprecate_kwarg
 
 import ascend_vlm
@@ -35,6 +42,9 @@ GLOBAL_PROBES = {
     "attention-call-convention",
     "mask-interface",
     "config-attn-implementation",
+    "config-sub-configs",
+    "varlen-kwargs",
+    "output-collector",
     "silu-activation",
     "accelerate-hooks",
     "deprecate-kwarg-wrapper",
@@ -147,6 +157,24 @@ FAILURES = {
     ),
     "mask-interface": (_remove_register_from_mask_interface, "has no register"),
     "config-attn-implementation": (_config_reads_elsewhere, "reads 'sdpa'"),
+    "config-sub-configs": (
+        lambda mp: mp.setattr(configuration_qwen2_vl.Qwen2VLConfig, "sub_configs", {}),
+        "Qwen2VLConfig.sub_configs names no vision sub-config: {}",
+    ),
+    "varlen-kwargs": (
+        lambda mp: mp.delitem(
+            modeling_flash_attention_utils.FlashAttentionKwargs.__annotations__, "max_length_q"
+        ),
+        "FlashAttentionKwargs has no max_length_q",
+    ),
+    "output-collector": (
+        lambda mp: mp.delattr(output_capturing, "_active_collector"),
+        "has no _active_collector",
+    ),
+    "attributes:gemma3_text": (
+        lambda mp: mp.setattr(modeling_gemma3.Gemma3RMSNorm, "__init__", lambda self: None),
+        "Gemma3RMSNorm.__init__ stores no weight, variance_epsilon or eps",
+    ),
     "silu-activation": (_silu_is_gelu, 'ACT2FN["silu"] is a GELUActivation'),
     "accelerate-hooks": (_hooks_without_old_forward, "no _hf_hook / instance _old_forward"),
     "deprecate-kwarg-wrapper": (_deprecate_kwarg_without_cell, "ValueError: wrapper: expected one"),

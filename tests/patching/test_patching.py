@@ -140,9 +140,9 @@ def test_a_patched_model_pickles_loads_patched_and_unpatches_to_the_original(qwe
     loaded = _pickled_and_loaded(qwen)
     assert is_patched(loaded) and str(ascend_vlm.patch(loaded)) == str(report)
     text_attention = loaded.model.language_model.layers[0].self_attn
-    assert "rotary_embedding_pair" in repr(
-        inspect.unwrap(text_attention.forward.func).__globals__["apply_rotary_pos_emb"]
-    )  # the RoPE rebinding survives (a bound method would unpickle as the stock forward)
+    rope = inspect.unwrap(text_attention.forward.func).__globals__["apply_rotary_pos_emb"]
+    # the RoPE rebinding survives (a bound method would unpickle as the stock forward)
+    assert rope.func.__module__ == "ascend_vlm.patching.adapters"
     assert torch.equal(_logits(loaded, inputs), patched)
     ascend_vlm.unpatch(loaded)
     assert all("forward" not in m.__dict__ for m in loaded.modules())
@@ -194,7 +194,7 @@ def test_unsupported_model_lenient_patches_known_decoder_and_says_what_it_skippe
 
 
 def test_unsupported_vision_language_model_lenient_reports_its_vision_tower(qwen, monkeypatch):
-    monkeypatch.setattr(ascend_vlm.patching, "spec_for", lambda config: None)
+    monkeypatch.setattr(ascend_vlm.patching.core, "spec_for", lambda config: None)
     rows = ascend_vlm.patch(qwen, strict=False).as_dict()["left_alone"]
     assert {(row["kind"], row["module"]) for row in rows} == {
         ("attention-vision", "vision tower"),
@@ -399,9 +399,9 @@ def test_rope_adapters_match_transformers(dtype):
     value, gradients included, with GQA head counts."""
     from transformers.models.qwen2_vl import modeling_qwen2_vl as stock
 
-    from ascend_vlm.patching import _rope_adapter
+    from ascend_vlm.patching.adapters import rope_adapter
 
-    _rope_text, _rope_vision = _rope_adapter("text"), _rope_adapter("vision")
+    _rope_text, _rope_vision = rope_adapter("text"), rope_adapter("vision")
 
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 5, 8, generator=generator).to(dtype).requires_grad_()

@@ -1,0 +1,157 @@
+"""`patch`, `unpatch`, `is_patched`: find the family spec, apply it part by part, record it."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ascend_vlm._compat import check_transformers_version
+from ascend_vlm._errors import PatchError
+from ascend_vlm.models import ModelSpec, spec_for, supported_model_types
+from ascend_vlm.models._backbones import TEXT_BACKBONES
+from ascend_vlm.models._spec import PartSpec
+from ascend_vlm.patching.adapters import ADAPTERS, Part
+from ascend_vlm.patching.attention import register_attention
+from ascend_vlm.patching.report import PatchReport
+from ascend_vlm.patching.routing import attention_configs_to_route, route_attention
+from ascend_vlm.patching.state import PatchState
+
+_STATE_KEY = "_ascend_vlm_patch_state"
+
+
+def _find_vision_tower(base: nn.Module, paths: tuple[str, ...]) -> nn.Module | None:
+    for path in paths:
+        module = base
+        for attribute in path.split("."):
+            module = getattr(module, attribute, None)
+            if not isinstance(module, nn.Module):
+                break
+        else:
+            return module
+    return None
+
+
+def _modules_by_part(base: nn.Module, tower: nn.Module | None) -> dict[str, list[nn.Module]]:
+    vision = [] if tower is None else list(tower.modules())
+    vision_ids = {id(m) for m in vision}
+    text = [m for m in base.modules() if id(m) not in vision_ids]
+    return {"text": text, "vision": vision}
+
+
+def _apply_adapters(state: PatchState, part: Part, spec: PartSpec) -> None:
+    """Hand each module of `part` to the adapter of every spec entry naming its class."""
+    for module in part.modules:
+        name = type(module).__name__
+        for field_name, adapter in ADAPTERS.items():
+            for entry in getattr(spec, field_name):
+                if name in entry.classes:
+                    adapter(state, module, entry, part)
+
+
+def _base_model(model: object, **flags: object) -> nn.Module:
+    """The transformers model under a PEFT wrapper (or `model` itself), once the arguments of
+    `patch` / `unpatch` are checked: TypeError naming the argument unless `model` is an
+    ``nn.Module`` and every flag (``attention=``, ``strict=``, ...) a bool."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model: expected a torch.nn.Module (a transformers model, optionally PEFT-wrapped), "
+            f"got {type(model).__name__}"
+        )
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: expected True or False, got {value!r}")
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
+
+def _resolve_spec(base: nn.Module, strict: bool) -> tuple[str, ModelSpec, str | None]:
+    """(model_type, spec, reason the model is only partly recognised or None)."""
+    config = getattr(base, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None:
+        raise PatchError(
+            f"model: expected a Hugging Face PreTrainedModel with config.model_type, got "
+            f"{type(base).__name__}"
+        )
+    spec = spec_for(config)
+    if spec is not None:
+        return model_type, spec, None
+    if strict:
+        raise PatchError(
+            f"model_type {model_type!r} is not supported by ascend_vlm.patch; supported "
+            f"model_types: {', '.join(supported_model_types())}. Pass strict=False to patch "
+            f"the recognised parts only."
+        )
+    # strict=False: a plain decoder we know still gets its text side patched.
+    text = TEXT_BACKBONES.get(model_type, PartSpec())
+    return model_type, ModelSpec(text=text), f"model_type {model_type!r} is not supported"
+
+
+def _has_vision_config(config) -> bool:
+    """Whether `config` describes a vision tower: a composite config with a vision sub-config."""
+    return any("vision" in name for name in getattr(type(config), "sub_configs", {}))
+
+
+def patch(
+    model: nn.Module,
+    *,
+    attention: bool = True,
+    vision: bool = True,
+    norm: bool = True,
+    rope: bool = True,
+    mlp: bool = True,
+    strict: bool = True,
+) -> PatchReport:
+    """Route `model` (a transformers VLM instance, optionally PEFT-wrapped) to `ascend_vlm.ops`.
+
+    attention: text attention -> fused attention; vision: patch the vision tower at all (its
+    attention, norms, RoPE, MLPs); norm / rope / mlp: those module kinds in every patched part.
+    Idempotent: patching an already patched model with the same options returns the first
+    report; different options raise PatchError (call `unpatch` first). Unsupported model_type:
+    PatchError listing the supported ones when `strict`, else only the recognised parts are
+    patched and the report says what was skipped. Returns the PatchReport.
+    """
+    options = {"attention": attention, "vision": vision, "norm": norm, "rope": rope, "mlp": mlp}
+    base = _base_model(model, **options, strict=strict)
+    check_transformers_version()
+    existing: PatchState | None = base.__dict__.get(_STATE_KEY)
+    if existing is not None:
+        if existing.options != options:
+            raise PatchError(
+                f"model is already patched with {existing.options}; call ascend_vlm.unpatch(model) "
+                f"before patching with {options}"
+            )
+        return existing.report
+    model_type, spec, unsupported = _resolve_spec(base, strict)
+    state = PatchState(options=options, report=PatchReport(model_type=model_type))
+    if unsupported is not None:
+        report = state.report
+        if _has_vision_config(base.config):
+            why = f"{unsupported} (strict=False)"
+            report.left_alone[("attention-vision", "vision tower", why)] = 1
+        if not spec.text.attention:
+            report.left_alone[("attention-text", model_type, f"{unsupported} (strict=False)")] = 1
+    register_attention()
+    tower = _find_vision_tower(base, spec.vision_towers)
+    routed = []
+    for name, modules in _modules_by_part(base, tower).items():
+        part, part_spec = Part(name, modules, options), getattr(spec, name)
+        routed += attention_configs_to_route(state, part, part_spec)
+        _apply_adapters(state, part, part_spec)
+    route_attention(state, base, routed)
+    base.__dict__[_STATE_KEY] = state
+    return state.report
+
+
+def unpatch(model: nn.Module) -> None:
+    """Undo `patch` exactly: rebound methods and attention implementations are restored, so the
+    model's outputs are bit-identical to before. A model that is not patched is left as is.
+    TypeError unless `model` is an ``nn.Module``."""
+    base = _base_model(model)
+    state: PatchState | None = base.__dict__.pop(_STATE_KEY, None)
+    if state is not None:
+        state.revert()
+
+
+def is_patched(model: nn.Module) -> bool:
+    """Whether `model` (or the model under its PEFT wrapper) is patched."""
+    return _STATE_KEY in _base_model(model).__dict__
