@@ -566,7 +566,7 @@ class _Part:
 
     model_type: str
     side: str
-    spec: object  # ascend_vlm.models._spec.PartSpec
+    spec: object  # ascend_vlm.models.family_spec.PartSpec
     config_module: str
 
     @property
@@ -580,8 +580,7 @@ def _parts() -> list[_Part]:
     known backbone's, one entry per (model_type, spec)."""
     from transformers import CONFIG_MAPPING, AutoConfig
 
-    from ascend_vlm.models import REGISTRY, spec_for
-    from ascend_vlm.models._backbones import TEXT_BACKBONES, VISION_BACKBONES
+    from ascend_vlm.models import REGISTRY, TEXT_BACKBONES, VISION_BACKBONES, spec_for
 
     parts: dict[str, _Part] = {}
     for model_type in REGISTRY:

@@ -25,7 +25,7 @@ from ascend_vlm._compat import (
     rewrap,
     rope_problem,
 )
-from ascend_vlm.models._spec import LeaveAlone, RmsNorm, Rope, SwigluMlp
+from ascend_vlm.models.family_spec import LeaveAlone, RmsNorm, Rope, SwigluMlp
 from ascend_vlm.patching.state import PatchState
 
 

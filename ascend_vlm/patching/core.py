@@ -6,9 +6,13 @@ from torch import nn
 
 from ascend_vlm._compat import check_transformers_version
 from ascend_vlm._errors import PatchError
-from ascend_vlm.models import ModelSpec, spec_for, supported_model_types
-from ascend_vlm.models._backbones import TEXT_BACKBONES
-from ascend_vlm.models._spec import PartSpec
+from ascend_vlm.models import (
+    TEXT_BACKBONES,
+    ModelSpec,
+    PartSpec,
+    spec_for,
+    supported_model_types,
+)
 from ascend_vlm.patching.adapters import ADAPTERS, Part
 from ascend_vlm.patching.attention import register_attention
 from ascend_vlm.patching.report import PatchReport
