@@ -16,8 +16,10 @@ it without touching the environment. It changes only at defined points:
 * at the first use, and at the first use after ``set_backend(None)``, the backend is detected:
   the environment variable ``ASCEND_VLM_BACKEND=cpu|npu|mock`` if set, else ``"mock"`` if the mock
   is installed, ``"npu"`` if a real torch_npu sees a device, ``"cpu"`` otherwise. ``mock`` from
-  the variable installs the mock at that point; ``npu`` without a usable torch_npu raises
-  ``RuntimeError`` (at each use, until the variable or the selection changes).
+  the variable installs the mock at that point through the installer
+  :mod:`ascend_vlm.testing` registers when imported (its pytest plugins import it; without it,
+  ``RuntimeError`` says so); ``npu`` without a usable torch_npu raises ``RuntimeError`` (at each
+  use, until the variable or the selection changes).
 
 The variable is read only at those points: after changing it in a running process, call
 ``set_backend(None)`` for the change to take effect.
@@ -31,7 +33,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -42,6 +44,9 @@ MOCK_MARKER = "__ascend_vlm_mock__"
 
 # The selected backend; None until the next use detects it (see the module docstring).
 _selected: str | None = None
+# How ``ASCEND_VLM_BACKEND=mock`` installs the mock: set by ascend_vlm.testing when imported, so
+# that this module, which the ops import, never imports the testing package.
+_mock_installer: Callable[[], object] | None = None
 
 
 def mock_installed() -> bool:
@@ -121,15 +126,22 @@ def _detect() -> str:
     return detected
 
 
+def register_mock_installer(installer: Callable[[], object]) -> None:
+    """Make ``installer`` (``ascend_vlm.testing.install_mock_npu``) what ``ASCEND_VLM_BACKEND=mock``
+    calls at detection. Called once by :mod:`ascend_vlm.testing.mock_npu` on import."""
+    global _mock_installer
+    _mock_installer = installer
+
+
 def _install_mock() -> None:
-    """Install the mock for ``ASCEND_VLM_BACKEND=mock``.
-
-    The mock lives in :mod:`ascend_vlm.testing`, which imports this module; importing it here,
-    when the variable asks for it, keeps this module free of it at import time.
-    """
-    from ascend_vlm.testing.mock_npu import install_mock_npu
-
-    install_mock_npu()
+    """Install the mock for ``ASCEND_VLM_BACKEND=mock`` through the registered installer."""
+    if _mock_installer is None:
+        raise RuntimeError(
+            f"{ENV_VAR}=mock: expected the mock NPU of ascend_vlm.testing to be importable here, "
+            f"got no installer registered; import ascend_vlm.testing (its pytest plugins do) "
+            f"before the first op call"
+        )
+    _mock_installer()
 
 
 def active_backend() -> str:

@@ -601,6 +601,8 @@ def mock_npu(device_count: int = 1) -> Iterator[types.ModuleType]:
         uninstall_mock_npu()
 
 
+kernel_backend.register_mock_installer(install_mock_npu)
+
 __all__ = [
     "install_mock_npu",
     "mock_npu",

@@ -161,3 +161,26 @@ def test_kernel_backend_does_not_import_testing_at_import() -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split("\n")[0] == "cpu []"
+
+
+def test_mock_override_without_the_testing_package_says_what_is_missing() -> None:
+    # kernel_backend never imports ascend_vlm.testing; the variable alone cannot install the mock.
+    code = (
+        "import ascend_vlm.kernel_backend as kb\n"
+        "try:\n"
+        "    kb.active_backend()\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, kernel_backend.ENV_VAR: "mock"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == (
+        "ASCEND_VLM_BACKEND=mock: expected the mock NPU of ascend_vlm.testing to be importable "
+        "here, got no installer registered; import ascend_vlm.testing (its pytest plugins do) "
+        "before the first op call"
+    )
