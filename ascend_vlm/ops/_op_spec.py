@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-import ascend_vlm
 from ascend_vlm._op_descriptor import ATTR_TYPES, DTYPES, check_descriptor
 
 # The spec's dtype names are torch's.
@@ -30,7 +29,7 @@ _ATTR_KEYS = ("name", "type", "default")
 
 def spec_roots() -> list[Path]:
     """Folders that may hold ``<op>/spec.json``: the source tree first, then the installed copy."""
-    package_dir = Path(ascend_vlm.__file__).resolve().parent
+    package_dir = Path(__file__).resolve().parent.parent  # ascend_vlm/
     return [package_dir.parent / "op_plugins", package_dir / "_op_plugins"]
 
 

@@ -59,7 +59,7 @@ def test_module_parameters_skip_the_dispatcher_in_inference_only() -> None:
     assert "ascend_vlm::rms_norm" in _profiled_op_names(lambda: ops.rms_norm(x, weight))
 
 
-@pytest.mark.parametrize("name", ops.__all__)
+@pytest.mark.parametrize("name", [n for n in ops.__all__ if callable(getattr(ops, n))])
 def test_each_public_function_pickles_by_name(name: str) -> None:
     # Patched modules hold the public ops and compositions; pickling a patched model refers to
     # them by name.
