@@ -1,5 +1,5 @@
 """Builds an op from its spec: the ``torch.library`` op (schema, kernel, fake kernel, autograd)
-and its public Python function, in one call of :func:`register_op`.
+and its public Python function, in one call of :func:`define_op`.
 
 ``op_plugins/<op>/spec.json`` is the op's one declaration of argument names, order, defaults and
 keyword-only-ness; the functions taking the op's arguments are generated from it. An op module
@@ -88,7 +88,7 @@ def {name}({signature}):
 """
 
 
-def register_op(
+def define_op(
     spec: OpSpec,
     *,
     check: Callable[..., Any],

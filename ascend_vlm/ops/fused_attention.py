@@ -26,7 +26,7 @@ from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, in
 from ascend_vlm.ops._host_values import HostValueCache, readable_on_host
 from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
 from ascend_vlm.ops._op_spec import load_spec
-from ascend_vlm.ops._registration import empty_like_first_input, register_op
+from ascend_vlm.ops._registration import define_op, empty_like_first_input
 
 SPEC = load_spec("fused_attention")
 _QKV_DTYPES = SPEC.input_dtypes("query")
@@ -450,7 +450,7 @@ def _draw_dropout_seed(dropout_p: float, dropout_seed: int | None) -> int | None
     return dropout_seed
 
 
-fused_attention = register_op(
+fused_attention = define_op(
     SPEC,
     check=_check,
     reference=_reference,

@@ -14,7 +14,7 @@ import torch
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
 from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._op_spec import load_spec
-from ascend_vlm.ops._registration import empty_like_first_input, register_op
+from ascend_vlm.ops._registration import define_op, empty_like_first_input
 
 SPEC = load_spec("rms_norm")
 _X_DTYPES = SPEC.input_dtypes("x")
@@ -75,7 +75,7 @@ def _npu(
     return torch_npu.npu_rms_norm(rows, gamma, epsilon=eps)[0].reshape(x.shape)
 
 
-rms_norm = register_op(
+rms_norm = define_op(
     SPEC,
     check=_check,
     reference=_reference,

@@ -33,7 +33,7 @@ import torch
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
 from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._op_spec import load_spec
-from ascend_vlm.ops._registration import empty_like_first_input, register_op
+from ascend_vlm.ops._registration import define_op, empty_like_first_input
 
 SPEC = load_spec("rotary_embedding")
 _X_DTYPES = SPEC.input_dtypes("x")
@@ -234,7 +234,7 @@ def _rotation_op(rotate: _Rotation) -> Callable[..., torch.Tensor | tuple[torch.
 
 
 _reference, _npu = _rotation_op(_rotated), _rotation_op(_npu_rotated)
-rotary_embedding = register_op(
+rotary_embedding = define_op(
     SPEC,
     check=_check,
     reference=_reference,
@@ -267,7 +267,7 @@ def _pair_fake(
     return torch.empty_like(q), torch.empty_like(k)
 
 
-rotary_embedding_pair = register_op(
+rotary_embedding_pair = define_op(
     PAIR_SPEC,
     check=_check_pair,
     reference=_reference,

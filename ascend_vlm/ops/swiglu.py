@@ -17,7 +17,7 @@ from ascend_vlm.kernel_backend import use_npu_kernels
 from ascend_vlm.ops._checks import check_dtype, check_same_dtype, invalid
 from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._op_spec import load_spec
-from ascend_vlm.ops._registration import register_op
+from ascend_vlm.ops._registration import define_op
 
 SPEC = load_spec("swiglu")
 _X_DTYPES = SPEC.input_dtypes("x")
@@ -54,7 +54,7 @@ def _fake(half: int, x: torch.Tensor, dim: int) -> torch.Tensor:
     return x.new_empty(shape)
 
 
-swiglu = register_op(
+swiglu = define_op(
     SPEC,
     check=_check,
     reference=_reference,

@@ -23,7 +23,7 @@ from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, in
 from ascend_vlm.ops._host_values import HostValueCache
 from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
 from ascend_vlm.ops._op_spec import load_spec
-from ascend_vlm.ops._registration import empty_like_first_input, register_op
+from ascend_vlm.ops._registration import define_op, empty_like_first_input
 from ascend_vlm.ops.fused_attention import (
     NPU_SPARSE_RIGHT_DOWN_CAUSAL,
     checked_bnsd_attention,
@@ -212,7 +212,7 @@ def _npu(
     )[0]
 
 
-varlen_attention = register_op(
+varlen_attention = define_op(
     SPEC,
     check=_check,
     reference=_reference,

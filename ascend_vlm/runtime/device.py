@@ -17,7 +17,7 @@ from __future__ import annotations
 import atexit
 
 from ascend_vlm import _C
-from ascend_vlm.runtime._checks import require_byte_count, require_int
+from ascend_vlm.runtime._arguments import require_byte_count, require_int
 
 atexit.register(_C.shutdown)
 

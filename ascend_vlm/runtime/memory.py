@@ -26,7 +26,7 @@ import numpy as np
 
 from ascend_vlm import _C
 from ascend_vlm._errors import AclError
-from ascend_vlm.runtime._checks import require_byte_count
+from ascend_vlm.runtime._arguments import require_byte_count
 
 if TYPE_CHECKING:
     from ascend_vlm.runtime.stream import Stream

@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from ascend_vlm import _C
 from ascend_vlm._errors import AclError
-from ascend_vlm.runtime._checks import require_byte_count, require_int
+from ascend_vlm.runtime._arguments import require_byte_count, require_int
 from ascend_vlm.runtime.memory import (
     DeviceBuffer,
     Endpoint,
