@@ -8,6 +8,9 @@ relative to the JSONL file's folder unless absolute):
   "<image>\\nWhat colour is it?"}, {"from": "gpt", "value": "red"}, ...]}`` -- each
   human/gpt turn pair becomes one sample, the ``<image>`` marker is dropped.
 
+Either format may carry a ``"type"`` (a non-empty string naming the question type, e.g.
+``"colour"``), which every sample of that record reports through :meth:`JsonlVQA.question_type`.
+
 Collation renders each sample with the processor's own chat template (a user turn holding the
 image and the question, then the assistant's answer) and supervises only the answer tokens.
 """
@@ -53,6 +56,7 @@ class _PendingSample:
     image_path: Path
     question: str
     answer: str
+    question_type: str | None
 
 
 def _record_pairs(record: Any) -> list[tuple[str, str]]:
@@ -83,6 +87,17 @@ def _record_pairs(record: Any) -> list[tuple[str, str]]:
     return pairs
 
 
+def _record_type(record: dict[str, Any]) -> str | None:
+    """The record's ``"type"``, None when absent; raises ``ValueError`` when it is not a
+    non-empty string."""
+    if "type" not in record:
+        return None
+    kind = record["type"]
+    if not isinstance(kind, str) or not kind.strip():
+        raise ValueError(f"type: expected a non-empty string, got {kind!r}")
+    return kind.strip()
+
+
 def _check_image(path: Path) -> None:
     if not path.is_file():
         raise ValueError(f"image {str(path)!r} does not exist")
@@ -98,9 +113,10 @@ class JsonlVQA:
 
     Every record is parsed and its image opened and verified at construction. A bad record
     (invalid JSON, missing image, unreadable image, empty question or answer, malformed
-    conversation) is logged as ``"<file>: record <n>: <reason>"`` (``n`` counts non-blank lines
-    from 1) and skipped when ``on_bad_record="skip"``, or raised as :class:`BadRecordError`
-    when ``"fail"``. ``bad_records`` lists the skipped ``(n, reason)`` pairs.
+    conversation, a ``"type"`` that is not a non-empty string) is logged as
+    ``"<file>: record <n>: <reason>"`` (``n`` counts non-blank lines from 1) and skipped when
+    ``on_bad_record="skip"``, or raised as :class:`BadRecordError` when ``"fail"``.
+    ``bad_records`` lists the skipped ``(n, reason)`` pairs.
     """
 
     def __init__(self, path: str | os.PathLike, on_bad_record: str = "skip"):
@@ -119,6 +135,7 @@ class JsonlVQA:
                 try:
                     record = json.loads(line)
                     pairs = _record_pairs(record)
+                    question_type = _record_type(record)
                     if "image" not in record:
                         raise ValueError("missing key(s) ['image']")
                     image_path = self.path.parent / str(record["image"])
@@ -130,7 +147,9 @@ class JsonlVQA:
                     logger.warning("skipping bad record: %s", message)
                     self.bad_records.append((number, str(error)))
                     continue
-                self._samples.extend(_PendingSample(image_path, q, a) for q, a in pairs)
+                self._samples.extend(
+                    _PendingSample(image_path, q, a, question_type) for q, a in pairs
+                )
         if not self._samples:
             raise BadRecordError(f"{self.path}: no usable records")
 
@@ -142,6 +161,10 @@ class JsonlVQA:
         with Image.open(pending.image_path) as image:
             rgb = image.convert("RGB")
         return VQASample(rgb, pending.question, pending.answer)
+
+    def question_type(self, index: int) -> str | None:
+        """The ``"type"`` of the record sample ``index`` came from; None when it has none."""
+        return self._samples[index].question_type
 
 
 def user_turn(question: str) -> list[dict[str, Any]]:

@@ -52,6 +52,7 @@ BAD_RECORDS = [
     ({"image": "scene.png", "question": "q?", "answer": "  "}, "empty answer"),
     ("{not json", "Expecting property name"),
     ({"question": "q?", "answer": "a"}, "missing key"),
+    ({**GOOD_FLAT, "type": 3}, "type: expected a non-empty string, got 3"),
 ]
 
 
@@ -66,11 +67,22 @@ def test_flat_and_llava_records_load_with_relative_images(image_folder):
     assert dataset[0].image.tobytes() == render_scene(1)[0].tobytes()
 
 
+def test_question_type_comes_from_the_record_type_field(image_folder):
+    records = [{**GOOD_FLAT, "type": "count"}, {**GOOD_LLAVA, "type": " colour "}, GOOD_FLAT]
+    dataset = JsonlVQA(_write_jsonl(image_folder, records))
+    assert [dataset.question_type(i) for i in range(len(dataset))] == [
+        "count",
+        "colour",
+        "colour",
+        None,
+    ]
+
+
 def test_bad_records_are_skipped_and_reported_by_number(image_folder, caplog):
     records = [GOOD_FLAT, *(record for record, _ in BAD_RECORDS)]
     dataset = JsonlVQA(_write_jsonl(image_folder, records), on_bad_record="skip")
     assert len(dataset) == 1
-    assert [number for number, _ in dataset.bad_records] == [2, 3, 4, 5, 6]
+    assert [number for number, _ in dataset.bad_records] == [2, 3, 4, 5, 6, 7]
     for (_, reason), (_, expected) in zip(dataset.bad_records, BAD_RECORDS, strict=True):
         assert expected in reason
     assert "record 4: empty answer" in caplog.text
