@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,29 +26,18 @@ def _say(message: str) -> None:
 
 
 def _load(model_path: str | None):
-    from ascend_vlm.default_model import (
-        load_default_model,
-        load_processor,
-        require_processor_files,
-    )
+    from ascend_vlm.default_model import load_default_model
+    from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_checkpoint
 
     if model_path is None:
         _say("loading the embedded default model (tiny Qwen2-VL, random weights) ...")
         return load_default_model()
-    path = Path(model_path)
-    if not (path / "config.json").is_file():
-        raise CommandError(
-            f"--model: expected a local checkpoint directory with config.json, got {path}"
-        )
     try:
-        require_processor_files(path, "--model")
+        check_checkpoint(model_path, "--model")
     except FileNotFoundError as error:
         raise CommandError(str(error)) from None
-    from transformers import AutoModelForImageTextToText
-
-    _say(f"loading {path} ...")
-    model = AutoModelForImageTextToText.from_pretrained(path).eval()
-    return model, load_processor(path)
+    _say(f"loading {Path(model_path)} ...")
+    return load_checkpoint(model_path, "--model")
 
 
 def _image_and_question(image_path: str | None, question: str | None):
@@ -66,26 +54,9 @@ def _image_and_question(image_path: str | None, question: str | None):
     return image, question or pairs[0][0]
 
 
-class _StepClock:
-    """Logits processor that timestamps every generation step (called once per new token)."""
-
-    def __init__(self) -> None:
-        self.stamps: list[float] = []
-
-    def __call__(self, input_ids, scores):
-        self.stamps.append(time.perf_counter())
-        return scores
-
-
-def _vision_kwargs(inputs) -> dict:
-    text_keys = {"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"}
-    return {k: v for k, v in inputs.items() if k not in text_keys}
-
-
 def demo(args: argparse.Namespace) -> int:
-    from transformers import LogitsProcessorList
-
     import ascend_vlm
+    from ascend_vlm.evaluation.stages import generate_with_stage_times, vision_encode_seconds
 
     image, question = _image_and_question(args.image, args.question)
     model, processor = _load(args.model)
@@ -100,40 +71,29 @@ def demo(args: argparse.Namespace) -> int:
     print(report, flush=True)
 
     with torch.no_grad():
-        model.model.get_image_features(**_vision_kwargs(inputs))  # warm-up, not timed
-        start = time.perf_counter()
-        model.model.get_image_features(**_vision_kwargs(inputs))
-        vision_seconds = time.perf_counter() - start
-
-        clock = _StepClock()
-        start = time.perf_counter()
-        output = model.generate(
-            **inputs,
-            max_new_tokens=args.max_new_tokens,
-            do_sample=False,
-            logits_processor=LogitsProcessorList([clock]),
+        vision_encode_seconds(model, inputs)  # warm-up, not reported
+        output, times = generate_with_stage_times(
+            model, inputs, max_new_tokens=args.max_new_tokens, do_sample=False
         )
-        end = time.perf_counter()
     new_tokens = output[0, inputs["input_ids"].shape[1] :]
     answer = processor.decode(new_tokens, skip_special_tokens=True)
-    prefill_seconds = clock.stamps[0] - start
-    decode_steps = len(clock.stamps) - 1
-    decode_seconds = end - clock.stamps[0]
 
     print(f"\nquestion: {question}")
     print(f"answer:   {answer!r}")
     if args.model is None:
         print("          (random weights: the answer is gibberish by design)")
     print("\nstage          time        notes")
-    print(f"vision encode  {vision_seconds * 1e3:8.2f} ms  image features alone")
+    print(f"vision encode  {times.vision_seconds * 1e3:8.2f} ms  image features alone")
     print(
-        f"prefill        {prefill_seconds * 1e3:8.2f} ms  {inputs['input_ids'].shape[1]} prompt tokens, incl. vision"
+        f"prefill        {times.prefill_seconds * 1e3:8.2f} ms  {inputs['input_ids'].shape[1]} prompt tokens, incl. vision"
     )
-    if decode_steps and decode_seconds > 0:
-        rate = f"{decode_steps / decode_seconds:.1f} tokens/s"
+    if times.decode_steps and times.decode_seconds > 0:
+        rate = f"{times.decode_steps / times.decode_seconds:.1f} tokens/s"
     else:  # --max-new-tokens 1 (or an immediate end of sequence): prefill made the only token
         rate = "no decode step"
-    print(f"decode         {decode_seconds * 1e3:8.2f} ms  {decode_steps} tokens, {rate}")
+    print(
+        f"decode         {times.decode_seconds * 1e3:8.2f} ms  {times.decode_steps} tokens, {rate}"
+    )
     print(f"backend        {_backend()}")
     return 0
 
