@@ -92,6 +92,7 @@ setup(
         "safetensors>=0.4",
         "pillow>=10",
         "tqdm>=4.60",
+        "scipy>=1.9",
     ],
     extras_require={
         "npu": ["torch-npu"],

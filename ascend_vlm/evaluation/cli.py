@@ -1,0 +1,259 @@
+"""``python -m ascend_vlm eval``: arguments, their validation, and the run.
+
+Every bad input is found before the first model is loaded and reported through argparse
+(``error:`` line naming the option, exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ascend_vlm.evaluation import features  # noqa: F401  (registers the built-in options)
+from ascend_vlm.evaluation.checkpoints import REFERENCE, check_checkpoint, resolve_model
+from ascend_vlm.evaluation.datasets import DEFAULT_SHAPES_SAMPLES, EvalDataset
+from ascend_vlm.evaluation.options import REGISTRY, OptionRegistry
+
+HELP = "accuracy, latency and memory of a VLM on held-out questions"
+DESCRIPTION = f"""\
+Answer held-out questions with greedy generation and report accuracy per question type (exact
+and normalised match, 95% Wilson intervals), latency per stage (vision encode, prefill, decode
+per token: mean and 95th percentile over batches) and the host's peak memory rise.
+
+Data: ShapesVQA's held-out "eval" split ({DEFAULT_SHAPES_SAMPLES} samples unless --limit), or
+--data FILE.jsonl (flat or LLaVA records, as the fine-tune script reads; a record's "type" field
+is its question type, "all" without one). Feature options (below, one group per feature)
+transform the loaded model before it answers."""
+EPILOG = """\
+--compare A B: answer the same samples with two configurations and report both accuracies,
+the difference B - A with a 95% interval (Newcombe's paired method) and McNemar's exact
+p-value. A configuration is a comma-separated list of items, each one of
+  a preset        patched, unpatched (the presets of the feature options);
+  key=value       a flag of this command without its dashes: model=PATH, or a feature's flag;
+  a model         'reference' or a checkpoint folder (anything that is neither of the above).
+Items override the rest of the command line for that configuration only; the data, --limit,
+--batch-size and --max-new-tokens are shared. Examples:
+  python -m ascend_vlm eval --model reference --compare unpatched patched
+  python -m ascend_vlm eval --compare ckpt/a ckpt/b,unpatched --limit 200 --json out.json
+
+--json OUT writes the full report (every sample's prediction included) atomically; an
+existing OUT is replaced only with --force."""
+
+
+class _ConfigurationError(Exception):
+    """A --compare configuration that does not parse (argparse's message)."""
+
+
+class _ConfigurationParser(argparse.ArgumentParser):
+    """The per-configuration flags (``--model`` and the feature options), raising instead of
+    exiting so the main parser reports the error against ``--compare``."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _ConfigurationError(message)
+
+
+@dataclass(frozen=True)
+class _Configuration:
+    label: str
+    args: argparse.Namespace
+    model: Path
+
+
+def _say(message: str) -> None:
+    print(f"[ascend_vlm] {message}", flush=True)
+
+
+def _positive(value: int | None, flag: str, parser: argparse.ArgumentParser) -> None:
+    if value is not None and value < 1:
+        parser.error(f"{flag}: expected an int >= 1, got {value}")
+
+
+class EvalCommand:
+    """The ``eval`` subcommand over the feature options of ``registry``."""
+
+    def __init__(self, registry: OptionRegistry = REGISTRY) -> None:
+        self.registry = registry
+        self.parser: argparse.ArgumentParser | None = None
+
+    def _add_configuration_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--model",
+            help=f"local checkpoint folder, or '{REFERENCE}' for the trained reference "
+            "checkpoint (built on first use)",
+        )
+        self.registry.add_arguments(parser)
+
+    def add_parser(self, commands: Any) -> argparse.ArgumentParser:
+        """Add the ``eval`` parser to ``commands`` (an ``add_subparsers`` result); returns it."""
+        parser = commands.add_parser(
+            "eval",
+            help=HELP,
+            description=DESCRIPTION,
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        self._add_configuration_arguments(parser)
+        parser.add_argument("--data", metavar="JSONL", help="evaluate a JSONL/LLaVA file")
+        parser.add_argument("--limit", type=int, help="evaluate the first N samples")
+        parser.add_argument("--seed", type=int, help="ShapesVQA seed (default 0); not with --data")
+        parser.add_argument(
+            "--image-size", type=int, help="ShapesVQA image side in pixels; not with --data"
+        )
+        parser.add_argument("--batch-size", type=int, default=8, help="samples per generate")
+        parser.add_argument("--max-new-tokens", type=int, default=8, help="answer token limit")
+        parser.add_argument(
+            "--compare", nargs=2, metavar=("A", "B"), help="two configurations (see below)"
+        )
+        parser.add_argument("--json", metavar="OUT", help="write the full report to OUT")
+        parser.add_argument("--force", action="store_true", help="let --json replace OUT")
+        self.parser = parser
+        return parser
+
+    def _configuration_parser(self) -> _ConfigurationParser:
+        parser = _ConfigurationParser(prog="--compare", add_help=False, allow_abbrev=False)
+        self._add_configuration_arguments(parser)
+        return parser
+
+    def _configuration_tokens(self, spec: str) -> list[str]:
+        presets = self.registry.presets()
+        tokens = []
+        for item in (part.strip() for part in spec.split(",")):
+            if not item:
+                raise _ConfigurationError("expected comma-separated items, got an empty item")
+            if "=" in item:
+                key, value = item.split("=", 1)
+                tokens += [f"--{key}", value]
+            elif item in presets:
+                tokens += presets[item]
+            elif item == REFERENCE or Path(item).is_dir():
+                tokens += ["--model", item]
+            else:
+                raise _ConfigurationError(
+                    f"expected a preset ({', '.join(sorted(presets))}), key=value, "
+                    f"'{REFERENCE}' or a checkpoint folder, got {item!r}"
+                )
+        return tokens
+
+    def _configurations(self, args: argparse.Namespace) -> list[_Configuration]:
+        parser = self.parser
+        if args.compare is None:
+            named = [(args.model, args, "--model")]
+        else:
+            named = []
+            config_parser = self._configuration_parser()
+            for spec in args.compare:
+                where = f"--compare: configuration {spec!r}"
+                try:
+                    tokens = self._configuration_tokens(spec)
+                    config = config_parser.parse_args(tokens, namespace=copy.copy(args))
+                except _ConfigurationError as error:
+                    parser.error(f"{where}: {error}")
+                named.append((spec, config, f"{where}: --model"))
+        configurations = []
+        for label, config, argument in named:
+            if config.model is None:
+                parser.error(
+                    f"--model: expected a checkpoint folder or '{REFERENCE}', got none"
+                    + (
+                        " (give it once, or as model=PATH in each configuration)"
+                        if args.compare
+                        else ""
+                    )
+                )
+            path = resolve_model(config.model)
+            try:
+                check_checkpoint(path, argument)
+            except FileNotFoundError as error:
+                parser.error(str(error))
+            configurations.append(_Configuration(label or config.model, config, path))
+        return configurations
+
+    def _dataset(self, args: argparse.Namespace) -> EvalDataset:
+        from ascend_vlm.evaluation import datasets
+        from ascend_vlm.finetune.data import BadRecordError
+        from ascend_vlm.finetune.shapes_vqa import MIN_IMAGE_SIZE
+
+        parser = self.parser
+        if args.data is None:
+            if args.image_size is not None and args.image_size < MIN_IMAGE_SIZE:
+                parser.error(
+                    f"--image-size: expected an int >= {MIN_IMAGE_SIZE} pixels, got {args.image_size}"
+                )
+            seed = 0 if args.seed is None else args.seed
+            return datasets.shapes_vqa(args.limit, seed, args.image_size)
+        for flag, value in (("--seed", args.seed), ("--image-size", args.image_size)):
+            if value is not None:
+                parser.error(f"{flag}: applies to ShapesVQA only, not to --data {args.data}")
+        if not Path(args.data).is_file():
+            parser.error(f"--data: expected a JSONL file, got {args.data} (no such file)")
+        try:
+            dataset = datasets.jsonl(args.data)
+        except BadRecordError as error:
+            parser.error(f"--data: {error}")
+        if args.limit is None:
+            return dataset
+        if args.limit > len(dataset):
+            parser.error(
+                f"--limit: expected at most the {len(dataset)} samples of --data, got {args.limit}"
+            )
+        return dataset.head(args.limit)
+
+    def _check_json(self, args: argparse.Namespace) -> None:
+        if args.json is None:
+            return
+        out = Path(args.json)
+        if not out.parent.is_dir():
+            self.parser.error(f"--json: expected a file in an existing folder, got {out}")
+        if out.exists() and not args.force:
+            self.parser.error(f"--json: {out} exists; pass --force to replace it")
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Validate ``args`` (errors exit through argparse, status 2), evaluate every
+        configuration, print the report and write it to ``--json``; returns 0."""
+        from ascend_vlm.evaluation.checkpoints import load_checkpoint
+        from ascend_vlm.evaluation.report import (
+            build_report,
+            configuration_entry,
+            format_report,
+            write_json,
+        )
+        from ascend_vlm.evaluation.runner import generate_answers
+
+        if self.parser is None:
+            raise RuntimeError("run: call add_parser first")
+        for flag in ("--limit", "--batch-size", "--max-new-tokens"):
+            _positive(getattr(args, flag[2:].replace("-", "_")), flag, self.parser)
+        self._check_json(args)
+        dataset = self._dataset(args)
+        configurations = self._configurations(args)
+
+        entries = []
+        for configuration in configurations:
+            _say(f"loading {configuration.model} ...")
+            model, processor = load_checkpoint(configuration.model)
+            options = self.registry.apply(model, configuration.args)
+            for name, applied in options.items():
+                _say(f"{name}: {applied['summary']}")
+            result = generate_answers(
+                model,
+                processor,
+                dataset,
+                batch_size=args.batch_size,
+                max_new_tokens=args.max_new_tokens,
+                description=configuration.label,
+            )
+            entries.append(
+                configuration_entry(configuration.label, str(configuration.model), options, result)
+            )
+            del model, processor  # release A before B loads
+        settings = {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens}
+        report = build_report(dataset.description, settings, entries)
+        if args.json is not None:
+            write_json(report, args.json)
+        print(format_report(report), flush=True)
+        if args.json is not None:
+            _say(f"wrote the full report to {args.json}")
+        return 0

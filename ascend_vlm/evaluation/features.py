@@ -1,0 +1,42 @@
+"""The feature options of ``python -m ascend_vlm eval``, registered in one place.
+
+Each feature adds one :func:`~ascend_vlm.evaluation.options.register_option` call below; its
+``add_arguments`` / ``apply`` functions may live here or in the feature's own module.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ascend_vlm.evaluation.options import register_option
+
+
+def _add_patch_arguments(group: Any) -> None:
+    group.add_argument(
+        "--patch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="swap in the fused ops with ascend_vlm.patch(model) (default); --no-patch "
+        "evaluates the stock model",
+    )
+
+
+def _apply_patch(model: Any, args: argparse.Namespace) -> dict[str, Any]:
+    if not args.patch:
+        return {"summary": "not patched", "patched": False}
+    import ascend_vlm
+
+    report = ascend_vlm.patch(model).as_dict()
+    swapped = sum(total["swapped"] for total in report["totals"].values())
+    left_alone = sum(total["left_alone"] for total in report["totals"].values())
+    summary = f"patched: {swapped} modules swapped, {left_alone} left alone"
+    return {"summary": summary, "patched": True, "report": report}
+
+
+register_option(
+    "patch",
+    _add_patch_arguments,
+    _apply_patch,
+    presets={"patched": ["--patch"], "unpatched": ["--no-patch"]},
+)

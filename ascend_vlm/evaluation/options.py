@@ -1,0 +1,119 @@
+"""Feature options of ``python -m ascend_vlm eval``: the one registration point.
+
+A feature that changes the model under evaluation (patching, token pruning, quantization,
+caching ...) registers itself once with :func:`register_option`; from then on
+
+* its flags are flags of ``eval`` (an argument group titled with the option's name),
+* ``apply(model, args)`` transforms each freshly loaded model according to those flags,
+  before any sample is answered, in registration order,
+* the dict ``apply`` returns is recorded in the JSON report under ``options[name]``, and its
+  ``"summary"`` string is printed in the text report,
+* its presets are configuration names ``--compare`` accepts (e.g. ``unpatched``).
+
+The registrations live in :mod:`ascend_vlm.evaluation.features`; adding a feature means adding
+one :func:`register_option` call there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+_NAME = re.compile(r"[a-z][a-z0-9-]*")
+
+
+@dataclass(frozen=True)
+class EvalOption:
+    """One registered feature option (see :func:`register_option` for the fields' contract)."""
+
+    name: str
+    add_arguments: Callable[[Any], None]
+    apply: Callable[[Any, argparse.Namespace], dict[str, Any]]
+    presets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+class OptionRegistry:
+    """An ordered set of :class:`EvalOption`; ``REGISTRY`` is the one ``eval`` uses."""
+
+    def __init__(self) -> None:
+        self._options: dict[str, EvalOption] = {}
+
+    def register(
+        self,
+        name: str,
+        add_arguments: Callable[[Any], None],
+        apply: Callable[[Any, argparse.Namespace], dict[str, Any]],
+        *,
+        presets: Mapping[str, Any] | None = None,
+    ) -> EvalOption:
+        """Register the feature option ``name`` (lowercase words joined by ``-``).
+
+        ``add_arguments(group)`` adds the feature's flags to an argparse argument group (give
+        every flag a default, so a configuration that does not mention it is well defined).
+        ``apply(model, args)`` transforms ``model`` in place according to ``args`` (the parsed
+        namespace) and returns a JSON-serialisable dict with at least a one-line ``"summary"``
+        string. ``presets`` maps a ``--compare`` configuration name to the flags it stands for
+        (e.g. ``{"unpatched": ["--no-patch"]}``). Raises ``ValueError`` for a malformed name or
+        a name or preset already registered.
+        """
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(f"name: expected lowercase words joined by '-', got {name!r}")
+        if name in self._options:
+            raise ValueError(f"name: option {name!r} is already registered")
+        presets = {key: tuple(flags) for key, flags in (presets or {}).items()}
+        taken = set(presets) & set(self.presets())
+        if taken:
+            raise ValueError(f"presets: {sorted(taken)} already registered by another option")
+        option = EvalOption(name, add_arguments, apply, presets)
+        self._options[name] = option
+        return option
+
+    def options(self) -> tuple[EvalOption, ...]:
+        """The registered options in registration order."""
+        return tuple(self._options.values())
+
+    def presets(self) -> dict[str, tuple[str, ...]]:
+        """Every option's presets: configuration name -> flags."""
+        return {
+            key: flags for option in self._options.values() for key, flags in option.presets.items()
+        }
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add each option's flags to ``parser``, one argument group per option."""
+        for option in self._options.values():
+            option.add_arguments(parser.add_argument_group(f"{option.name} option"))
+
+    def apply(self, model: Any, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+        """Apply every option to ``model`` in registration order; returns name -> its dict.
+
+        Raises ``TypeError`` naming the option when its ``apply`` returns no dict with a string
+        ``"summary"``.
+        """
+        applied = {}
+        for option in self._options.values():
+            result = option.apply(model, args)
+            if not isinstance(result, dict) or not isinstance(result.get("summary"), str):
+                raise TypeError(
+                    f"option {option.name!r}: apply must return a dict with a 'summary' string, "
+                    f"got {result!r}"
+                )
+            applied[option.name] = result
+        return applied
+
+
+REGISTRY = OptionRegistry()
+
+
+def register_option(
+    name: str,
+    add_arguments: Callable[[Any], None],
+    apply: Callable[[Any, argparse.Namespace], dict[str, Any]],
+    *,
+    presets: Mapping[str, Any] | None = None,
+) -> EvalOption:
+    """Register a feature option of ``python -m ascend_vlm eval`` (:meth:`OptionRegistry.register`
+    on ``REGISTRY``)."""
+    return REGISTRY.register(name, add_arguments, apply, presets=presets)

@@ -1,0 +1,109 @@
+"""Answer every sample of an :class:`~ascend_vlm.evaluation.datasets.EvalDataset` with greedy
+generation, batch by batch, timing each batch's stages and the run's peak memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ascend_vlm.evaluation.datasets import EvalDataset
+from ascend_vlm.evaluation.memory import PeakRSS
+from ascend_vlm.evaluation.stages import (
+    StageTimes,
+    generate_with_stage_times,
+    vision_encode_seconds,
+)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The generated ``prediction`` for sample ``index`` (its ``question`` and gold ``answer``)."""
+
+    index: int
+    question_type: str
+    question: str
+    answer: str
+    prediction: str
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Predictions in sample order, the :class:`StageTimes` of each batch, and the run's peak
+    memory (:class:`~ascend_vlm.evaluation.memory.PeakRSS`; None where not measurable)."""
+
+    predictions: list[Prediction]
+    stage_times: list[StageTimes]
+    peak_memory_bytes: int | None
+
+
+def _batch_inputs(processor: Any, samples: list, device: torch.device) -> dict[str, torch.Tensor]:
+    """The prompts of ``samples`` (the fine-tune script's chat format), left-padded."""
+    from ascend_vlm.finetune.data import collate, encode_sample, pad_token_id_of
+
+    encoded = [encode_sample(processor, sample, with_answer=False) for sample in samples]
+    batch = collate(encoded, pad_token_id_of(processor), padding_side="left")
+    return {key: value.to(device) for key, value in batch.items() if key != "labels"}
+
+
+def generate_answers(
+    model: Any,
+    processor: Any,
+    dataset: EvalDataset,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    progress: bool = True,
+    description: str = "eval",
+) -> RunResult:
+    """Greedy answers of ``model`` to every sample of ``dataset``, ``batch_size`` at a time.
+
+    Prompts are the processor's chat template over the question and image (as the fine-tune
+    script trains), left-padded so every answer starts right after its prompt. Before the first
+    batch is timed, its vision encode and a one-token generation run once untimed (first-call
+    set-up is not latency). A tqdm bar on stderr counts samples unless ``progress`` is False.
+    """
+    from tqdm import tqdm
+
+    from ascend_vlm.finetune.data import pad_token_id_of
+
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(
+            f"batch_size, max_new_tokens: expected >= 1, got {batch_size}, {max_new_tokens}"
+        )
+    pad_id = pad_token_id_of(processor)
+    device = next(model.parameters()).device
+    predictions: list[Prediction] = []
+    stage_times: list[StageTimes] = []
+    with (
+        torch.no_grad(),
+        PeakRSS() as memory,
+        tqdm(total=len(dataset), desc=description, unit="sample", disable=not progress) as bar,
+    ):
+        for start in range(0, len(dataset), batch_size):
+            indices = range(start, min(start + batch_size, len(dataset)))
+            samples = [dataset[index] for index in indices]
+            inputs = _batch_inputs(processor, samples, device)
+            if start == 0:
+                vision_encode_seconds(model, inputs)
+                model.generate(**inputs, max_new_tokens=1, do_sample=False, pad_token_id=pad_id)
+            output, times = generate_with_stage_times(
+                model, inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id
+            )
+            stage_times.append(times)
+            answers = processor.batch_decode(
+                output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
+            )
+            for index, sample, answer in zip(indices, samples, answers, strict=True):
+                predictions.append(
+                    Prediction(
+                        index,
+                        dataset.question_type(index),
+                        sample.question,
+                        sample.answer,
+                        answer,
+                    )
+                )
+            bar.update(len(samples))
+    return RunResult(predictions, stage_times, memory.peak_bytes)
