@@ -31,7 +31,7 @@ EPILOG = """\
 --compare A B: answer the same samples with two configurations and report both accuracies,
 the difference B - A with a 95% interval (Newcombe's paired method) and McNemar's exact
 p-value. A configuration is a comma-separated list of items, each one of
-  a preset        patched, unpatched (the presets of the feature options);
+  a preset        {presets} (the presets of the feature options);
   key=value       a flag of this command without its dashes: model=PATH, or a feature's flag;
   a model         'reference' or a checkpoint folder (anything that is neither of the above).
 Items override the rest of the command line for that configuration only; the data, --limit,
@@ -92,7 +92,7 @@ class EvalCommand:
             "eval",
             help=HELP,
             description=DESCRIPTION,
-            epilog=EPILOG,
+            epilog=EPILOG.format(presets=", ".join(self.registry.presets()) or "none"),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         self._add_configuration_arguments(parser)
@@ -152,23 +152,19 @@ class EvalCommand:
                 except _ConfigurationError as error:
                     parser.error(f"{where}: {error}")
                 named.append((spec, config, f"{where}: --model"))
+        hint = " (give it once, or as model=PATH in each configuration)" if args.compare else ""
         configurations = []
         for label, config, argument in named:
             if config.model is None:
                 parser.error(
-                    f"--model: expected a checkpoint folder or '{REFERENCE}', got none"
-                    + (
-                        " (give it once, or as model=PATH in each configuration)"
-                        if args.compare
-                        else ""
-                    )
+                    f"--model: expected a checkpoint folder or '{REFERENCE}', got none{hint}"
                 )
             path = resolve_model(config.model)
             try:
                 check_checkpoint(path, argument)
             except FileNotFoundError as error:
                 parser.error(str(error))
-            configurations.append(_Configuration(label or config.model, config, path))
+            configurations.append(_Configuration(label, config, path))
         return configurations
 
     def _dataset(self, args: argparse.Namespace) -> EvalDataset:

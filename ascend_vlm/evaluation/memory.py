@@ -4,9 +4,10 @@ Linux keeps each process's RSS high-water mark (``VmHWM`` in ``/proc/self/status
 it to the current RSS when ``5`` is written to ``/proc/self/clear_refs`` (Linux >= 4.0).
 :class:`PeakRSS` resets it on entry and reads it on exit, so the figure is the kernel's own
 peak over the block (every allocation, whichever allocator made it: torch's, Python's,
-libraries'), minus the RSS at entry. It is a host figure: memory that a device allocates
-is not in it. Where ``clear_refs`` cannot be written (not Linux, a locked-down ``/proc``) the
-figure is None.
+libraries'), minus the RSS at entry, to within the kernel's batching of RSS counter
+updates (up to 64 pages per thread and counter, well under 1 MiB). It is a host figure: memory
+that a device allocates is not in it. Where ``clear_refs`` cannot be written (not Linux, a
+locked-down ``/proc``) the figure is None.
 """
 
 from __future__ import annotations
