@@ -17,7 +17,9 @@ All answers are one lowercase word, which a tiny model can emit in a token or tw
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
@@ -36,6 +38,8 @@ QUESTION_TYPES: tuple[str, ...] = ("colour", "shape", "count", "horizontal", "ve
 BACKGROUND: tuple[int, int, int] = (235, 235, 235)
 MIN_IMAGE_SIZE = 32
 SPLITS: tuple[str, ...] = ("train", "eval")
+# Share of the scene space (percent) that only the eval split ever draws.
+EVAL_PERCENT = 20
 
 
 @dataclass(frozen=True)
@@ -163,18 +167,44 @@ def render_scene(seed: int, size: int = 112) -> tuple[Image.Image, list[tuple[st
     return draw_scene(shapes, size), pairs
 
 
-def scene_seed(seed: int, split: str, index: int) -> int:
-    """The scene seed of record ``index`` of ``split``: a 63-bit hash of all three, so train and
-    eval draw from unrelated seed streams."""
-    digest = hashlib.sha256(f"shapes_vqa:{seed}:{split}:{index}".encode()).digest()
+def scene_key(shapes: Sequence[Shape]) -> str:
+    """The canonical description of a scene: canvas side, then every shape's kind, colour,
+    centre and radius in reading order (top-left first). Two scenes draw the same pixels
+    exactly when their keys are equal, whatever order their shapes were listed in."""
+    if not shapes:
+        raise ValueError("shapes: expected at least one shape, got none")
+    ordered = sorted(shapes, key=lambda shape: (shape.cy, shape.cx))
+    parts = [f"{s.kind},{s.colour},{s.cx},{s.cy},{s.radius}" for s in ordered]
+    return f"{shapes[0].canvas}:" + ";".join(parts)
+
+
+def scene_split(shapes: Sequence[Shape]) -> str:
+    """``"eval"`` for about ``EVAL_PERCENT`` % of all scenes, ``"train"`` for the rest.
+
+    The split is a fixed function of the scene itself (a SHA-256 of :func:`scene_key`), not of
+    any dataset seed or size, so no scene of one split can ever be drawn for the other.
+    """
+    digest = hashlib.sha256(f"shapes_vqa-split:{scene_key(shapes)}".encode()).digest()
+    return "eval" if int.from_bytes(digest[:8], "little") % 100 < EVAL_PERCENT else "train"
+
+
+def scene_seed(seed: int, split: str, index: int, attempt: int = 0) -> int:
+    """The ``attempt``-th candidate scene seed of record ``index`` of ``split``: a 63-bit hash
+    of all four, so train and eval draw from unrelated seed streams."""
+    digest = hashlib.sha256(f"shapes_vqa:{seed}:{split}:{index}:{attempt}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
 class ShapesVQA:
     """``size`` ShapesVQA records of ``split`` ("train" or "eval"), deterministic by ``seed``.
 
-    Record ``i`` asks question type ``QUESTION_TYPES[i % 5]`` (so types are balanced) about a
-    randomly chosen shape of scene ``scene_seed(seed, split, i)`` rendered at ``image_size``.
+    Record ``i`` asks question type ``question_types[i % len(question_types)]`` (so types are
+    balanced; all five by default) about a randomly chosen shape of a scene rendered at
+    ``image_size``. The scene is the first of the candidates ``scene_seed(seed, split, i, 0)``,
+    ``scene_seed(seed, split, i, 1)``, ... whose :func:`scene_split` is ``split``: eval scenes
+    are held out by construction, no train record at any seed or size shows one (same shapes,
+    colours, positions and sizes, hence same pixels).
+
     Count questions always see one to four shapes. With ``binding=False`` (the default) the
     colour, shape and position questions see a one-shape scene, so answering needs no search
     for the named shape among others; ``binding=True`` asks them about one-to-four-shape
@@ -191,12 +221,14 @@ class ShapesVQA:
         seed: int = 0,
         image_size: int = 112,
         binding: bool = False,
+        question_types: Sequence[str] = QUESTION_TYPES,
     ):
         if split not in SPLITS:
             raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"size: expected a positive number of records, got {size!r}")
         _check_image_size(image_size, "image_size")
+        self.question_types = check_question_types(question_types)
         self.split = split
         self.size = size
         self.seed = seed
@@ -210,10 +242,31 @@ class ShapesVQA:
         if not -self.size <= index < self.size:
             raise IndexError(f"index: expected in [-{self.size}, {self.size}), got {index}")
         index %= self.size
-        seed = scene_seed(self.seed, self.split, index)
-        question_type = QUESTION_TYPES[index % len(QUESTION_TYPES)]
-        one_shape = question_type != "count" and not self.binding
-        shapes = describe_scene(seed, self.image_size, count=1 if one_shape else None)
-        target = random.Random(seed ^ 0x5EED).randrange(len(shapes))
+        question_type = self.question_types[index % len(self.question_types)]
+        shapes, target = self.scene(index)
         question, answer = question_answer(shapes, question_type, target)
         return VQASample(draw_scene(shapes, self.image_size), question, answer)
+
+    def scene(self, index: int) -> tuple[list[Shape], int]:
+        """The shapes of record ``index`` (in ``[0, size)``) and the index of the one asked
+        about (any of them for a count question)."""
+        question_type = self.question_types[index % len(self.question_types)]
+        one_shape = question_type != "count" and not self.binding
+        for attempt in itertools.count():
+            seed = scene_seed(self.seed, self.split, index, attempt)
+            shapes = describe_scene(seed, self.image_size, count=1 if one_shape else None)
+            if scene_split(shapes) == self.split:
+                return shapes, random.Random(seed ^ 0x5EED).randrange(len(shapes))
+        raise AssertionError("unreachable: itertools.count() never ends")
+
+
+def check_question_types(question_types: Sequence[str], name: str = "question_types") -> tuple:
+    """``question_types`` as a tuple; ``ValueError`` naming ``name`` unless it is a non-empty
+    sequence of distinct names from ``QUESTION_TYPES``."""
+    chosen = tuple(question_types) if not isinstance(question_types, str) else ()
+    unknown = [t for t in chosen if t not in QUESTION_TYPES]
+    if not chosen or unknown or len(set(chosen)) != len(chosen):
+        raise ValueError(
+            f"{name}: expected distinct names from {QUESTION_TYPES}, got {question_types!r}"
+        )
+    return chosen

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+
 import numpy as np
 import pytest
 
 from ascend_vlm.finetune.shapes_vqa import (
     BACKGROUND,
     COLOURS,
+    KINDS,
     QUESTION_TYPES,
+    Shape,
     ShapesVQA,
     describe_scene,
+    draw_scene,
     render_scene,
+    scene_key,
     scene_seed,
+    scene_split,
 )
 
 SEEDS = range(40)
@@ -154,3 +162,75 @@ def test_describe_scene_count_is_checked():
     assert len(describe_scene(5, 56, count=3)) == 3
     with pytest.raises(ValueError, match=r"count: expected None or 1\.\.4 shapes, got 5"):
         describe_scene(5, 56, count=5)
+
+
+def _scenes(dataset: ShapesVQA) -> set[tuple[str, str]]:
+    """(scene key, SHA-256 of the image bytes) of every record of ``dataset``."""
+    scenes = set()
+    for index in range(len(dataset)):
+        key = scene_key(dataset.scene(index)[0])
+        image = dataset[index].image.tobytes()
+        scenes.add((key, hashlib.sha256(image).hexdigest()))
+    return scenes
+
+
+def _shapes_of_key(key: str) -> list[Shape]:
+    """The shapes a :func:`scene_key` names (its inverse)."""
+    canvas, shapes = key.split(":")
+    fields = [part.split(",") for part in shapes.split(";")]
+    return [Shape(k, c, int(x), int(y), int(r), int(canvas)) for k, c, x, y, r in fields]
+
+
+@pytest.mark.parametrize("image_size", [56, 112, 224])
+def test_no_eval_scene_is_ever_drawn_for_training(image_size):
+    evaluation, training = set(), set()
+    for seed, binding in itertools.product(range(3), (False, True)):
+        evaluation |= _scenes(ShapesVQA("eval", 150, seed, image_size, binding))
+        training |= _scenes(ShapesVQA("train", 400, seed + 7, image_size, binding))
+    # 2 x 3 x 550 records; one-shape scenes repeat (there are few), so compare distinct ones.
+    assert len(evaluation) > 100 and len(training) > 400
+    assert not {key for key, _ in evaluation} & {key for key, _ in training}
+    assert not {image for _, image in evaluation} & {image for _, image in training}
+    assert {scene_split(_shapes_of_key(key)) for key, _ in evaluation} == {"eval"}
+
+
+def _one_shape_scenes(size: int) -> list[list[Shape]]:
+    """Every one-shape scene :func:`describe_scene` can draw on a ``size`` canvas."""
+    quarter = size // 4
+    offset = quarter // 3
+    max_radius = quarter - offset - 1
+    scenes = []
+    for kind, colour, quadrant in itertools.product(KINDS, COLOURS, range(4)):
+        right, bottom = quadrant % 2, quadrant // 2
+        cx = right * size // 2 + quarter + (offset if right else -offset)
+        cy = bottom * size // 2 + quarter + (offset if bottom else -offset)
+        for radius in range((3 * max_radius + 3) // 4, max_radius + 1):
+            scenes.append([Shape(kind, colour, cx, cy, radius, size)])
+    return scenes
+
+
+def test_split_predicate_is_a_fixed_function_of_the_scene():
+    scenes = _one_shape_scenes(56)
+    assert len(scenes) == 240
+    # Fixed values: a change of the predicate would move scenes between the splits.
+    assert sum(scene_split(scene) == "eval" for scene in scenes) == 52
+    assert [scene_split(scene) for scene in scenes[:3]] == ["train", "eval", "train"]
+    assert scene_key(scenes[1]) == "56:circle,red,10,10,8"
+    pair = describe_scene(11, 112, count=2)
+    assert scene_key(pair) == scene_key(pair[::-1])
+    assert draw_scene(pair, 112).tobytes() == draw_scene(pair[::-1], 112).tobytes()
+    # A split draws only its own scenes: the records of seed 0 at 56 px cover every one-shape
+    # eval scene and no train scene.
+    drawn = {scene_key(ShapesVQA("eval", 2000, 0, 56).scene(i)[0]) for i in range(2000)}
+    eval_keys = {scene_key(scene) for scene in scenes if scene_split(scene) == "eval"}
+    assert {key for key in drawn if key.count(";") == 0} == eval_keys
+
+
+def test_question_types_choose_the_questions_asked():
+    dataset = ShapesVQA("eval", 6, image_size=56, question_types=("vertical", "count"))
+    questions = [dataset[i].question for i in range(6)]
+    assert [q.startswith("How many") for q in questions] == [False, True] * 3
+    assert all(dataset[i].answer in ("top", "bottom") for i in (0, 2, 4))
+    for bad in ((), ("vertical", "vertical"), ("size",), "count"):
+        with pytest.raises(ValueError, match="question_types: expected distinct names"):
+            ShapesVQA(question_types=bad)
