@@ -181,7 +181,8 @@ def build_default_model(output_dir: str | os.PathLike, *, seed: int = 0) -> Path
     return output_dir
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """Where built checkpoints are kept: ``$ASCEND_VLM_CACHE``, default ``~/.cache/ascend_vlm``."""
     return Path(os.environ.get("ASCEND_VLM_CACHE", Path.home() / ".cache" / "ascend_vlm"))
 
 
@@ -191,7 +192,7 @@ def default_model_path(*, seed: int = 0) -> Path:
     The build goes to a temporary sibling directory that is renamed into place, so concurrent
     callers (e.g. several torchrun ranks) never see a half-written checkpoint.
     """
-    target = _cache_root() / f"{DEFAULT_MODEL_NAME}-seed{seed}"
+    target = cache_root() / f"{DEFAULT_MODEL_NAME}-seed{seed}"
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

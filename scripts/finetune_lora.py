@@ -1,6 +1,6 @@
 """LoRA fine-tuning of a Hugging Face VLM, one process per device.
 
-    torchrun --nproc_per_node=2 scripts/finetune_lora.py                 # ShapesVQA, tiny model
+    torchrun --nproc_per_node=2 scripts/finetune_lora.py                 # ShapesVQA, reference
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d \\
         --rdzv-endpoint=HOST:29500 scripts/finetune_lora.py --model-path /models/Qwen2-VL-2B
     python scripts/finetune_lora.py --max-steps 20                       # single process
@@ -21,18 +21,15 @@ from typing import IO, NoReturn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ascend_vlm.finetune.data import BAD_RECORD_POLICIES
-from ascend_vlm.finetune.train import (
-    COMM_HOOKS,
-    DEFAULT_MODEL_BASE_TRAIN_STEPS,
-    TrainConfig,
-    train,
-)
+from ascend_vlm.finetune.reference_model import HELD_OUT_SKILL
+from ascend_vlm.finetune.train import COMM_HOOKS, DTYPES, TrainConfig, train
 
 EPILOG = f"""\
-With the embedded tiny model (no --model-path) a run has two phases: {DEFAULT_MODEL_BASE_TRAIN_STEPS}
-full-parameter base steps (--base-train-steps, saved in OUTPUT_DIR/base/model), then
-{TrainConfig.max_steps} LoRA steps (--max-steps) on that base. --resume latest continues a run;
-it refuses changed settings other than run control and a phase's step count.
+Without --model-path the base is the reference checkpoint (python -m ascend_vlm reference-model,
+built on first use by a single-process run), trained without ShapesVQA's {HELD_OUT_SKILL!r}
+questions; the default run teaches them in {TrainConfig.max_steps} LoRA steps and prints the
+held-out accuracy per question type before and after. --resume latest continues a run; it
+refuses changed settings other than run control and the step count.
 """
 
 
@@ -84,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         parser.add_argument(*flags, help=help, **kwargs)
 
     add("--output-dir", help="checkpoints, metrics, final adapter")
-    add("--model-path", help="local from_pretrained folder (default: the embedded tiny model)")
+    add("--model-path", help="local from_pretrained folder (default: the reference checkpoint)")
     add("--train-data", help="JSONL of VQA / LLaVA records (default: ShapesVQA)")
     add("--eval-data", help="JSONL for the final eval (default: ShapesVQA eval)")
     add("--train-size", type=int, help="ShapesVQA train records")
@@ -95,6 +92,12 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         "--shapes-binding",
         action="store_true",
         help="ShapesVQA: ask colour/shape/position about 1-4-shape scenes (harder)",
+    )
+    add("--question-types", help="comma-separated ShapesVQA question types trained on")
+    add("--eval-question-types", help="ShapesVQA question types of the final eval_accuracy")
+    add(
+        "--report-question-types",
+        help="ShapesVQA types whose held-out accuracy is printed before and after ('' for none)",
     )
     add(
         "--on-bad-record",
@@ -124,14 +127,12 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         help="comma-separated modules trained in full and saved with the adapter ('' for none)",
     )
     add("--full-finetune", action="store_true", help="train every weight instead of LoRA")
+    add("--dtype", choices=tuple(DTYPES), help="weight dtype to load, train and save in")
     add(
-        "--base-train-steps",
-        type=int,
-        default=None,  # resolved by TrainConfig from --model-path
-        help="full-parameter base-training steps before LoRA (default: "
-        f"{DEFAULT_MODEL_BASE_TRAIN_STEPS} for the tiny default model, 0 with --model-path)",
+        "--save-merged",
+        metavar="DIR",
+        help="also save base + LoRA merged (merge_and_unload) as a plain from_pretrained folder",
     )
-    add("--base-learning-rate", type=float, help="peak learning rate of the base phase")
     add("--save-every", type=int, help="checkpoint period (steps)")
     add("--resume", help="checkpoint directory or 'latest' (default: start a new run)")
     add("--stop-after-steps", type=int, help="stop early (simulates a crash)")
@@ -145,7 +146,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add("--max-new-tokens", type=int, help="answer tokens generated per eval sample")
     add("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
     values = vars(parser.parse_args(argv))
-    for name in ("lora_targets", "modules_to_save"):
+    sequences = ("question_types", "eval_question_types", "report_question_types")
+    for name in ("lora_targets", "modules_to_save", *sequences):
         values[name] = tuple(part.strip() for part in values[name].split(",") if part.strip())
     return TrainConfig(**values)
 

@@ -4,13 +4,13 @@ A run saves its settings as ``<output_dir>/train_config.json`` when it starts. R
 the new settings against that file, one setting at a time:
 
 * run control (``RUN_CONTROL``: where to resume from, when to stop early, the checkpoint period,
-  the progress bar, the final evaluation's data and batch, ``patch`` and ``comm_hook``, which
-  give the same gradients either way) may change freely;
-* a phase's step count (``STEP_COUNTS``: ``max_steps`` for the LoRA phase, ``base_train_steps``
-  for the base phase) may change to any count not below the steps that phase has already
-  trained: training continues to the new count (a finished LoRA phase too, replacing its
+  the progress bar, the final evaluation's data, question types and batch, the per-type report,
+  the merged copy, ``patch`` and ``comm_hook``, which give the same gradients either way) may
+  change freely;
+* the step count (``STEP_COUNTS``: ``max_steps``) may change to any count not below the steps
+  already trained: training continues to the new count (a finished run too, replacing its
   adapter at the end; its checkpoints stay), and the learning-rate schedule is recomputed to
-  end there. A finished base phase is fixed: the LoRA phase was trained on it;
+  end there;
 * every other setting defines which weights are trained and their shapes, the data and its
   order, or the optimizer and schedule of the steps already taken; a change is refused, naming
   the setting, and the saved file is left as it is.
@@ -31,22 +31,32 @@ RUN_CONTROL = frozenset(
         "progress",
         "eval_data",
         "eval_size",
+        "eval_question_types",
+        "report_question_types",
+        "save_merged",
         "eval_batch_size",
         "max_new_tokens",
         "patch",
         "comm_hook",
     }
 )
-STEP_COUNTS = {"max_steps": "the LoRA phase", "base_train_steps": "the base phase"}
+STEP_COUNTS = {"max_steps": "the LoRA phase"}
 # Why a fixed setting cannot change under a saved run; settings not listed define the model.
-_DATA = ("train_data", "train_size", "data_seed", "image_size", "shapes_binding", "on_bad_record")
+_DATA = (
+    "train_data",
+    "train_size",
+    "data_seed",
+    "image_size",
+    "shapes_binding",
+    "question_types",
+    "on_bad_record",
+)
 _ORDER = ("batch_size", "grad_accum", "seed")
 _OPTIMIZER = (
     "learning_rate",
     "weight_decay",
     "warmup_steps",
     "max_grad_norm",
-    "base_learning_rate",
 )
 _REASONS = {
     **dict.fromkeys(_DATA, "the saved data position indexes this training set"),
@@ -74,8 +84,8 @@ def check_resume(
     """Compare ``requested`` settings with the ``saved`` ones of the run being resumed.
 
     Both map field names to JSON values (lists for sequences); a field missing from either side
-    is not compared. ``trained`` maps each ``STEP_COUNTS`` name to the steps its phase has
-    trained, or None when that phase has finished. Returns one log line per accepted change of
+    is not compared. ``trained`` maps each ``STEP_COUNTS`` name to the steps already trained.
+    Returns one log line per accepted change of
     a step count. Raises :class:`ResumeError` naming every refused setting with its saved and
     requested value (``config_path`` names the saved file in the message).
     """
@@ -85,14 +95,9 @@ def check_resume(
         if old == new or name in RUN_CONTROL:
             continue
         if name in STEP_COUNTS:
-            done = trained.get(name)
+            done = trained[name]
             phase = STEP_COUNTS[name]
-            if done is None:
-                refused.append(
-                    f"{flag(name)}: saved {old!r}, got {new!r}; {phase} of the saved run has "
-                    f"finished, so its step count is fixed"
-                )
-            elif new < done:
+            if new < done:
                 refused.append(
                     f"{flag(name)}: saved {old!r}, got {new!r}; expected at least {done}, the "
                     f"steps {phase} has already trained (a larger count continues training)"

@@ -23,9 +23,11 @@ lr 0 whenever W > 0, a step that updates AdamW's moments but not the weights.) T
 function of the step alone: a resumed run picks it up at its step, and a run resumed with a
 larger ``max_steps`` follows the curve for the new count.
 
-With the random tiny default model a full-parameter base phase runs first (see
-:func:`base_phase_config`): LoRA on random weights cannot learn ShapesVQA, so the base is
-trained into a ShapesVQA-capable model that LoRA then adapts.
+Without ``model_path`` the base is the reference checkpoint
+(:func:`ascend_vlm.finetune.reference_model.reference_model_path`, built on first use in a
+single process), which never saw ShapesVQA's ``vertical`` questions; the default settings
+teach that skill with LoRA and report the held-out accuracy of every question type before and
+after (``report_question_types``).
 
 A run writes its settings to ``<output_dir>/train_config.json``; resuming checks the new
 settings against them (:mod:`ascend_vlm.finetune.resume`).
@@ -64,7 +66,7 @@ from ascend_vlm.finetune.data import (
 )
 from ascend_vlm.finetune.model_card import model_card
 from ascend_vlm.finetune.resume import CONFIG_FILE, ResumeError, check_resume
-from ascend_vlm.finetune.shapes_vqa import ShapesVQA
+from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA, check_question_types
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +79,8 @@ COMM_HOOKS = ("sparse", "none")
 METRICS_FILE = "metrics.jsonl"
 FINAL_ADAPTER = "adapter"
 FINAL_MODEL = "model"
-BASE_PHASE_DIR = "base"
-# Full-parameter steps run before LoRA when the base is the random tiny default model.
-DEFAULT_MODEL_BASE_TRAIN_STEPS = 3000
+# Weight dtypes a run can load, train and save the model in.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -93,8 +94,11 @@ class TrainConfig:
     train_size: int = 8000
     eval_size: int = 200
     data_seed: int = 0
-    image_size: int = 56
+    image_size: int = 224
     shapes_binding: bool = False
+    question_types: Sequence[str] = QUESTION_TYPES
+    eval_question_types: Sequence[str] = ("vertical",)
+    report_question_types: Sequence[str] = QUESTION_TYPES
     on_bad_record: str = "skip"
     max_steps: int = 300
     batch_size: int = 16
@@ -112,8 +116,8 @@ class TrainConfig:
     lora_projector: bool = False
     modules_to_save: Sequence[str] = ("lm_head",)
     full_finetune: bool = False
-    base_train_steps: int | None = None
-    base_learning_rate: float = 5e-4
+    dtype: str = "fp32"
+    save_merged: str | None = None
     save_every: int = 200
     resume: str | None = None
     stop_after_steps: int | None = None
@@ -126,7 +130,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # Absolute paths: the saved adapter names its base by a path that loads from anywhere,
         # and a run resumed from another directory compares equal settings as equal.
-        for name in ("model_path", "train_data", "eval_data"):
+        for name in ("model_path", "train_data", "eval_data", "save_merged"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, os.path.abspath(value))
@@ -135,18 +139,27 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        self.question_types = check_question_types(self.question_types)
+        self.eval_question_types = check_question_types(
+            self.eval_question_types, "eval_question_types"
+        )
+        if self.report_question_types:
+            self.report_question_types = check_question_types(
+                self.report_question_types, "report_question_types"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.save_merged is not None and self.full_finetune:
+            raise ValueError(
+                "save_merged: expected only with LoRA (a full fine-tune saves the whole model "
+                f"in <output_dir>/{FINAL_MODEL} already), got full_finetune=True"
+            )
         if self.comm_hook not in COMM_HOOKS:
             raise ValueError(f"comm_hook: expected one of {COMM_HOOKS}, got {self.comm_hook!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate: expected > 0, got {self.learning_rate}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: expected an int >= 0, got {self.warmup_steps!r}")
-        if self.base_train_steps is None:  # only the random default model needs a base phase
-            self.base_train_steps = DEFAULT_MODEL_BASE_TRAIN_STEPS if self.model_path is None else 0
-        if not isinstance(self.base_train_steps, int) or self.base_train_steps < 0:
-            raise ValueError(
-                f"base_train_steps: expected an int >= 0, got {self.base_train_steps!r}"
-            )
 
 
 @dataclass(frozen=True)
@@ -251,23 +264,30 @@ def lora_target_modules(
     return names
 
 
-def load_base_model(model_path: str | None, device: torch.device) -> tuple[Any, Any]:
-    """``(model, processor)`` from a local ``from_pretrained`` path, or the default tiny model."""
-    from ascend_vlm.default_model import load_default_model, load_processor
+def base_model_path(model_path: str | None, placement: ProcessPlacement) -> str:
+    """``model_path``, or for None the reference checkpoint: built on first use when this is
+    the only process, else it must exist (a torchrun job cannot host the one-process build)."""
+    if model_path is not None:
+        return model_path
+    from ascend_vlm.finetune.reference_model import reference_model_path
 
-    if model_path is None:
-        model, processor = load_default_model()
-    else:
-        from transformers import AutoModelForImageTextToText
+    return str(reference_model_path(build=placement.world_size == 1))
 
-        if not (Path(model_path) / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model_path: expected a local checkpoint folder with config.json, "
-                f"got {model_path!r}"
-            )
-        model = AutoModelForImageTextToText.from_pretrained(model_path)
-        processor = load_processor(model_path)
-    return model.to(device), processor
+
+def load_base_model(
+    model_path: str, device: torch.device, dtype: torch.dtype = torch.float32
+) -> tuple[Any, Any]:
+    """``(model, processor)`` from a local ``from_pretrained`` folder, weights in ``dtype``."""
+    from transformers import AutoModelForImageTextToText
+
+    from ascend_vlm.default_model import load_processor
+
+    if not (Path(model_path) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model_path: expected a local checkpoint folder with config.json, got {model_path!r}"
+        )
+    model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype)
+    return model.to(device), load_processor(model_path)
 
 
 def apply_ascend_patch(model: torch.nn.Module, enabled: bool) -> str:
@@ -290,13 +310,23 @@ def build_samples(config: TrainConfig) -> tuple[Sequence[VQASample], Sequence[VQ
         train = JsonlVQA(config.train_data, config.on_bad_record)
     else:
         train = ShapesVQA(
-            "train", config.train_size, config.data_seed, config.image_size, config.shapes_binding
+            "train",
+            config.train_size,
+            config.data_seed,
+            config.image_size,
+            config.shapes_binding,
+            config.question_types,
         )
     if config.eval_data is not None:
         evaluation = JsonlVQA(config.eval_data, config.on_bad_record)
     else:
         evaluation = ShapesVQA(
-            "eval", config.eval_size, config.data_seed, config.image_size, config.shapes_binding
+            "eval",
+            config.eval_size,
+            config.data_seed,
+            config.image_size,
+            config.shapes_binding,
+            config.eval_question_types,
         )
     return train, evaluation
 
@@ -442,6 +472,36 @@ def evaluate(
     return total_correct / total
 
 
+def accuracy_per_type(
+    model: Any,
+    processor: Any,
+    config: TrainConfig,
+    placement: ProcessPlacement,
+    question_types: Sequence[str],
+) -> dict[str, float]:
+    """Held-out accuracy per ShapesVQA question type: :func:`evaluate` on ``config.eval_size``
+    records of the eval split asking only that type (``data_seed``, ``image_size``,
+    ``shapes_binding`` of ``config``)."""
+    return {
+        question_type: evaluate(
+            model,
+            processor,
+            ShapesVQA(
+                "eval",
+                config.eval_size,
+                config.data_seed,
+                config.image_size,
+                config.shapes_binding,
+                (question_type,),
+            ),
+            placement,
+            config.eval_batch_size,
+            config.max_new_tokens,
+        )
+        for question_type in question_types
+    }
+
+
 class MetricsLog:
     """Rank 0's JSON-lines metrics file, one object per optimizer step."""
 
@@ -459,6 +519,15 @@ class MetricsLog:
             if line.strip() and json.loads(line).get("step", 0) <= step
         ]
         checkpoint.atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
+
+    def read_first(self, key: str) -> Any:
+        """The value of ``key`` in the first record holding it, or None (also off rank 0)."""
+        if not self.enabled or not self.path.is_file():
+            return None
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            if line.strip() and key in (record := json.loads(line)):
+                return record[key]
+        return None
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
@@ -498,12 +567,6 @@ def train(config: TrainConfig) -> TrainResult:
     """
     try:
         _settle_run_config(config, init_process_placement())
-        if config.base_train_steps > 0 and not config.full_finetune:
-            base_config = base_phase_config(config)
-            base_model = Path(base_config.output_dir) / FINAL_MODEL
-            if not (base_model / "config.json").is_file():
-                _train(_without_missing_latest(base_config))
-            config = dataclasses.replace(config, model_path=str(base_model), base_train_steps=0)
         return _train(_without_missing_latest(config))
     finally:
         if dist.is_initialized():
@@ -537,14 +600,8 @@ def _settle_run_config(config: TrainConfig, placement: ProcessPlacement) -> None
 
 
 def _trained_steps(config: TrainConfig) -> dict[str, int | None]:
-    """Steps each phase of the saved run has trained; None for a base phase that finished
-    (its model exists, or the LoRA phase has started on it)."""
-    lora_steps = _checkpoint_step(config.output_dir, config.resume)
-    base_dir = Path(config.output_dir) / BASE_PHASE_DIR
-    base_steps = None
-    if lora_steps == 0 and not (base_dir / FINAL_MODEL / "config.json").is_file():
-        base_steps = _checkpoint_step(base_dir, "latest")
-    return {"max_steps": lora_steps, "base_train_steps": base_steps}
+    """Steps the saved run has trained."""
+    return {"max_steps": _checkpoint_step(config.output_dir, config.resume)}
 
 
 def _checkpoint_step(output_dir: str | Path, resume: str) -> int:
@@ -560,29 +617,6 @@ def _without_missing_latest(config: TrainConfig) -> TrainConfig:
         return config
     logger.warning("resume=latest: no checkpoint under %s yet; starting fresh", config.output_dir)
     return dataclasses.replace(config, resume=None)
-
-
-def base_phase_config(config: TrainConfig) -> TrainConfig:
-    """The full-parameter base-training phase that runs before LoRA when ``base_train_steps``.
-
-    It trains every weight of ``config.model_path`` (the tiny random model by default) for
-    ``base_train_steps`` steps at ``base_learning_rate`` on a disjoint ShapesVQA seed
-    (``data_seed + 1``), in ``<output_dir>/base``, and leaves a ``from_pretrained`` folder in
-    ``<output_dir>/base/model`` that the LoRA phase then adapts. It resumes from its own latest
-    checkpoint when the run is resumed.
-    """
-    base_dir = Path(config.output_dir) / BASE_PHASE_DIR
-    return dataclasses.replace(
-        config,
-        output_dir=str(base_dir),
-        full_finetune=True,
-        base_train_steps=0,
-        max_steps=config.base_train_steps,
-        learning_rate=config.base_learning_rate,
-        data_seed=config.data_seed + 1,
-        resume="latest" if config.resume is not None else None,
-        stop_after_steps=None,
-    )
 
 
 def _with_trainable_weights(model: Any, config: TrainConfig) -> tuple[Any, int]:
@@ -614,7 +648,8 @@ def _train(config: TrainConfig) -> TrainResult:
         output_dir.mkdir(parents=True, exist_ok=True)
     # Same seed on every rank while building: identical LoRA init everywhere.
     seed_everything(config.seed)
-    model, processor = load_base_model(config.model_path, placement.device)
+    base_path = base_model_path(config.model_path, placement)
+    model, processor = load_base_model(base_path, placement.device, DTYPES[config.dtype])
     patch_note = apply_ascend_patch(model, config.patch)
     model, lora_targets = _with_trainable_weights(model, config)
     train_samples, eval_samples = build_samples(config)
@@ -637,6 +672,12 @@ def _train(config: TrainConfig) -> TrainResult:
     else:
         seed_everything(config.seed + placement.rank)
         metrics.truncate_after(0)
+
+    # The base's held-out accuracy per type, measured once per run (LoRA starts as a no-op).
+    report = config.report_question_types if config.eval_data is None else ()
+    if report and config.resume is None:
+        before = accuracy_per_type(model, processor, config, placement, report)
+        metrics.write({"step": 0, "accuracy_before": before})
 
     ddp_model = model
     hook_state = None
@@ -730,12 +771,20 @@ def _train(config: TrainConfig) -> TrainResult:
     if step < config.max_steps:  # stopped early on purpose: no final adapter, no eval
         return result
     final = _save_final(model, processor, output_dir, config.full_finetune, placement)
+    if report:
+        after = accuracy_per_type(model, processor, config, placement, report)
+        metrics.write({"step": step, "accuracy_after": after})
+        if placement.is_main:
+            print(_accuracy_table(metrics.read_first("accuracy_before"), after), flush=True)
     result.eval_accuracy = evaluate(
         model, processor, eval_samples, placement, config.eval_batch_size, config.max_new_tokens
     )
     metrics.write({"step": step, "eval_accuracy": result.eval_accuracy})
+    if config.save_merged is not None and placement.is_main:
+        save_merged(base_path, final, config.save_merged, DTYPES[config.dtype])
+    placement.barrier()
     if placement.is_main:
-        base_path, base_description = _base_model_identity(config)
+        base_description = _base_model_description(config, base_path)
         card = model_card(
             config,
             result,
@@ -749,24 +798,56 @@ def _train(config: TrainConfig) -> TrainResult:
     return result
 
 
-def _base_model_identity(config: TrainConfig) -> tuple[str, str]:
-    """The base model's absolute path and a sentence saying what it is, for the model card."""
-    from ascend_vlm.default_model import DEFAULT_MODEL_NAME, default_model_path
+def _accuracy_table(before: dict[str, float] | None, after: dict[str, float]) -> str:
+    """Held-out accuracy per question type before and after training, one row per type."""
+    lines = ["held-out accuracy   before    after"]
+    for question_type, value in after.items():
+        old = f"{before[question_type]:.4f}" if before and question_type in before else "   n/a"
+        lines.append(f"{question_type:<18}  {old}   {value:.4f}")
+    return "\n".join(lines)
 
+
+def save_merged(
+    base_path: str | os.PathLike,
+    adapter: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Merge the LoRA ``adapter`` folder into the ``base_path`` checkpoint and save the result
+    to ``out_dir`` as a plain ``from_pretrained`` checkpoint: ``model.safetensors`` (weights in
+    ``dtype``), tokenizer and processor config of the base.
+
+    The base loads in fp32 and PEFT's ``merge_and_unload`` adds ``scale * B @ A`` to each
+    adapted weight once, in fp32, before the cast to ``dtype``; ``modules_to_save`` copies
+    replace their originals. Written to a staging sibling and renamed into place; returns
+    ``out_dir``.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    from ascend_vlm.default_model import load_processor
+
+    out_dir = Path(out_dir)
+    base = AutoModelForImageTextToText.from_pretrained(base_path, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    staging = out_dir.parent / f".{out_dir.name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    merged.to(dtype).save_pretrained(staging, safe_serialization=True)
+    load_processor(base_path).save_pretrained(staging)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(staging, out_dir)
+    return out_dir
+
+
+def _base_model_description(config: TrainConfig, base_path: str) -> str:
+    """A sentence saying what the base model at ``base_path`` is, for the model card."""
     if config.model_path is None:
-        path = str(default_model_path())
-        return path, (
-            f"The embedded default model `{DEFAULT_MODEL_NAME}` (tiny Qwen2-VL architecture, "
-            f"random weights from seed 0) at `{path}`; `ascend_vlm.default_model."
-            f"default_model_path()` rebuilds it identically on any machine."
+        return (
+            f"The reference checkpoint at `{base_path}` (tiny Qwen2-VL trained on ShapesVQA "
+            f"without its vertical questions); `python -m ascend_vlm reference-model` rebuilds "
+            f"it."
         )
-    base_phase = Path(os.path.abspath(config.output_dir)) / BASE_PHASE_DIR / FINAL_MODEL
-    if Path(config.model_path) == base_phase:
-        return config.model_path, (
-            f"`{config.model_path}`: the embedded default model after this run's full-parameter "
-            f"base phase (the README.md there says how it was trained)."
-        )
-    return config.model_path, f"`{config.model_path}`."
+    return f"`{base_path}`."
 
 
 def _progress_bar(config: TrainConfig, placement: ProcessPlacement, initial: int) -> Any:

@@ -30,9 +30,12 @@ def test_help_shows_the_defaults_on_rank_zero(cli, monkeypatch, capsys):
     for expected in (
         "--max-steps MAX_STEPS optimizer steps of LoRA (default: 300)",
         "--batch-size BATCH_SIZE samples per rank per micro (default: 16)",
-        "(default: 3000 for the tiny default model, 0 with --model-path)",
-        "a run has two phases: 3000 full-parameter base steps (--base-train-steps, saved in "
-        "OUTPUT_DIR/base/model), then 300 LoRA steps (--max-steps) on that base.",
+        "--model-path MODEL_PATH local from_pretrained folder (default: the reference checkpoint)",
+        "--eval-question-types EVAL_QUESTION_TYPES ShapesVQA question types of the final "
+        "eval_accuracy (default: vertical)",
+        "--dtype {fp32,bf16} weight dtype to load, train and save in (default: fp32)",
+        "trained without ShapesVQA's 'vertical' questions; the default run teaches them in 300 "
+        "LoRA steps and prints the held-out accuracy per question type before and after.",
         "--output-dir OUTPUT_DIR checkpoints, metrics, final adapter (default: finetune_output)",
     ):
         assert expected in text

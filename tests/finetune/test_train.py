@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from ascend_vlm.default_model import default_model_path
 from ascend_vlm.finetune.data import BadRecordError, EncodedDataset, collate, pad_token_id_of
 from ascend_vlm.finetune.resume import ResumeError
 from ascend_vlm.finetune.shapes_vqa import ShapesVQA
@@ -25,6 +26,7 @@ from ascend_vlm.finetune.train import (
     TrainConfig,
     lora_target_modules,
     model_inputs,
+    save_merged,
     scheduled_lr,
     train,
 )
@@ -41,7 +43,8 @@ COMMON = [
     "--batch-size=2",
     "--no-progress",
     "--no-patch",
-    "--base-train-steps=0",
+    "--image-size=56",
+    "--report-question-types=",
 ]
 
 
@@ -52,8 +55,9 @@ def _run(output_dir: Path, nproc: int, *extra: str) -> str:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
+    model = f"--model-path={default_model_path()}"  # the random tiny model, not the reference
     done = subprocess.run(
-        [*launcher, str(SCRIPT), f"--output-dir={output_dir}", *COMMON, *extra],
+        [*launcher, str(SCRIPT), f"--output-dir={output_dir}", model, *COMMON, *extra],
         capture_output=True,
         text=True,
         env=env,
@@ -73,16 +77,19 @@ def _losses(output_dir: Path) -> dict[int, float]:
 
 
 def _tiny_config(output_dir: Path, **overrides) -> TrainConfig:
-    """An in-process run of a few steps on a small ShapesVQA slice, no base phase."""
+    """An in-process LoRA run of a few steps of the random tiny model on a small ShapesVQA
+    slice, without the per-type report."""
     settings = {
         "output_dir": str(output_dir),
+        "model_path": str(default_model_path()),
+        "image_size": 56,
+        "report_question_types": (),
         "train_size": 16,
         "eval_size": 4,
         "max_steps": 3,
         "warmup_steps": 1,
         "batch_size": 4,
         "learning_rate": 5e-3,
-        "base_train_steps": 0,
         "patch": False,
         "progress": False,
     }
@@ -135,26 +142,91 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_losses(two_rank_run, 
     assert _losses(crashed) == _losses(uninterrupted)
 
 
-@pytest.mark.slow
-def test_saved_adapter_reloads_with_plain_peft_and_gives_the_same_logits(tmp_path, processor):
-    from peft import PeftModel
-    from transformers import Qwen2VLForConditionalGeneration
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A tiny LoRA run with the per-type report and a merged copy; its stdout."""
+    run = tmp_path_factory.mktemp("lora")
+    config = _tiny_config(
+        run,
+        report_question_types=("count", "vertical"),
+        save_merged=str(run / "merged"),
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        lines = []
+        patch.setattr("builtins.print", lambda text, **_: lines.append(str(text)))
+        result = train(config)
+    return run, result, "\n".join(lines)
 
-    from ascend_vlm.default_model import default_model_path
 
-    result = train(_tiny_config(tmp_path))
-    assert 0.0 <= result.eval_accuracy <= 1.0
+def _eval_inputs(processor) -> dict[str, torch.Tensor]:
     eval_set = EncodedDataset(ShapesVQA("eval", 4, image_size=56), processor)
     batch = collate([eval_set[i] for i in range(4)], pad_token_id_of(processor))
-    inputs = model_inputs(batch, torch.device("cpu"))
+    return model_inputs(batch, torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_saved_adapter_and_merged_copy_reload_with_plain_libraries(lora_run, processor):
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText, Qwen2VLForConditionalGeneration
+
+    from ascend_vlm.default_model import load_processor
+
+    run, result, _ = lora_run
+    inputs = _eval_inputs(processor)
     base = Qwen2VLForConditionalGeneration.from_pretrained(default_model_path())
     with torch.no_grad():
         base_logits = base(**inputs).logits
-        reloaded = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+        adapted = PeftModel.from_pretrained(base, run / "adapter").eval()
         expected = result.model.eval()(**inputs).logits
-        actual = reloaded(**inputs).logits
+        actual = adapted(**inputs).logits
+        merged = AutoModelForImageTextToText.from_pretrained(run / "merged").eval()
+        merged_logits = merged(**inputs).logits
+        merged_in_memory = adapted.merge_and_unload()(**inputs).logits
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
     assert not torch.allclose(actual, base_logits, atol=1e-3)
+    # Saving and reloading the merge loses nothing: bit-identical to PEFT's own merge.
+    assert torch.equal(merged_logits, merged_in_memory)
+    # The adapter computes x W^T + s (x A^T) B^T, the merge x (W + s B A)^T: the same sum
+    # rounded in another order in fp32, so most logits differ in their last bits; the bound is
+    # 8 fp32 epsilons of the largest logit (a few units in the last place).
+    bound = 8 * torch.finfo(torch.float32).eps * actual.abs().max()
+    assert 0 < (merged_logits - actual).abs().max() <= bound
+    assert load_processor(run / "merged").image_processor.size.longest_edge == 112 * 112
+    assert (run / "merged" / "tokenizer.json").is_file()
+
+
+@pytest.mark.slow
+def test_merged_copy_is_saved_in_the_requested_dtype(lora_run, tmp_path):
+    from safetensors.torch import load_file
+
+    run, _, _ = lora_run
+    save_merged(default_model_path(), run / "adapter", tmp_path / "bf16", torch.bfloat16)
+    fp32 = load_file(run / "merged" / "model.safetensors")
+    bf16 = load_file(tmp_path / "bf16" / "model.safetensors")
+    assert sorted(bf16) == sorted(fp32)
+    assert {t.dtype for t in bf16.values()} == {torch.bfloat16}
+    assert all(torch.equal(bf16[k], fp32[k].to(torch.bfloat16)) for k in fp32)
+
+
+@pytest.mark.slow
+def test_held_out_accuracy_per_type_is_reported_before_and_after(lora_run):
+    run, result, stdout = lora_run
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    before = next(r for r in records if "accuracy_before" in r)
+    after = next(r for r in records if "accuracy_after" in r)
+    assert (before["step"], after["step"]) == (0, 3)
+    assert list(before["accuracy_before"]) == list(after["accuracy_after"]) == ["count", "vertical"]
+    lines = stdout.splitlines()
+    assert lines[0] == "held-out accuracy   before    after"
+    assert lines[1].split() == [
+        "count",
+        f"{before['accuracy_before']['count']:.4f}",
+        f"{after['accuracy_after']['count']:.4f}",
+    ]
+    assert lines[2].split()[0] == "vertical"
+    assert lines[-1] == f"eval_accuracy: {result.eval_accuracy:.4f}"
+    # The final eval asks the taught skill only (vertical by default): top or bottom.
+    assert after["accuracy_after"]["vertical"] == result.eval_accuracy
 
 
 def test_bad_training_record_fails_fast_with_its_number(tmp_path):
@@ -190,6 +262,9 @@ def test_lora_targets_split_language_vision_and_projector(processor):
         ("max_steps", 0, "max_steps: expected a positive int"),
         ("comm_hook", "dense", "comm_hook: expected one of"),
         ("warmup_steps", -1, "warmup_steps: expected an int >= 0"),
+        ("dtype", "fp16", "dtype: expected one of \\('fp32', 'bf16'\\), got 'fp16'"),
+        ("eval_question_types", ("up",), "eval_question_types: expected distinct names"),
+        ("report_question_types", ("up",), "report_question_types: expected distinct names"),
     ],
 )
 def test_bad_config_values_are_named(field, value, message):
@@ -197,26 +272,19 @@ def test_bad_config_values_are_named(field, value, message):
         TrainConfig(**{field: value})
 
 
-@pytest.mark.slow
-def test_base_phase_trains_the_full_model_then_lora_adapts_it(tmp_path):
-    from safetensors.torch import load_file
+def test_a_merged_copy_needs_lora():
+    with pytest.raises(ValueError, match="save_merged: expected only with LoRA"):
+        TrainConfig(full_finetune=True, save_merged="merged")
 
-    from ascend_vlm.default_model import default_model_path
 
-    result = train(
-        _tiny_config(tmp_path, train_size=8, eval_size=2, max_steps=1, base_train_steps=2)
-    )
-    base_model = tmp_path / "base" / "model"
-    trained = load_file(base_model / "model.safetensors")
-    random_init = load_file(default_model_path() / "model.safetensors")
-    changed = [k for k in random_init if not torch.equal(trained[k], random_init[k])]
-    assert len(changed) == len(random_init)  # every weight trained, vision tower included
-    assert (base_model / "tokenizer.json").is_file()
-    adapter_config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert adapter_config["base_model_name_or_path"] == str(base_model)
-    assert sorted(_losses(tmp_path / "base")) == [1, 2]
-    assert sorted(_losses(tmp_path)) == [1]
-    assert 0.0 <= result.eval_accuracy <= 1.0
+def test_without_a_model_path_a_torchrun_job_needs_the_built_reference(tmp_path, monkeypatch):
+    from ascend_vlm.finetune.train import Runtime, base_model_path
+
+    monkeypatch.setenv("ASCEND_VLM_CACHE", str(tmp_path))
+    two_ranks = Runtime(0, 0, 2, torch.device("cpu"), None)
+    assert base_model_path("/models/mine", two_ranks) == "/models/mine"
+    with pytest.raises(FileNotFoundError, match="python -m ascend_vlm reference-model"):
+        base_model_path(None, two_ranks)
 
 
 def test_learning_rate_warms_up_from_a_nonzero_first_step_and_decays_past_the_last():
@@ -258,8 +326,6 @@ def stopped_run(tmp_path_factory):
     """A run of 3 steps stopped after 2 (checkpoint every step), launched from its own folder
     with a relative --model-path (a link to the default model)."""
     root = tmp_path_factory.mktemp("stopped")
-    from ascend_vlm.default_model import default_model_path
-
     (root / "base").symlink_to(default_model_path(), target_is_directory=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
