@@ -100,7 +100,7 @@ class TrainConfig:
     eval_question_types: Sequence[str] = ("vertical",)
     report_question_types: Sequence[str] = QUESTION_TYPES
     on_bad_record: str = "skip"
-    max_steps: int = 300
+    max_steps: int = 1200
     batch_size: int = 16
     grad_accum: int = 1
     learning_rate: float = 1e-3

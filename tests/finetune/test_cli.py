@@ -28,13 +28,13 @@ def test_help_shows_the_defaults_on_rank_zero(cli, monkeypatch, capsys):
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at any width
     for expected in (
-        "--max-steps MAX_STEPS optimizer steps of LoRA (default: 300)",
+        "--max-steps MAX_STEPS optimizer steps of LoRA (default: 1200)",
         "--batch-size BATCH_SIZE samples per rank per micro (default: 16)",
         "--model-path MODEL_PATH local from_pretrained folder (default: the reference checkpoint)",
         "--eval-question-types EVAL_QUESTION_TYPES ShapesVQA question types of the final "
         "eval_accuracy (default: vertical)",
         "--dtype {fp32,bf16} weight dtype to load, train and save in (default: fp32)",
-        "trained without ShapesVQA's 'vertical' questions; the default run teaches them in 300 "
+        "trained without ShapesVQA's 'vertical' questions; the default run teaches them in 1200 "
         "LoRA steps and prints the held-out accuracy per question type before and after.",
         "--output-dir OUTPUT_DIR checkpoints, metrics, final adapter (default: finetune_output)",
     ):
