@@ -12,6 +12,7 @@ The last line printed (rank 0) is ``eval_accuracy: <fraction>``. See
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -21,7 +22,7 @@ from typing import IO, NoReturn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ascend_vlm.finetune.data import BAD_RECORD_POLICIES
-from ascend_vlm.finetune.reference_model import HELD_OUT_SKILL
+from ascend_vlm.finetune.reference_model import HELD_OUT_SKILL, base_model_path
 from ascend_vlm.finetune.train import COMM_HOOKS, DTYPES, TrainConfig, train
 
 EPILOG = f"""\
@@ -154,7 +155,12 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    train(parse_args(argv))
+    config = parse_args(argv)
+    # The default base is the reference checkpoint, resolved here (not in train(), which the
+    # reference build itself runs) so the recorded run config names the folder it used.
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    base = base_model_path(config.model_path, world_size)
+    train(dataclasses.replace(config, model_path=base))
 
 
 if __name__ == "__main__":

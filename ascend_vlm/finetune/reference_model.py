@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, check_question_types
 
@@ -164,6 +165,15 @@ def reference_model_path(
     return target
 
 
+def base_model_path(model_path: str | None, world_size: int) -> str:
+    """The fine-tune's base: ``model_path``, or for None the reference checkpoint, built on first
+    use when the job is one process (``world_size`` 1); a torchrun job cannot host the
+    one-process build, so there it must exist (``FileNotFoundError`` naming the command)."""
+    if model_path is not None:
+        return model_path
+    return str(reference_model_path(build=world_size == 1))
+
+
 def _initial_checkpoint(folder: Path, recipe: Recipe) -> None:
     """The random default model of ``recipe.seed`` with a processor that keeps
     ``image_size``-pixel images whole, saved to ``folder``."""
@@ -269,8 +279,9 @@ Build time: {stamp["build_seconds"]:.0f} s.
 """
 
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    """Register ``reference-model`` on the ``python -m ascend_vlm`` sub-command parser."""
+def add_command(commands: Any) -> None:
+    """Register ``reference-model`` on the ``python -m ascend_vlm`` sub-command parser
+    (an ``add_subparsers`` result)."""
     parser = commands.add_parser(
         "reference-model",
         help="build (or find) the trained reference checkpoint and print its folder",

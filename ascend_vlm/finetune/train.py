@@ -23,11 +23,11 @@ lr 0 whenever W > 0, a step that updates AdamW's moments but not the weights.) T
 function of the step alone: a resumed run picks it up at its step, and a run resumed with a
 larger ``max_steps`` follows the curve for the new count.
 
-Without ``model_path`` the base is the reference checkpoint
-(:func:`ascend_vlm.finetune.reference_model.reference_model_path`, built on first use in a
-single process), which never saw ShapesVQA's ``vertical`` questions; the default settings
-teach that skill with LoRA and report the held-out accuracy of every question type before and
-after (``report_question_types``).
+``model_path`` is the base checkpoint; ``scripts/finetune_lora.py`` makes it the reference
+checkpoint by default (:func:`ascend_vlm.finetune.reference_model.base_model_path`), which
+never saw ShapesVQA's ``vertical`` questions; the default settings teach that skill with LoRA
+and report the held-out accuracy of every question type before and after
+(``report_question_types``).
 
 A run writes its settings to ``<output_dir>/train_config.json``; resuming checks the new
 settings against them (:mod:`ascend_vlm.finetune.resume`).
@@ -262,16 +262,6 @@ def lora_target_modules(
             f"{list(language_targets)} (vision={vision}, projector={projector}) matching none"
         )
     return names
-
-
-def base_model_path(model_path: str | None, placement: ProcessPlacement) -> str:
-    """``model_path``, or for None the reference checkpoint: built on first use when this is
-    the only process, else it must exist (a torchrun job cannot host the one-process build)."""
-    if model_path is not None:
-        return model_path
-    from ascend_vlm.finetune.reference_model import reference_model_path
-
-    return str(reference_model_path(build=placement.world_size == 1))
 
 
 def load_base_model(
@@ -648,7 +638,12 @@ def _train(config: TrainConfig) -> TrainResult:
         output_dir.mkdir(parents=True, exist_ok=True)
     # Same seed on every rank while building: identical LoRA init everywhere.
     seed_everything(config.seed)
-    base_path = base_model_path(config.model_path, placement)
+    if config.model_path is None:
+        raise ValueError(
+            "model_path: expected a local from_pretrained folder, got None "
+            "(scripts/finetune_lora.py defaults it to the reference checkpoint)"
+        )
+    base_path = config.model_path
     model, processor = load_base_model(base_path, placement.device, DTYPES[config.dtype])
     patch_note = apply_ascend_patch(model, config.patch)
     model, lora_targets = _with_trainable_weights(model, config)
@@ -784,7 +779,7 @@ def _train(config: TrainConfig) -> TrainResult:
         save_merged(base_path, final, config.save_merged, DTYPES[config.dtype])
     placement.barrier()
     if placement.is_main:
-        base_description = _base_model_description(config, base_path)
+        base_description = f"`{base_path}`."
         card = model_card(
             config,
             result,
@@ -837,17 +832,6 @@ def save_merged(
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(staging, out_dir)
     return out_dir
-
-
-def _base_model_description(config: TrainConfig, base_path: str) -> str:
-    """A sentence saying what the base model at ``base_path`` is, for the model card."""
-    if config.model_path is None:
-        return (
-            f"The reference checkpoint at `{base_path}` (tiny Qwen2-VL trained on ShapesVQA "
-            f"without its vertical questions); `python -m ascend_vlm reference-model` rebuilds "
-            f"it."
-        )
-    return f"`{base_path}`."
 
 
 def _progress_bar(config: TrainConfig, placement: ProcessPlacement, initial: int) -> Any:

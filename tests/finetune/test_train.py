@@ -278,13 +278,12 @@ def test_a_merged_copy_needs_lora():
 
 
 def test_without_a_model_path_a_torchrun_job_needs_the_built_reference(tmp_path, monkeypatch):
-    from ascend_vlm.finetune.train import Runtime, base_model_path
+    from ascend_vlm.finetune.reference_model import base_model_path
 
     monkeypatch.setenv("ASCEND_VLM_CACHE", str(tmp_path))
-    two_ranks = Runtime(0, 0, 2, torch.device("cpu"), None)
-    assert base_model_path("/models/mine", two_ranks) == "/models/mine"
+    assert base_model_path("/models/mine", world_size=2) == "/models/mine"
     with pytest.raises(FileNotFoundError, match="python -m ascend_vlm reference-model"):
-        base_model_path(None, two_ranks)
+        base_model_path(None, world_size=2)
 
 
 def test_learning_rate_warms_up_from_a_nonzero_first_step_and_decays_past_the_last():
