@@ -100,7 +100,10 @@ class EvalCommand:
         parser.add_argument("--limit", type=int, help="evaluate the first N samples")
         parser.add_argument("--seed", type=int, help="ShapesVQA seed (default 0); not with --data")
         parser.add_argument(
-            "--image-size", type=int, help="ShapesVQA image side in pixels; not with --data"
+            "--image-size",
+            type=int,
+            help=f"ShapesVQA image side in pixels (default: the reference recipe's with --model "
+            f"{REFERENCE}, else ShapesVQA's); not with --data",
         )
         parser.add_argument("--batch-size", type=int, default=8, help="samples per generate")
         parser.add_argument("--max-new-tokens", type=int, default=8, help="answer token limit")
@@ -179,7 +182,13 @@ class EvalCommand:
                     f"--image-size: expected an int >= {MIN_IMAGE_SIZE} pixels, got {args.image_size}"
                 )
             seed = 0 if args.seed is None else args.seed
-            return datasets.shapes_vqa(args.limit, seed, args.image_size)
+            image_size = args.image_size
+            if image_size is None and args.model == REFERENCE:
+                # The reference checkpoint is trained (and held out) at its recipe's size.
+                from ascend_vlm.finetune.reference_model import RECIPE
+
+                image_size = RECIPE.image_size
+            return datasets.shapes_vqa(args.limit, seed, image_size)
         for flag, value in (("--seed", args.seed), ("--image-size", args.image_size)):
             if value is not None:
                 parser.error(f"{flag}: applies to ShapesVQA only, not to --data {args.data}")

@@ -7,7 +7,6 @@ predictions are the stock model's greedy answers, and the argparse errors.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import re
@@ -232,10 +231,6 @@ def test_jsonl_data_groups_by_record_type(tiny_model_path, tmp_path):
     assert [p["answer"] for p in entry["predictions"]] == ["2", "Red.", "circle"]
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("ascend_vlm.finetune.reference_model") is None,
-    reason="reference_model module not merged yet",
-)
 def test_model_reference_resolves_to_the_reference_checkpoint(
     tiny_model_path, tmp_path, monkeypatch
 ):
@@ -250,10 +245,13 @@ def test_model_reference_resolves_to_the_reference_checkpoint(
     monkeypatch.setattr(reference_model, "reference_model_path", fake_reference_model_path)
     out = tmp_path / "report.json"
     _run(["--model", "reference", "--limit", "1", "--max-new-tokens", "1", "--json", str(out)])
-    (entry,) = json.loads(out.read_text())["configurations"]
+    report = json.loads(out.read_text())
+    (entry,) = report["configurations"]
     assert calls == [True]
     assert entry["label"] == "reference"
     assert entry["model"] == str(tiny_model_path)
+    # Held-out questions at the size the reference is trained at.
+    assert report["dataset"]["image_size"] == reference_model.RECIPE.image_size
 
 
 def _write(path, text):
