@@ -412,18 +412,21 @@ def _accelerate_hooks() -> str | None:
 
 
 def _config_sub_configs() -> str | None:
-    from transformers import AutoConfig, PreTrainedConfig
+    from transformers import CONFIG_MAPPING, PreTrainedConfig
 
     from ascend_vlm.models import REGISTRY
 
     for model_type in REGISTRY:
-        config = AutoConfig.for_model(model_type)
-        names = getattr(type(config), "sub_configs", None)
+        # The class is read before an instance is made: some versions' __init__ indexes
+        # sub_configs itself and would fail there, not here.
+        config_class = CONFIG_MAPPING[model_type]
+        names = getattr(config_class, "sub_configs", None)
         if not isinstance(names, dict) or not any("vision" in name for name in names):
-            return f"{type(config).__name__}.sub_configs names no vision sub-config: {names!r}"
+            return f"{config_class.__name__}.sub_configs names no vision sub-config: {names!r}"
+        config = config_class()
         held = [n for n in names if isinstance(config.__dict__.get(n), PreTrainedConfig)]
         if not held:
-            return f"{type(config).__name__} holds none of {list(names)} in its __dict__"
+            return f"{config_class.__name__} holds none of {list(names)} in its __dict__"
     return None
 
 
