@@ -61,10 +61,10 @@ def _check(
     kv_heads = key.shape[1]
     if key.shape[2] != head_dim:
         raise invalid("key", f"head dim D={head_dim} like query", f"shape {tuple(key.shape)}")
-    if heads % kv_heads:
+    if kv_heads == 0 or heads % kv_heads:
         raise invalid(
             "key",
-            f"a head count dividing the {heads} query heads (GQA/MQA)",
+            f"a head count >= 1 dividing the {heads} query heads (GQA/MQA)",
             f"shape {tuple(key.shape)}",
         )
     if value.shape != key.shape:

@@ -193,7 +193,12 @@ def _varlen_attention_errors() -> ErrorTable:
         "rank": (lambda: ops.varlen_attention(Q[None], KV, KV, CU, CU), "query: expected 3-D"),
         "gqa": (
             lambda: ops.varlen_attention(Q[:, :3], KV, KV, CU, CU),
-            "key: expected a head count",
+            "key: expected a head count >= 1 dividing the 3 query heads",
+        ),
+        "no_kv_heads": (
+            lambda: ops.varlen_attention(Q, KV[:, :0], KV[:, :0], CU, CU),
+            "key: expected a head count >= 1 dividing the 4 query heads (GQA/MQA), got shape "
+            "(6, 0, 8)",
         ),
         "cu_dtype": (
             lambda: ops.varlen_attention(Q, KV, KV, CU.float(), CU),
