@@ -1,3 +1,30 @@
-"""Suite-wide pytest set-up: the mock NPU fixture/marker (ascend_vlm.testing.pytest_plugin)."""
+"""Suite-wide pytest set-up: the mock NPU fixture/marker (ascend_vlm.testing.pytest_plugin) and
+the command-line error check shared by the `python -m ascend_vlm` command tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
 
 pytest_plugins = ["ascend_vlm.testing.pytest_plugin"]
+
+
+@pytest.fixture
+def command_error(capsys) -> Callable[[list[str]], str]:
+    """``command_error(argv)`` runs ``python -m ascend_vlm`` with ``argv``, asserts argparse's
+    rejection (exit status 2, nothing on stdout, the sub-command's usage line first on stderr)
+    and returns stderr's last line, the ``error:`` line."""
+    from ascend_vlm.__main__ import main
+
+    def run(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        lines = captured.err.splitlines()
+        assert lines[0].startswith(f"usage: python -m ascend_vlm {argv[0]} ")
+        return lines[-1]
+
+    return run

@@ -116,7 +116,7 @@ def _model_without_processor(default_checkpoint, folder):
     ],
 )
 def test_demo_bad_input_exits_2_naming_the_option(
-    default_checkpoint, tmp_path, capsys, case, message
+    default_checkpoint, tmp_path, command_error, case, message
 ):
     folder = tmp_path / "checkpoint"
     argv = {
@@ -129,13 +129,7 @@ def test_demo_bad_input_exits_2_naming_the_option(
         folder.mkdir()
     elif case == "weights only":
         _model_without_processor(default_checkpoint, folder)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["demo", *argv])
-    assert exit_info.value.code == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.splitlines()[0].startswith("usage: python -m ascend_vlm demo ")
-    assert captured.err.splitlines()[-1] == DEMO_ERROR + message.format(dir=folder)
+    assert command_error(["demo", *argv]) == DEMO_ERROR + message.format(dir=folder)
 
 
 def test_models_table_lists_every_supported_model_type(capsys):

@@ -278,7 +278,9 @@ def _write(path, text):
         ("config model missing", "--compare: configuration 'model={dir}/none': --model: expected a local checkpoint directory with config.json, got {dir}/none"),
     ],
 )  # fmt: skip
-def test_bad_input_exits_2_naming_the_option(tiny_model_path, tmp_path, capsys, case, message):
+def test_bad_input_exits_2_naming_the_option(
+    tiny_model_path, tmp_path, command_error, case, message
+):
     from ascend_vlm.finetune.shapes_vqa import render_scene
 
     render_scene(0)[0].save(tmp_path / "scene.png")
@@ -303,13 +305,7 @@ def test_bad_input_exits_2_naming_the_option(tiny_model_path, tmp_path, capsys, 
         "unknown flag": [*model, "--compare", "patched", "frobnicate=1"],
         "config model missing": [*model, "--compare", "patched", f"model={tmp_path / 'none'}"],
     }[case]
-    with pytest.raises(SystemExit) as exit_info:
-        main(["eval", *argv])
-    assert exit_info.value.code == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.splitlines()[0].startswith("usage: python -m ascend_vlm eval ")
-    assert captured.err.splitlines()[-1] == EVAL_ERROR + message.format(dir=tmp_path)
+    assert command_error(["eval", *argv]) == EVAL_ERROR + message.format(dir=tmp_path)
 
 
 def test_help_documents_compare_syntax_and_feature_groups(capsys):
