@@ -1,15 +1,15 @@
 """ascend_vlm: fused Ascend NPU kernels and runtime plumbing for Hugging Face VLMs.
 
 Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules :mod:`ops`,
-:mod:`runtime`, :mod:`distributed`, :mod:`kernel_backend` (which implementation the ops run)
-and :mod:`testing` (the mock NPU and its pytest plugin), and the errors :class:`AclError`,
-:class:`PatchError`.
+:mod:`runtime`, :mod:`distributed`, :mod:`kernel_backend` (which implementation the ops run),
+:mod:`pruning` (visual-token pruning and KV-cache compression at prefill) and :mod:`testing`
+(the mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
 
 Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schemas, kernels,
 fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-ed program or a
 compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
 :mod:`ops` (with :mod:`kernel_backend`); everything heavier (transformers through ``patch``,
-:mod:`distributed`, :mod:`testing`) loads on first access.
+:mod:`distributed`, :mod:`pruning`, :mod:`testing`) loads on first access.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ __all__ = [
     "kernel_backend",
     "ops",
     "patch",
+    "pruning",
     "runtime",
     "testing",
     "unpatch",
 ]
 
-_LAZY_SUBMODULES = {"runtime", "distributed", "testing"}
+_LAZY_SUBMODULES = {"runtime", "distributed", "pruning", "testing"}
 _LAZY_ATTRIBUTES = {
     "patch": "ascend_vlm.patching",
     "unpatch": "ascend_vlm.patching",
@@ -42,7 +43,7 @@ _LAZY_ATTRIBUTES = {
 }
 
 if TYPE_CHECKING:
-    from ascend_vlm import distributed, runtime, testing
+    from ascend_vlm import distributed, pruning, runtime, testing
     from ascend_vlm.patching import PatchReport, patch, unpatch
 
 

@@ -309,6 +309,44 @@ def forward_attribute(module: object) -> str:
     return "forward"
 
 
+def attention_function(module: object, name: str) -> Callable:
+    """The function transformers' attention `module` calls under implementation `name`: the
+    registered one, or for "eager" its modeling module's ``eager_attention_forward``."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager)
+
+
+# The keyword a decoder layer receives its cache under: "cache" from transformers 5.25 (with
+# "past_key_values" deprecated), "past_key_values" before.
+CACHE_KWARGS = ("cache", "past_key_values")
+
+
+def cache_argument(kwargs: dict) -> object | None:
+    """The cache a model or decoder layer call received (None without one)."""
+    for name in CACHE_KWARGS:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return None
+
+
+def cache_layer_kind(cache: object, layer: int) -> str:
+    """ "dynamic" (grows by concatenation), "static" (preallocated, written at its own length),
+    or the layer class's name for any other kind (sliding windows, offloading, quantised)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or layer >= len(layers):
+        return type(cache).__name__
+    name = type(layers[layer]).__name__
+    return {"DynamicLayer": "dynamic", "StaticLayer": "static"}.get(name, name)
+
+
+def replace_cached_states(cache: object, layer: int, keys: object, values: object) -> None:
+    """Make the dynamic cache layer `layer` hold exactly `keys` / `values` [B, Nkv, L, D]."""
+    cached = cache.layers[layer]
+    cached.keys, cached.values = keys, values
+
+
 @functools.cache
 def output_collector() -> Callable[[], dict | None]:
     """The getter of transformers' active output collector: None, or the dict of the outputs the
@@ -511,6 +549,24 @@ def fake_tensor_test() -> Callable[[object], bool]:
     return is_fake
 
 
+def _cache_layers() -> str | None:
+    """Token pruning reads and rewrites caches: a DynamicCache of DynamicLayers holding ``keys``
+    / ``values`` [B, N, S, D], ``get_seq_length(layer)`` and ``get_mask_sizes(query, layer)``."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    states = torch.zeros(1, 1, 3, 2)
+    cache.update(states, states, 0)
+    if cache_layer_kind(cache, 0) != "dynamic":
+        return f"DynamicCache holds a {type(cache.layers[0]).__name__}, not a DynamicLayer"
+    replace_cached_states(cache, 0, states[:, :, :1], states[:, :, :1])
+    found = (cache.get_seq_length(0), cache.get_mask_sizes(2, 0)[0])
+    if found != (1, 3):
+        return f"after keeping 1 of 3 slots, (get_seq_length, get_mask_sizes(2)) gives {found}"
+    return None
+
+
 def _torch_mode_stacks() -> str | None:
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -554,6 +610,7 @@ _GLOBAL_PROBES = (
     Probe("accelerate-hooks", _accelerate_hooks),
     Probe("deprecate-kwarg-wrapper", _deprecate_kwarg_wrapper),
     Probe("kernels-wrappers", _kernels_wrappers),
+    Probe("cache-layers", _cache_layers),
     Probe("torch-mode-stacks", _torch_mode_stacks),
     Probe("torch-fake-tensors", _torch_fake_tensors),
 )

@@ -13,6 +13,7 @@ import torch._subclasses.fake_tensor
 import transformers
 from transformers import (
     activations,
+    cache_utils,
     masking_utils,
     modeling_flash_attention_utils,
     modeling_utils,
@@ -51,6 +52,7 @@ GLOBAL_PROBES = {
     "kernels-wrappers",
     "torch-mode-stacks",
     "torch-fake-tensors",
+    "cache-layers",
 }
 
 
@@ -182,6 +184,10 @@ FAILURES = {
         lambda mp: mp.setattr(torch._C, "_len_torch_dispatch_stack", lambda: 0),
         "(function, dispatch) mode depths outside, in a function mode, in a dispatch mode: "
         "((0, 0), (1, 0), (0, 0))",
+    ),
+    "cache-layers": (
+        lambda mp: mp.setattr(cache_utils.DynamicLayer, "get_seq_length", lambda self: 3),
+        "after keeping 1 of 3 slots, (get_seq_length, get_mask_sizes(2)) gives (3, 5)",
     ),
     "torch-fake-tensors": (
         lambda mp: mp.setattr(torch._subclasses.fake_tensor, "is_fake", lambda tensor: False),

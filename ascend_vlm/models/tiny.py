@@ -10,7 +10,7 @@ compute matter: 4 decoder layers of width 512, a 2-layer vision tower of width 5
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -435,16 +435,23 @@ FAMILIES: dict[str, TinyFamily] = {
 
 
 def build_model(
-    name: str, *, seed: int = 0, attn_implementation: str = "eager", size: str = "tiny"
+    name: str,
+    *,
+    seed: int = 0,
+    attn_implementation: str = "eager",
+    size: str = "tiny",
+    layers: int | None = None,
 ):
-    """A freshly initialised model of family `name` at `size` (a key of SIZES; fp32, eval)."""
+    """A freshly initialised model of family `name` at `size` (a key of SIZES; fp32, eval), with
+    `layers` decoder layers instead of the size's when given."""
     import transformers
 
     if size not in SIZES:
         raise ValueError(f"size: expected one of {tuple(SIZES)}, got {size!r}")
     family = FAMILIES[name]
     torch.manual_seed(seed)
-    config = family.config(SIZES[size])
+    shape = SIZES[size] if layers is None else replace(SIZES[size], layers=layers)
+    config = family.config(shape)
     config._attn_implementation = attn_implementation
     model = getattr(transformers, family.model_class)(config)
     return model.eval()

@@ -9,9 +9,12 @@ Each op's interface is declared once in ``op_plugins/<name>/spec.json``.
 Beside the ops, plain functions composed of them give the semantics model code expects:
 ``rms_norm_promoting`` (transformers' RMSNorm output dtypes), ``rotary_embedding_pair_vision``
 (packed vision RoPE in fp32), ``packed_attention`` (varlen attention in transformers' layout)
-and ``swiglu_projections`` (a gated MLP's core on top of its projections).
+and ``swiglu_projections`` (a gated MLP's core on top of its projections); and
+``attention_probabilities``, the weights an attention call applies, for the few query rows a
+caller needs (fused kernels never materialise them).
 """
 
+from ascend_vlm.ops.attention_probabilities import attention_probabilities
 from ascend_vlm.ops.fused_attention import fused_attention
 from ascend_vlm.ops.rms_norm import rms_norm, rms_norm_promoting
 from ascend_vlm.ops.rotary_embedding import (
@@ -35,6 +38,7 @@ OPS = (
 
 __all__ = [
     "OPS",
+    "attention_probabilities",
     "fused_attention",
     "packed_attention",
     "rms_norm",

@@ -216,18 +216,10 @@ def _attention_with_weights(
     the dtype, dropout, ``@ v``. A bool mask becomes eager's additive one (0 where True, the
     dtype's min elsewhere), so fully masked rows get uniform weights as in eager. GQA/MQA
     repeats each key/value head for its group of query heads."""
+    weights = ops.attention_probabilities(query, key, mask, scale=scaling).to(query.dtype)
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    weights = torch.matmul(query, key.transpose(2, 3)) * scale
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
-            mask = additive.masked_fill_(~mask, torch.finfo(query.dtype).min)
-        weights = weights + mask
-    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     if dropout > 0.0:
         weights = nn.functional.dropout(weights, p=dropout, training=True)
     output = torch.matmul(weights, value)

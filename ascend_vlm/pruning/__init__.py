@@ -1,0 +1,114 @@
+"""Visual-token pruning and prompt KV-cache compression at prefill, with real savings.
+
+``enable_token_pruning(model, PruneConfig(method="fastv", layer=2, keep=0.5))`` makes every
+later prefill of ``model`` drop visual tokens before decoder layer ``layer``: those layers
+compute, and cache, only the kept positions. ``kv=SnapKVConfig(compression_ratio=0.5)``
+additionally (or alone) cuts every layer's prompt cache down after prefill. Both compose with
+:func:`ascend_vlm.patch` in either order, work with ``generate`` (dynamic and static caches;
+SnapKV: dynamic), left-padded batches and any number of images or video frames per row, and
+keep every kept token's original position (Qwen-VL M-RoPE included). With ``keep=1.0`` the
+model's outputs are those of the unpruned model.
+
+Forward calls on a pruned prompt return hidden states and logits for the kept positions only
+(the last position is always kept, so generation is unaffected); a forward with ``labels`` is
+refused. Prompts without visual tokens pass through unpruned (and uncompressed).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ascend_vlm._compat import check_transformers_version
+from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig
+from ascend_vlm.pruning.families import SUPPORTED_MODEL_TYPES, pruning_target
+from ascend_vlm.pruning.pruner import TokenPruner
+from ascend_vlm.pruning.stats import PruningStats
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "PruneConfig",
+    "PruningStats",
+    "SnapKVConfig",
+    "disable_token_pruning",
+    "enable_token_pruning",
+    "pruning_stats",
+]
+
+_STATE_KEY = "_ascend_vlm_token_pruner"
+
+
+def _base_model(model: object) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model: expected a torch.nn.Module (a transformers VLM, optionally PEFT-wrapped), "
+            f"got {type(model).__name__}"
+        )
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
+
+def enable_token_pruning(
+    model: nn.Module,
+    prune: PruneConfig | None = None,
+    *,
+    kv: SnapKVConfig | None = None,
+) -> None:
+    """Prune the visual tokens (``prune``) and/or compress the prompt cache (``kv``) of every
+    later prefill of ``model`` (a transformers VLM, optionally PEFT-wrapped).
+
+    Raises TypeError for arguments of the wrong type; ValueError when neither config is given,
+    the model family is not supported (the message lists :data:`SUPPORTED_MODEL_TYPES`),
+    ``prune.layer`` is not below the language model's depth (or, for Qwen3-VL, not past its
+    deepstack layers), or pruning is already enabled with other configs (call
+    :func:`disable_token_pruning` first). Enabling again with the same configs does nothing.
+    """
+    base = _base_model(model)
+    if prune is not None and not isinstance(prune, PruneConfig):
+        raise TypeError(f"prune: expected a PruneConfig or None, got {type(prune).__name__}")
+    if kv is not None and not isinstance(kv, SnapKVConfig):
+        raise TypeError(f"kv: expected a SnapKVConfig or None, got {type(kv).__name__}")
+    if prune is None and kv is None:
+        raise ValueError("prune, kv: expected a PruneConfig, a SnapKVConfig or both, got neither")
+    existing: TokenPruner | None = base.__dict__.get(_STATE_KEY)
+    if existing is not None:
+        if (existing.prune, existing.kv) == (prune, kv):
+            return
+        raise ValueError(
+            f"model: token pruning is already enabled with prune={existing.prune}, "
+            f"kv={existing.kv}; call disable_token_pruning(model) first"
+        )
+    check_transformers_version()
+    target = pruning_target(base)
+    depth = len(target.layers)
+    if prune is not None:
+        if prune.layer >= depth:
+            raise ValueError(
+                f"layer: expected 1 <= layer < {depth} (the language model's decoder layers), "
+                f"got {prune.layer}"
+            )
+        if prune.layer < target.deepstack_layers:
+            raise ValueError(
+                f"layer: {target.model_type} adds vision features to the outputs of its first "
+                f"{target.deepstack_layers} decoder layers (deepstack), so pruning starts at layer "
+                f">= {target.deepstack_layers}, got {prune.layer}"
+            )
+    if kv is not None and depth < 2:
+        raise ValueError(f"kv: SnapKV leaves layer 0 whole and needs >= 2 layers, got {depth}")
+    pruner = TokenPruner(target, prune, kv)
+    pruner.install(base)
+    base.__dict__[_STATE_KEY] = pruner
+
+
+def disable_token_pruning(model: nn.Module) -> None:
+    """Remove token pruning from ``model`` (a no-op when it is not enabled). A cache filled while
+    pruning was on holds the pruned layout: continue it only with pruning enabled as it was."""
+    pruner: TokenPruner | None = _base_model(model).__dict__.pop(_STATE_KEY, None)
+    if pruner is not None:
+        pruner.remove()
+
+
+def pruning_stats(model: nn.Module) -> PruningStats | None:
+    """The :class:`PruningStats` of ``model``'s last pruned prefill (None before the first one,
+    or when pruning is not enabled)."""
+    pruner: TokenPruner | None = _base_model(model).__dict__.get(_STATE_KEY)
+    return None if pruner is None else pruner.last_stats
