@@ -35,6 +35,7 @@ from collections.abc import Callable
 import torch
 
 import ascend_vlm
+from ascend_vlm.evaluation.memory import peak_tensor_bytes
 from ascend_vlm.kernel_backend import active_backend
 from ascend_vlm.models.tiny import FAMILIES, SIZES, build_model, make_inputs
 
@@ -79,18 +80,6 @@ def _mean_over_instances(best: dict[tuple[str, int], float]) -> dict[str, float]
     }
 
 
-def _peak_bytes(function) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        function()
-    live = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
-        live += event.self_cpu_memory_usage  # net bytes this op allocated (frees are negative)
-        peak = max(peak, live)
-    return peak
-
-
 def bench_family(
     name: str, size: str, rounds: int, new_tokens: int, instances: int
 ) -> dict[str, dict]:
@@ -114,7 +103,11 @@ def bench_family(
         forward = _mean_over_instances(_interleaved_best(forwards, rounds))
         generate = _mean_over_instances(_interleaved_best(generates, _generate_rounds(rounds)))
         return {
-            k: {"forward": forward[k], "generate": generate[k], "peak": _peak_bytes(forwards[k, 0])}
+            k: {
+                "forward": forward[k],
+                "generate": generate[k],
+                "peak": peak_tensor_bytes(forwards[k, 0]),
+            }
             for k in IMPLEMENTATIONS
         }
 

@@ -8,11 +8,16 @@ libraries'), minus the RSS at entry, to within the kernel's batching of RSS coun
 updates (up to 64 pages per thread and counter, well under 1 MiB). It is a host figure: memory
 that a device allocates is not in it. Where ``clear_refs`` cannot be written (not Linux, a
 locked-down ``/proc``) the figure is None.
+
+:func:`peak_tensor_bytes` is the allocator-side figure instead: the highest sum of live CPU
+tensor bytes during one call, which freed-and-reused memory does not hide (RSS only rises when
+the allocator needs pages it has not had before).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 _STATUS = Path("/proc/self/status")
@@ -46,3 +51,18 @@ class PeakRSS:
     def __exit__(self, *exc_info: object) -> None:
         if self._start_kib is not None:
             self.peak_bytes = max(_status_kib("VmHWM") - self._start_kib, 0) * 1024
+
+
+def peak_tensor_bytes(function: Callable[[], object]) -> int:
+    """Peak bytes of CPU tensors that ``function()`` allocated and held at once, from
+    ``torch.profiler`` (``profile_memory=True``): the running sum, in start-time order, of each
+    op's net self allocation (frees count negative)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        function()
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
