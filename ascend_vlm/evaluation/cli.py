@@ -239,7 +239,10 @@ class EvalCommand:
         for configuration in configurations:
             _say(f"loading {configuration.model} ...")
             model, processor = load_checkpoint(configuration.model)
-            options = self.registry.apply(model, configuration.args)
+            try:
+                options = self.registry.apply(model, configuration.args)
+            except ValueError as error:  # the loaded model refuses a feature's flags
+                self.parser.error(f"{configuration.label}: {error}")
             for name, applied in options.items():
                 _say(f"{name}: {applied['summary']}")
             result = generate_answers(

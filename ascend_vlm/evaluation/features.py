@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from ascend_vlm.evaluation.options import register_option
+from ascend_vlm.evaluation.pruning_option import add_pruning_arguments, apply_pruning
 
 
 def _add_patch_arguments(group: Any) -> None:
@@ -40,3 +41,6 @@ register_option(
     _apply_patch,
     presets={"patched": ["--patch"], "unpatched": ["--no-patch"]},
 )
+
+# After "patch": options apply in registration order, so a pruned run is patched first.
+register_option("prune", add_pruning_arguments, apply_pruning)

@@ -55,7 +55,9 @@ class OptionRegistry:
         every flag a default, so a configuration that does not mention it is well defined).
         ``apply(model, args)`` transforms ``model`` in place according to ``args`` (the parsed
         namespace) and returns a JSON-serialisable dict with at least a one-line ``"summary"``
-        string. ``presets`` maps a ``--compare`` configuration name to the flags it stands for
+        string; when the loaded model cannot take the flags' values it raises ``ValueError``
+        starting with the flag's name, which ``eval`` reports as an ``error:`` line (exit
+        status 2). ``presets`` maps a ``--compare`` configuration name to the flags it stands for
         (e.g. ``{"unpatched": ["--no-patch"]}``). Raises ``ValueError`` for a malformed name or
         a name or preset already registered.
         """

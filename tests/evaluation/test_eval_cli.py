@@ -84,7 +84,8 @@ def test_json_report_has_every_field(single_run, tiny_model_path):
     }  # fmt: skip
     assert entry["label"] == entry["model"] == str(tiny_model_path)
     patch = entry["options"]["patch"]
-    assert list(entry["options"]) == ["patch"]
+    assert list(entry["options"]) == ["patch", "prune"]
+    assert entry["options"]["prune"] == {"summary": "not pruned", "prune": None, "kv": None}
     assert patch["patched"] is True
     assert patch["report"]["model_type"] == "qwen2_vl"
     assert re.fullmatch(r"patched: \d+ modules swapped, \d+ left alone", patch["summary"])
@@ -145,11 +146,12 @@ def test_text_report_lists_types_stages_and_memory(single_run, tiny_model_path):
     lines = text.splitlines()
     start = lines.index("dataset  ShapesVQA eval split, seed 0, 112 px images, 10 samples")
     assert lines[start + 1] == "decode   greedy, at most 3 new tokens, batches of 4"
-    assert lines[start + 3 : start + 5] == [
+    assert lines[start + 3 : start + 6] == [
         f"model    {tiny_model_path}",
         f"option   patch: {entry['options']['patch']['summary']}",
+        "option   prune: not pruned",
     ]
-    table = lines[start + 6 : start + 13]
+    table = lines[start + 7 : start + 14]
     assert table[0] == "type          samples  exact   95% CI          normalised  95% CI"
     cell = r"\d\.\d{3}  +\[\d\.\d{3}, \d\.\d{3}\]"
     for kind, row in zip([*QUESTION_TYPES, "overall"], table[1:], strict=True):
@@ -157,12 +159,12 @@ def test_text_report_lists_types_stages_and_memory(single_run, tiny_model_path):
         assert re.fullmatch(rf"{kind} +{total}  {cell}  {cell}", row), row
     overall = entry["accuracy"]["exact"]["overall"]
     assert f"{overall['accuracy']:.3f}  [{overall['ci95'][0]:.3f}, " in table[-1]
-    stages = lines[start + 14 : start + 18]
+    stages = lines[start + 15 : start + 19]
     assert stages[0].startswith("stage                   mean ms    p95 ms  (per batch, over 3)")
     names = ["vision encode", "prefill (incl. vision)", "decode per token"]
     for name, row in zip(names, stages[1:], strict=True):
         assert re.fullmatch(rf"{re.escape(name)} +\d+\.\d\d +\d+\.\d\d", row), row
-    assert re.fullmatch(r"peak memory  \+\d+\.\d MiB  \(host RSS peak .*\)", lines[start + 18])
+    assert re.fullmatch(r"peak memory  \+\d+\.\d MiB  \(host RSS peak .*\)", lines[start + 19])
     assert lines[-1].startswith("[ascend_vlm] wrote the full report to ")
 
 
@@ -201,6 +203,35 @@ def test_compare_patched_and_unpatched_agree_sample_by_sample(tiny_model_path, t
         lines[at + 2],
     ), lines[at + 2]
     assert lines[at + 4] == "identical predictions: 6/6"
+
+
+def test_prune_option_is_applied_and_reported(tiny_model_path, tmp_path):
+    # The tiny checkpoint's language model has 2 layers, so pruning starts at layer 1.
+    out = tmp_path / "report.json"
+    argv = ["--model", str(tiny_model_path), "--limit", "2", "--max-new-tokens", "1"]
+    text = _run([*argv, "--prune", "random:layer=1,keep=0.5", "--json", str(out)])
+    (entry,) = json.loads(out.read_text())["configurations"]
+    summary = "pruned: random layer=1 keep=0.5 seed=0"
+    assert entry["options"]["prune"] == {
+        "summary": summary,
+        "prune": {"method": "random", "layer": 1, "keep": 0.5, "seed": 0},
+        "kv": None,
+    }
+    assert f"option   prune: {summary}" in text.splitlines()
+    assert len(entry["predictions"]) == 2
+
+
+def test_a_model_refusing_the_prune_flags_is_a_usage_error(tiny_model_path, capsys):
+    from ascend_vlm.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--model", str(tiny_model_path), "--limit", "2", "--prune", "fastv"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error == (
+        f"python -m ascend_vlm eval: error: {tiny_model_path}: --prune: layer: expected 1 <= "
+        f"layer < 2 (the language model's decoder layers), got 2"
+    ), error
 
 
 def test_jsonl_data_groups_by_record_type(tiny_model_path, tmp_path):
