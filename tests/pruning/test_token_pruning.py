@@ -3,6 +3,8 @@ caches, batching, generation paths, the mock NPU, and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -399,3 +401,65 @@ def test_snapkv_refuses_a_static_cache(pruned):
     _enable(model, pruned, kv=SnapKVConfig())
     with pytest.raises(ValueError, match=r"^cache: token pruning needs full-attention dynamic"):
         _generate(model, inputs, cache_implementation="static")
+
+
+def _video_inputs(model, frames: int = 4):
+    """One Qwen2-VL video of ``frames`` frames (2 per temporal patch) and an image after it."""
+    vision = model.config.vision_config
+    side = vision.image_side_in_patches
+    grid = torch.tensor([[frames // vision.temporal_patch_size, side, side]])
+    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    generator = torch.Generator().manual_seed(5)
+    video = torch.randn(int(grid.prod()), patch, generator=generator)
+    image, per_image = tiny._qwen_images(model, 1)
+    video_tokens = int(grid.prod()) // vision.spatial_merge_size**2
+    ids = [tiny.BOS, tiny.VISION_START] + [tiny.VIDEO_TOKEN] * video_tokens
+    ids += [tiny.VISION_START] + [tiny.IMAGE_TOKEN] * per_image[0] + [5, 6, 7]
+    input_ids = torch.tensor([ids])
+    token_types = (input_ids == tiny.IMAGE_TOKEN).int() + 2 * (input_ids == tiny.VIDEO_TOKEN).int()
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "mm_token_type_ids": token_types,
+        "pixel_values_videos": video,
+        "video_grid_thw": grid,
+        **image,
+    }, video_tokens + per_image[0]
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
+def test_video_frames_and_images_are_pruned_together(name, pruned):
+    model = _model(name)
+    inputs, visual = _video_inputs(model)
+    if name == "qwen2_5_vl":
+        inputs["second_per_grid_ts"] = torch.tensor([1.0])
+    tokens = _generate(model, inputs)
+    _enable(model, pruned, PruneConfig(method="fastv", layer=2, keep=1.0))
+    assert torch.equal(_generate(model, inputs), tokens)
+    pruning.disable_token_pruning(model)
+    _enable(model, pruned, PruneConfig(method="divprune", layer=2, keep=0.25))
+    _generate(model, inputs)
+    stats = pruning.pruning_stats(model)
+    assert stats.visual_tokens == (visual,) and stats.kept_visual_tokens == (-(-visual // 4),)
+
+
+def test_llava_next_without_a_sliding_window_is_pruned(pruned):
+    import transformers
+
+    config = tiny.FAMILIES["llava_next"].config(dataclasses.replace(tiny.TINY, layers=LAYERS))
+    config.text_config.sliding_window = None
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.LlavaNextForConditionalGeneration(config).eval()
+    inputs = tiny.make_inputs("llava_next", model, n_images=1)
+    tokens = _generate(model, inputs)
+    _enable(model, pruned, PruneConfig(method="fastv", layer=2, keep=1.0))
+    assert torch.equal(_generate(model, inputs), tokens)
+
+
+def test_a_sliding_window_cache_is_refused(pruned):
+    model = _model("llava_next")  # its tiny mistral backbone keeps a sliding-window cache
+    inputs = tiny.make_inputs("llava_next", model, n_images=1)
+    _enable(model, pruned, PruneConfig(layer=2))
+    with pytest.raises(ValueError, match=r"^cache: .* got \['DynamicSlidingWindowLayer'\]"):
+        _generate(model, inputs)

@@ -1,0 +1,383 @@
+"""Visual-token pruning and SnapKV: prefill speed, peak memory and KV bytes vs keep ratio, and
+held-out accuracy per method, measured side by side in one run.
+
+Speed and memory: a Qwen2-VL model of realistic depth (``--layers``, default 28 as in Qwen2-VL
+2B/7B) and a width small enough for a CPU (hidden 256, 4 heads of 64, 2 KV heads, MLP 704;
+a 2-layer vision tower), random weights saved and loaded with ``from_pretrained``, one prompt
+of 256, 1024 or 4096 visual tokens (one, one and four images) plus 32 text tokens. For each
+size the unpruned model (twice: the second run is the A/A control giving the noise floor) and
+FastV at every ``--keeps`` ratio (from layer 2), SnapKV (compression 0.5) and both (FastV
+keep=0.5 + SnapKV 0.5) prefill
+in interleaved rounds with a rotating order; each reports its best round:
+
+* LM prefill: wall time from the first decoder layer's input to the final norm's output;
+* prefill: the whole forward that fills the cache (vision tower included), ``logits_to_keep=1``;
+* peak: the most CPU tensor memory live at once during one prefill (``torch.profiler``, in a
+  separate untimed run);
+* KV: bytes of keys and values in the cache after prefill.
+
+Ratios are unpruned / pruned time (> 1: pruning is faster) and pruned / unpruned KV bytes.
+
+Accuracy (``--accuracy``, default on): the reference checkpoint
+(``python -m ascend_vlm reference-model``, built on first use; 2 language layers, so pruning
+starts at layer 1, 64 visual tokens per image) answers ShapesVQA's held-out split (``--limit``
+samples) unpruned, then with every method at every keep ratio below 1; each row gives the
+accuracy (patched, as ``python -m ascend_vlm eval`` runs it), its difference to unpruned with a 95% paired interval (Newcombe) and McNemar's exact p
+on the same samples.
+
+Run: python scripts/bench_pruning.py [--visual-tokens 256 1024 4096] [--keeps 1.0 0.5 0.25 0.1]
+[--repeats 3] [--limit 500] [--no-accuracy] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import ascend_vlm
+from ascend_vlm import pruning
+from ascend_vlm.evaluation.memory import peak_tensor_bytes
+
+TEXT_TOKENS = 32
+TOKENS_PER_IMAGE_MAX = 1024  # larger prompts take several images (ViT attention is per image)
+VOCAB = 32000
+IMAGE_TOKEN, VISION_START, VISION_END = VOCAB - 3, VOCAB - 2, VOCAB - 1
+FASTV_LAYER = 2
+
+
+def _bench_config(layers: int):
+    from transformers import Qwen2VLConfig
+
+    text = {
+        "hidden_size": 256,
+        "intermediate_size": 704,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12]},
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    vision = {
+        "depth": 2,
+        "embed_dim": 128,
+        "hidden_size": 256,
+        "num_heads": 4,
+        "mlp_ratio": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+    }
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMAGE_TOKEN,
+        bos_token_id=1,
+        eos_token_id=2,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+    )
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def load_bench_model(layers: int, folder: Path):
+    """The benchmark model: random weights, saved to ``folder`` and loaded back as users do."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    Qwen2VLForConditionalGeneration(_bench_config(layers)).save_pretrained(folder)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(folder, attn_implementation="sdpa")
+    return model.eval()
+
+
+def prompt_inputs(model, visual_tokens: int) -> dict[str, torch.Tensor]:
+    """One row: ``visual_tokens`` image tokens in square images of at most 1024 tokens each,
+    then TEXT_TOKENS text tokens; pixels random."""
+    vision = model.config.vision_config
+    per_image = min(visual_tokens, TOKENS_PER_IMAGE_MAX)
+    images = visual_tokens // per_image
+    side = int(per_image**0.5) * vision.spatial_merge_size
+    grid = torch.tensor([[1, side, side]] * images)
+    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    generator = torch.Generator().manual_seed(visual_tokens)
+    pixels = torch.randn(int(grid.prod(-1).sum()), patch, generator=generator)
+    ids = [1]
+    for _ in range(images):
+        ids += [VISION_START] + [IMAGE_TOKEN] * per_image + [VISION_END]
+    ids += torch.randint(3, VOCAB - 3, (TEXT_TOKENS,), generator=generator).tolist()
+    input_ids = torch.tensor([ids])
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "mm_token_type_ids": (input_ids == IMAGE_TOKEN).int(),
+        "pixel_values": pixels,
+        "image_grid_thw": grid,
+    }
+
+
+class _LanguageModelClock:
+    """Wall time from the first decoder layer's input to the final norm's output."""
+
+    def __init__(self, model) -> None:
+        language = model.model.language_model
+        self.start = self.end = 0.0
+        self.handles = [
+            language.layers[0].register_forward_pre_hook(self._begin),
+            language.norm.register_forward_hook(self._finish),
+        ]
+
+    def _begin(self, module, args) -> None:
+        self.start = time.perf_counter()
+
+    def _finish(self, module, args, output) -> None:
+        self.end = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _configure(model, setting: tuple) -> None:
+    pruning.disable_token_pruning(model)
+    kind, value = setting
+    prune = pruning.PruneConfig("fastv", FASTV_LAYER, value) if "fastv" in kind else None
+    kv = pruning.SnapKVConfig(compression_ratio=0.5) if "snapkv" in kind else None
+    if prune is not None or kv is not None:
+        pruning.enable_token_pruning(model, prune, kv=kv)
+
+
+def _prefill(model, inputs) -> tuple[float, float, int]:
+    """(prefill s, LM prefill s, KV bytes) of one cache-filling forward."""
+    clock = _LanguageModelClock(model)
+    try:
+        with torch.no_grad():
+            start = time.perf_counter()
+            output = model(**inputs, use_cache=True, logits_to_keep=1)
+            seconds = time.perf_counter() - start
+    finally:
+        clock.remove()
+    cache = output.cache if hasattr(output, "cache") else output.past_key_values
+    kv = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    return seconds, clock.seconds, kv
+
+
+def _peak(model, inputs) -> int:
+    with torch.no_grad():
+        return peak_tensor_bytes(lambda: model(**inputs, use_cache=True, logits_to_keep=1))
+
+
+def bench_speed(model, visual_tokens: int, keeps: list[float], repeats: int) -> list[dict]:
+    """Rows of one prompt size (see the module docstring), best of ``repeats`` rounds."""
+    inputs = prompt_inputs(model, visual_tokens)
+    settings = [("unpruned", None), ("unpruned (A/A)", None)]
+    settings += [("fastv", keep) for keep in keeps if keep < 1.0]
+    settings += [("snapkv", 0.5), ("fastv+snapkv", 0.5)]
+    samples: dict[tuple, list] = {setting: [] for setting in settings}
+    for setting in settings:  # warm-up
+        _configure(model, setting)
+        _prefill(model, inputs)
+    for round_index in range(repeats):
+        shift = round_index % len(settings)
+        for setting in settings[shift:] + settings[:shift]:
+            _configure(model, setting)
+            samples[setting].append(_prefill(model, inputs))
+    best = {}
+    for setting, runs in samples.items():
+        _configure(model, setting)
+        best[setting] = (
+            min(run[0] for run in runs),
+            min(run[1] for run in runs),
+            runs[0][2],
+            _peak(model, inputs),
+        )
+    pruning.disable_token_pruning(model)
+    base = best[settings[0]]
+    rows = []
+    for setting in settings:
+        seconds, lm_seconds, kv, peak = best[setting]
+        rows.append(
+            {
+                "visual_tokens": visual_tokens,
+                "setting": setting[0],
+                "value": setting[1],
+                "prefill_s": seconds,
+                "lm_prefill_s": lm_seconds,
+                "prefill_speedup": base[0] / seconds,
+                "lm_prefill_speedup": base[1] / lm_seconds,
+                "kv_bytes": kv,
+                "kv_ratio": kv / base[2],
+                "peak_bytes": peak,
+                "peak_ratio": peak / base[3],
+            }
+        )
+    return rows
+
+
+def _speed_table(rows: list[dict]) -> str:
+    lines = [
+        "| visual tokens | setting | LM prefill s | LM speed-up | prefill s | speed-up | KV MiB "
+        "| KV ratio | peak MiB | peak ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        setting = row["setting"]
+        if setting == "fastv":
+            setting = f"FastV keep={row['value']:g}"
+        elif setting == "snapkv":
+            setting = f"SnapKV ratio={row['value']:g}"
+        elif setting == "fastv+snapkv":
+            setting = f"FastV keep={row['value']:g} + SnapKV 0.5"
+        lines.append(
+            f"| {row['visual_tokens']} | {setting} | {row['lm_prefill_s']:.3f} "
+            f"| {row['lm_prefill_speedup']:.2f}x | {row['prefill_s']:.3f} "
+            f"| {row['prefill_speedup']:.2f}x | {row['kv_bytes'] / 2**20:.1f} "
+            f"| {row['kv_ratio']:.3f} | {row['peak_bytes'] / 2**20:.0f} | {row['peak_ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+def bench_accuracy(keeps: list[float], methods: list[str], limit: int, batch_size: int) -> list:
+    """Held-out accuracy of the reference checkpoint unpruned and per (method, keep)."""
+    from ascend_vlm.evaluation.checkpoints import load_checkpoint
+    from ascend_vlm.evaluation.datasets import shapes_vqa
+    from ascend_vlm.evaluation.metrics import normalised_match
+    from ascend_vlm.evaluation.runner import generate_answers
+    from ascend_vlm.evaluation.statistics import mcnemar_exact_p, paired_difference_interval
+    from ascend_vlm.finetune.reference_model import RECIPE, reference_model_path
+
+    model, processor = load_checkpoint(reference_model_path(), "reference")
+    ascend_vlm.patch(model)
+    dataset = shapes_vqa(limit, image_size=RECIPE.image_size)
+
+    def correct(description: str) -> list[bool]:
+        result = generate_answers(
+            model,
+            processor,
+            dataset,
+            batch_size=batch_size,
+            max_new_tokens=8,
+            description=description,
+        )
+        return [normalised_match(p.prediction, p.answer) for p in result.predictions]
+
+    baseline = correct("unpruned")
+    rows = [{"method": "unpruned", "keep": 1.0, "accuracy": sum(baseline) / len(baseline)}]
+    for keep in keeps:
+        if keep >= 1.0:
+            continue
+        for method in methods:
+            pruning.enable_token_pruning(model, pruning.PruneConfig(method, 1, keep))
+            answers = correct(f"{method} keep={keep:g}")
+            pruning.disable_token_pruning(model)
+            pairs = list(zip(answers, baseline, strict=True))
+            both = sum(a and b for a, b in pairs)
+            pruned_only = sum(a and not b for a, b in pairs)
+            unpruned_only = sum(b and not a for a, b in pairs)
+            neither = len(pairs) - both - pruned_only - unpruned_only
+            low, high = paired_difference_interval(both, pruned_only, unpruned_only, neither)
+            rows.append(
+                {
+                    "method": method,
+                    "keep": keep,
+                    "accuracy": sum(answers) / len(answers),
+                    "difference": (pruned_only - unpruned_only) / len(pairs),
+                    "interval": (low, high),
+                    "mcnemar_p": mcnemar_exact_p(pruned_only, unpruned_only),
+                }
+            )
+    return rows
+
+
+def _accuracy_table(rows: list, samples: int) -> str:
+    lines = [
+        f"| method | keep | accuracy ({samples} samples) | vs unpruned, 95% paired CI | McNemar p |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if row["method"] == "unpruned":
+            lines.append(f"| unpruned | 1 | {row['accuracy']:.3f} | | |")
+            continue
+        low, high = row["interval"]
+        lines.append(
+            f"| {row['method']} | {row['keep']:g} | {row['accuracy']:.3f} "
+            f"| {100 * row['difference']:+.1f} pts [{100 * low:+.1f}, {100 * high:+.1f}] "
+            f"| {row['mcnemar_p']:.3g} |"
+        )
+    return "\n".join(lines)
+
+
+def _valid_prompt_size(tokens: int) -> bool:
+    """Square counts up to TOKENS_PER_IMAGE_MAX (one image), or multiples of it."""
+    if tokens > TOKENS_PER_IMAGE_MAX:
+        return tokens % TOKENS_PER_IMAGE_MAX == 0
+    return tokens >= 1 and round(tokens**0.5) ** 2 == tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--visual-tokens", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--keeps", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1])
+    parser.add_argument("--layers", type=int, default=28, help="language-model depth")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per setting")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--accuracy", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--methods", nargs="+", default=["fastv", "divprune", "random", "uniform"])
+    parser.add_argument("--limit", type=int, default=500, help="held-out samples")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    args = parser.parse_args(argv)
+    for flag in ("layers", "repeats", "threads", "limit", "batch_size"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')}: expected an int >= 1")
+    if any(not 0.0 < keep <= 1.0 for keep in args.keeps):
+        parser.error(f"--keeps: expected ratios with 0 < keep <= 1, got {args.keeps}")
+    if not all(map(_valid_prompt_size, args.visual_tokens)):
+        parser.error(
+            "--visual-tokens: expected square counts up to 1024 (256, 1024) or multiples of 1024"
+        )
+    if args.layers <= FASTV_LAYER:
+        parser.error(f"--layers: expected > {FASTV_LAYER} (FastV prunes from there)")
+    torch.set_num_threads(args.threads)
+    report: dict = {"layers": args.layers, "layer": FASTV_LAYER, "threads": args.threads}
+    with tempfile.TemporaryDirectory() as folder:
+        print(f"[bench_pruning] building the {args.layers}-layer model", flush=True)
+        model = load_bench_model(args.layers, Path(folder))
+        speed = []
+        for tokens in args.visual_tokens:
+            print(f"[bench_pruning] {tokens} visual tokens", flush=True)
+            speed += bench_speed(model, tokens, args.keeps, args.repeats)
+    report["speed"] = speed
+    print(
+        f"\nPrefill, {args.layers} language layers (hidden 256), FastV at layer {FASTV_LAYER}, "
+        f"best of {args.repeats}, {args.threads} threads:\n"
+    )
+    print(_speed_table(speed))
+    if args.accuracy:
+        accuracy = bench_accuracy(args.keeps, args.methods, args.limit, args.batch_size)
+        report["accuracy"] = accuracy
+        print("\nHeld-out accuracy (reference checkpoint, pruning from layer 1 of 2):\n")
+        print(_accuracy_table(accuracy, args.limit))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
