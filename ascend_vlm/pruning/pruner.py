@@ -268,6 +268,8 @@ class TokenPruner:
             view = forward.view(index)
             if view is None:
                 return args, kwargs
+            if prefill is None:
+                self._check_layout(forward.cache, index, view, args, kwargs)
             kwargs = dict(kwargs)
             rows = prefill.rows if prefill is not None else None
             kwargs["attention_mask"] = self._mask(forward, index, view, kwargs, args, rows)
@@ -334,6 +336,23 @@ class TokenPruner:
         if args:
             return (hidden, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": hidden}
+
+    @staticmethod
+    def _check_layout(cache, index: int, view: LayerView, args: tuple, kwargs: dict) -> None:
+        """Refuse a dynamic cache whose layer ``index`` no longer holds the slots its view maps
+        (cropped by assisted decoding, or filled without pruning), instead of attending to the
+        wrong keys. Layer 0, already written in this forward, holds the original length."""
+        if cache is None or cache_layer_kind(cache, index) != "dynamic":
+            return
+        queries = (args[0] if args else kwargs["hidden_states"]).shape[1]
+        generated = cache.get_seq_length(0) - queries - view.prompt_length
+        held = cache.get_seq_length(index)
+        if held != view.length + generated:
+            raise RuntimeError(
+                f"cache: layer {index} holds {held} slots where the pruned prompt's layout needs "
+                f"{view.length + generated}; the cache was cropped or extended outside token "
+                f"pruning (assisted decoding and cache cropping are not supported with it)"
+            )
 
     def _mask(self, forward, index, view, kwargs, args, rows) -> torch.Tensor:
         cache = forward.cache

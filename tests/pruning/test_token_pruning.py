@@ -463,3 +463,28 @@ def test_a_sliding_window_cache_is_refused(pruned):
     _enable(model, pruned, PruneConfig(layer=2))
     with pytest.raises(ValueError, match=r"^cache: .* got \['DynamicSlidingWindowLayer'\]"):
         _generate(model, inputs)
+
+
+def test_assisted_decoding_verifies_drafts_on_the_pruned_cache(pruned):
+    # Drafts are checked several tokens at a time and rejected ones cropped off every layer;
+    # "uniform" picks the same tokens whatever the prompt ends with (the main model's first
+    # forward also holds the first draft token), so greedy assisted output equals plain greedy.
+    model = _model("qwen2_vl")
+    assistant = tiny.build_model("qwen2_vl", layers=2, attn_implementation="sdpa", seed=1)
+    inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
+    _enable(model, pruned, PruneConfig(method="uniform", layer=2, keep=0.5))
+    plain = _generate(model, inputs, steps=8)
+    assert torch.equal(_generate(model, inputs, steps=8, assistant_model=assistant), plain)
+
+
+def test_a_cache_cropped_past_the_pruned_layout_is_refused(pruned):
+    model = _model("qwen2_vl")
+    inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
+    _enable(model, pruned, PruneConfig(method="fastv", layer=2, keep=0.5))
+    with torch.no_grad():
+        cache = model(**inputs, use_cache=True).past_key_values
+        cache.layers[0].keys = cache.layers[0].keys[:, :, :-2]  # as a crop of layer 0 alone
+        cache.layers[0].values = cache.layers[0].values[:, :, :-2]
+        step = {"input_ids": torch.tensor([[5]]), "past_key_values": cache}
+        with pytest.raises(RuntimeError, match=r"^cache: layer 2 holds 13 slots where the pruned"):
+            model(**step)

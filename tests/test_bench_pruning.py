@@ -1,0 +1,50 @@
+"""scripts/bench_pruning.py end to end on a 3-layer model and a 16-token prompt (speed part;
+the accuracy part needs the reference checkpoint and is run by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_pruning.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_pruning", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_speed_rows_measure_real_removal(bench, tmp_path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--layers", "3", "--visual-tokens", "16", "--keeps", "1.0", "0.5", "--repeats", "1"]
+    assert bench.main([*argv, "--threads", "1", "--no-accuracy", "--json", str(out)]) == 0
+    rows = {row["setting"]: row for row in json.loads(out.read_text())["speed"]}
+    assert set(rows) == {"unpruned", "unpruned (A/A)", "fastv", "snapkv", "fastv+snapkv"}
+    # prompt: BOS, vision start, 16 image tokens, vision end, 32 text tokens = 51; FastV keeps 8
+    # image tokens in layer 2; SnapKV keeps max(51 - 25, window 32) = 32 positions in layers 1, 2
+    assert rows["unpruned (A/A)"]["kv_ratio"] == 1.0
+    assert rows["fastv"]["kv_ratio"] == pytest.approx((51 + 51 + 43) / (3 * 51))
+    assert rows["snapkv"]["kv_ratio"] == pytest.approx((51 + 32 + 32) / (3 * 51))
+    table = capsys.readouterr().out
+    assert "| 16 | FastV keep=0.5 |" in table and "| 16 | SnapKV ratio=0.5 |" in table
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--visual-tokens", "1000"], "--visual-tokens: expected square counts"),
+        (["--keeps", "0"], "--keeps: expected ratios with 0 < keep <= 1"),
+        (["--layers", "2"], "--layers: expected > 2"),
+    ],
+)
+def test_bad_arguments_are_refused(bench, argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main([*argv, "--no-accuracy"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
