@@ -66,6 +66,9 @@ torch-mode-stacks          ``torch._C._len_torch_function_stack`` / ``_len_torch
 torch-fake-tensors         ``torch._subclasses.fake_tensor.is_fake`` tells the fake tensors of
                            ``torch.compile`` / ``torch.export`` from real ones (`fake_tensor_test`:
                            the ops read no values of fake tensors).
+cache-layers               a ``DynamicCache`` holds ``DynamicLayer``s whose ``keys`` / ``values``
+                           token pruning may replace, and ``get_seq_length(layer)`` /
+                           ``get_mask_sizes(query, layer)`` read them (`replace_cached_states`).
 ========================== ==========================================================================
 """
 

@@ -10,8 +10,8 @@ keep every kept token's original position (Qwen-VL M-RoPE included). With ``keep
 model's outputs are those of the unpruned model.
 
 Forward calls on a pruned prompt return hidden states and logits for the kept positions only
-(the last position is always kept, so generation is unaffected); a forward with ``labels`` is
-refused. Prompts without visual tokens pass through unpruned (and uncompressed).
+(the last position is always kept, so generation reads the right logits); a forward with
+``labels`` is refused. Prompts without visual tokens pass through unpruned (and uncompressed).
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def enable_token_pruning(
     the model family is not supported (the message lists :data:`SUPPORTED_MODEL_TYPES`),
     ``prune.layer`` is not below the language model's depth (or, for Qwen3-VL, not past its
     deepstack layers), or pruning is already enabled with other configs (call
-    :func:`disable_token_pruning` first). Enabling again with the same configs does nothing.
+    :func:`disable_token_pruning` first); ``ascend_vlm.PatchError`` when the installed
+    transformers is outside the supported range (the gate `patch` uses). Enabling again with the
+    same configs does nothing.
     """
     base = _base_model(model)
     if prune is not None and not isinstance(prune, PruneConfig):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 # method -> whether its scores need the attention of the layer before the cut
 TOKEN_METHODS = {"fastv": True, "divprune": False, "random": False, "uniform": False}
 POOLINGS = ("avg", "max")
@@ -44,7 +46,9 @@ class PruneConfig:
     num_hidden_layers`` (layer 0 always sees every token: transformers reads positions and mask
     sizes from layer 0's cache, which therefore keeps the prompt's full length).
     keep: fraction of each row's visual tokens kept, ``0 < keep <= 1``; a row with ``n`` visual
-    tokens keeps ``ceil(keep * n)``.
+    tokens keeps ``ceil(keep * n)``; the prompt's last position is always kept (generation reads
+    its logits).
+    seed: the random stream of ``"random"`` (ignored by the other methods).
     """
 
     method: str = "fastv"
@@ -76,8 +80,8 @@ class SnapKVConfig:
     (``pooling`` over ``kernel_size``, stride 1), and averaged over the query heads reading one
     KV head (``per_head=True``: each KV head keeps its own positions) or over all heads
     (``per_head=False``: one set for the whole layer). The window itself is always kept; of the
-    ``S`` prompt positions, ``S - floor(compression_ratio * S)`` stay (at least the window).
-    Layer 0 is left whole (transformers reads the prompt length from it). Needs a dynamic cache.
+    ``S`` prompt positions of a row, ``S - floor(compression_ratio * S)`` stay (at least the
+    window; a batch keeps the longest row's count, marking the surplus dead). Layer 0 is left whole (transformers reads the prompt length from it). Needs a dynamic cache.
     """
 
     compression_ratio: float = 0.5
@@ -99,7 +103,11 @@ class SnapKVConfig:
         if not isinstance(self.per_head, bool):
             raise ValueError(f"per_head: expected True or False, got {self.per_head!r}")
 
-    def kept_positions(self, prompt_length: int) -> int:
-        """Prompt positions each layer keeps: ``S - floor(ratio * S)``, at least the window."""
+    def kept_slots(self, prompt_length: int | torch.Tensor) -> int | torch.Tensor:
+        """Prompt slots a layer of ``S`` keeps: ``S - floor(ratio * S)``, at least the window (at
+        most ``S``); elementwise for a tensor of lengths."""
+        if isinstance(prompt_length, torch.Tensor):
+            dropped = (self.compression_ratio * prompt_length.double()).floor().long()
+            return torch.minimum((prompt_length - dropped).clamp(min=self.window), prompt_length)
         kept = prompt_length - math.floor(self.compression_ratio * prompt_length)
         return min(prompt_length, max(kept, self.window))

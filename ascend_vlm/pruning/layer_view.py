@@ -27,13 +27,15 @@ class LayerView:
     def length(self) -> int:
         return self.columns.shape[-1]
 
-    def narrowed(self, slots: torch.Tensor) -> LayerView:
-        """The view of a cache keeping slots ``slots`` ``[B, H', L']`` of this one."""
+    def narrowed(self, slots: torch.Tensor, live: torch.Tensor) -> LayerView:
+        """The view of a cache keeping slots ``slots`` ``[B, H', L']`` of this one, those with
+        ``live`` False (same shape) dead from now on."""
         heads = max(self.columns.shape[1], slots.shape[1])
         shape = (slots.shape[0], heads, self.length)
-        columns = self.columns.expand(shape).gather(2, slots.expand(-1, heads, -1))
-        live = self.live.expand(shape).gather(2, slots.expand(-1, heads, -1))
-        return LayerView(columns, live, self.prompt_length)
+        index = slots.expand(-1, heads, -1)
+        columns = self.columns.expand(shape).gather(2, index)
+        still_live = self.live.expand(shape).gather(2, index) & live.expand(-1, heads, -1)
+        return LayerView(columns, still_live, self.prompt_length)
 
 
 def identity_view(batch: int, length: int, device: torch.device) -> LayerView:
@@ -43,7 +45,8 @@ def identity_view(batch: int, length: int, device: torch.device) -> LayerView:
     return LayerView(columns, live, length)
 
 
-def _as_bool(mask: torch.Tensor) -> torch.Tensor:
+def attended(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` (bool True = attend, or additive float: 0 = attend) as bool."""
     if mask.dtype == torch.bool:
         return mask
     return mask > torch.finfo(mask.dtype).min / 2
@@ -70,7 +73,7 @@ def remapped_mask(
     the layer's key length), dead slots masked; ``rows`` ``[B, S']`` picks the query rows (the
     pruned prompt, at prefill). Per-head views give ``[B, query_heads, Q', width]``
     (each KV head's slots repeated for its query group). Same dtype convention as ``mask``."""
-    keep = _as_bool(mask)
+    keep = attended(mask)
     batch = view.columns.shape[0]
     if rows is not None:
         keep = keep.expand(batch, keep.shape[1], -1, -1)

@@ -29,6 +29,7 @@ from torch import nn
 
 from ascend_vlm import ops
 from ascend_vlm._compat import (
+    ATTENTION_NAME,
     attention_function,
     cache_argument,
     cache_layer_kind,
@@ -40,6 +41,7 @@ from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig, kept_count
 from ascend_vlm.pruning.families import PruningTarget
 from ascend_vlm.pruning.layer_view import (
     LayerView,
+    attended,
     causal_mask,
     gathered_positions,
     identity_view,
@@ -59,12 +61,30 @@ SCORED_ATTENTION = "ascend_vlm_scored"
 # The scored config copy carries the implementation it wraps and the config it replaced.
 _INNER_ATTENTION = "_ascend_vlm_inner_attention"
 _INNER_CONFIG = "_ascend_vlm_inner_config"
+# Implementations whose masks the layer views re-index (4-D bool / additive float, or None).
+MASKED_ATTENTION = ("eager", "sdpa", ATTENTION_NAME)
 _ACTIVE: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar(
     "ascend_vlm_pruning_forward", default=None
 )
+# cache object -> {layer: LayerView}: how each pruned or compressed layer of a cache filled by
+# a pruned prefill holds the prompt. Module-wide, so a model pruned again (same configs) keeps
+# reading the caches it filled before; weak, so a finished generation's record goes with it.
+_CACHE_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def scored_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
+def recorded_views(cache: Any) -> dict[int, LayerView] | None:
+    """The layer views recorded for ``cache`` by a pruned prefill (None: not filled so)."""
+    return _CACHE_VIEWS.get(cache)
+
+
+def scored_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention-interface function of the scored layers: the module's own implementation (named
     on its config copy), plus the probability rows the active prefill asked this layer for."""
     inner = attention_function(module, module.config.__dict__[_INNER_ATTENTION])
@@ -75,67 +95,84 @@ def scored_attention(module: nn.Module, query, key, value, attention_mask, **kwa
     return result
 
 
+def _hidden_states(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The hidden states a decoder layer call received."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
 @dataclass
 class _Prefill:
-    """What one prefill knows before its layers run: ``visual`` [B, S] (bool, real visual tokens),
-    per-row visual counts and kept counts (host ints), and the pruned prompt length."""
+    """What one prefill knows before its layers run: ``visual`` [B, S] (bool, real visual tokens
+    but the last position), per-row visual, live and kept counts (host ints) and the pruned
+    prompt length; then what its layers produce."""
 
     visual: torch.Tensor
     counts: list[int]
     live_counts: list[int]
     kept_counts: list[int]
     length: int
+    element_size: int = 0
     token_view: LayerView | None = None
-    rows: torch.Tensor | None = None
-    fastv: torch.Tensor | None = None
-    windows: dict[int, torch.Tensor] = field(default_factory=dict)
-    views: dict[int, LayerView] = field(default_factory=dict)
+    kept_rows: torch.Tensor | None = None
+    fastv_scores: torch.Tensor | None = None
+    windows: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    compressed_views: dict[int, LayerView] = field(default_factory=dict)
 
 
 class _Forward:
     """One forward of the multimodal model: its cache, the views recorded for that cache, and
     (at a prefill) the state the layers build up."""
 
-    def __init__(self, pruner: TokenPruner, cache: Any, views: dict[int, LayerView] | None):
+    def __init__(self, pruner: TokenPruner, cache: Any, previous: _Forward | None) -> None:
         self.pruner = pruner
         self.cache = cache
-        self.views = views or {}
+        self.recorded = (recorded_views(cache) if cache is not None else None) or {}
+        self.previous = previous
         self.prefill: _Prefill | None = None
         self.masks: dict[tuple, torch.Tensor] = {}
-        self.swapped: dict[int, Any] = {}
-        self.token: contextvars.Token | None = None
+        self.swapped: dict[int, nn.Module] = {}
 
-    def view(self, layer: int) -> LayerView | None:
-        """How layer ``layer`` sees the prompt in this forward (None: as transformers does)."""
+    def layer_view(self, layer: int) -> LayerView | None:
+        """How layer ``layer`` sees the prompt in this forward (None: as transformers does): at a
+        prefill the token view from the cut on, later what the prefill recorded."""
         if self.prefill is not None:
             return self.prefill.token_view if layer >= self.pruner.token_layer else None
-        return self.views.get(layer)
+        return self.recorded.get(layer)
 
-    def take_scores(self, layer: int, query, key, mask, scale) -> None:
+    def take_scores(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float | None,
+    ) -> None:
         """Keep the probability rows layer ``layer``'s attention call owes this prefill."""
         prefill, pruner = self.prefill, self.pruner
         if prefill is None:
             return
         if pruner.prune is not None and layer == pruner.token_layer - 1:
-            length = prefill.visual.shape[1]
-            rows = None if mask is None else mask[..., -1:, : key.shape[2]]
-            prefill.fastv = fastv_scores(query[:, :, -1:], key, rows)[:, :length]
+            prompt = prefill.visual.shape[1]
+            last_row = None if mask is None else mask[..., -1:, : key.shape[2]]
+            scores = fastv_scores(query[:, :, -1:], key, last_row, scale)
+            prefill.fastv_scores = scores[:, :prompt]
         if pruner.kv is not None and layer in pruner.compressed_layers:
-            length = query.shape[2]
-            window = min(pruner.kv.window, length)
-            keys = key[:, :, :length]
+            slots = query.shape[2]  # this layer's prompt slots (pruned or not)
+            window = min(pruner.kv.window, slots)
             if mask is None:
-                rows = causal_mask(window, length, query.device)
+                rows = causal_mask(window, slots, query.device)
             else:
-                rows = mask[..., -window:, :length]
-            prefill.windows[layer] = ops.attention_probabilities(
-                query[:, :, -window:], keys, rows, scale=scale
+                rows = mask[..., -window:, :slots]
+            probabilities = ops.attention_probabilities(
+                query[:, :, -window:], key[:, :, :slots], rows, scale=scale
             )
+            valid = attended(rows[..., -1, :]).reshape(-1, slots).expand(query.shape[0], -1)
+            prefill.windows[layer] = (probabilities, valid)
 
 
 class TokenPruner:
-    """The pruning state of one model: its configs, hooks, and the views of the caches it filled
-    (weakly keyed by cache, so a finished generation's record goes with its cache)."""
+    """The pruning state of one model: its configs, its hooks, and the statistics of its last
+    pruned prefill."""
 
     def __init__(self, target: PruningTarget, prune: PruneConfig | None, kv: SnapKVConfig | None):
         self.target = target
@@ -144,7 +181,6 @@ class TokenPruner:
         depth = len(target.layers)
         self.token_layer = prune.layer if prune is not None else depth
         self.compressed_layers = range(1, depth) if kv is not None else range(0)
-        self.records: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.last_stats: PruningStats | None = None
         self.handles: list = []
         self._ids = torch.tensor(target.visual_token_ids)
@@ -168,45 +204,72 @@ class TokenPruner:
             )
 
     def remove(self) -> None:
+        """Remove the hooks and any scored config an interrupted prefill left behind."""
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        for layer in self.target.layers:
+            _restore_config(layer.self_attn)
+        active = _ACTIVE.get()
+        if active is not None and active.pruner is self:
+            _ACTIVE.set(active.previous)
+
+    def _active(self) -> _Forward | None:
+        """This model's forward in progress (None outside one, or inside another model's)."""
+        forward = _ACTIVE.get()
+        return forward if forward is not None and forward.pruner is self else None
 
     # ------------------------------------------------------------------ the model forward
 
     @staticmethod
-    def _refuse_labels(module, args, kwargs):
+    def _refuse_labels(module: nn.Module, args: tuple, kwargs: dict) -> None:
         if kwargs.get("labels") is not None:
             raise ValueError(
                 "labels: token pruning drops prompt positions, so a loss over the prompt cannot "
                 "be computed; call ascend_vlm.pruning.disable_token_pruning(model) for training"
             )
 
-    def _begin(self, module, args, kwargs):
+    def _begin(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        previous = _ACTIVE.get()
+        if previous is not None and previous.pruner is self:
+            # a forward of this model cannot run inside itself: that one was interrupted
+            for attention in previous.swapped.values():
+                _restore_config(attention)
+            previous = previous.previous
         cache = cache_argument(kwargs)
-        record = self.records.get(cache) if cache is not None else None
-        forward = _Forward(self, cache, record)
+        forward = _Forward(self, cache, previous)
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         if input_ids is not None and input_ids.shape[1] > 1:
             visual = torch.isin(input_ids, self._ids.to(input_ids.device))
+            visual[:, -1] = False  # generation reads the last position's logits
             attention_mask = kwargs.get("attention_mask")
             if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
                 visual &= attention_mask[:, -input_ids.shape[1] :].bool()
             counts = visual.sum(dim=1).tolist()  # the one host read of a prefill: its shape
             if any(counts):
-                self._check_prefill(cache, record)
+                self._check_prefill(cache, forward.recorded)
                 forward.prefill = self._plan(visual, counts)
-        forward.token = _ACTIVE.set(forward)
+        elif cache is not None and not forward.recorded:
+            self._check_unrecorded(cache)
+        _ACTIVE.set(forward)
 
-    def _check_prefill(self, cache, record) -> None:
-        if record is not None or (cache is not None and int(cache.get_seq_length()) > 0):
+    def _check_prefill(self, cache: Any, recorded: dict) -> None:
+        implementation = self.target.layers[0].self_attn.config._attn_implementation
+        if implementation not in MASKED_ATTENTION:
+            raise ValueError(
+                f"attn_implementation: token pruning re-indexes 4-D attention masks and runs "
+                f"with {', '.join(MASKED_ATTENTION)}, got {implementation!r}"
+            )
+        if recorded or (cache is not None and int(cache.get_seq_length()) > 0):
             raise ValueError(
                 "input_ids: token pruning prunes a prompt's first forward into an empty cache; "
                 "this prompt continues a filled cache and carries new visual tokens (start a new "
-                "cache, or disable pruning for multi-turn prompts with new images)"
+                "conversation with an empty cache for a prompt with new images)"
             )
-        if cache is None:
-            return
+        if cache is not None:
+            self._check_cache_kinds(cache)
+
+    def _check_cache_kinds(self, cache: Any) -> None:
         kinds = {cache_layer_kind(cache, index) for index in range(len(self.target.layers))}
         accepted = {"dynamic"} if self.kv is not None else {"dynamic", "static"}
         if not kinds <= accepted:
@@ -215,6 +278,19 @@ class TokenPruner:
                 f"cache layers (sliding-window layers drop the slots a pruned layer maps; "
                 f"SnapKV shrinks a dynamic cache, a static one cannot free slots), got "
                 f"{sorted(kinds)}"
+            )
+
+    def _check_unrecorded(self, cache: Any) -> None:
+        """A dynamic cache with no recorded views must hold one length in every layer; uneven
+        ones were filled by a pruned prefill whose record is gone (or edited by hand)."""
+        depth = len(self.target.layers)
+        if any(cache_layer_kind(cache, index) != "dynamic" for index in range(depth)):
+            return
+        lengths = {cache.get_seq_length(index) for index in range(depth)}
+        if len(lengths) > 1:
+            raise RuntimeError(
+                f"cache: its layers hold {sorted(lengths)} slots but no pruned layout is recorded "
+                f"for it; continue a pruned cache only with the process and pruning that filled it"
             )
 
     def _plan(self, visual: torch.Tensor, counts: list[int]) -> _Prefill:
@@ -226,36 +302,39 @@ class TokenPruner:
         kept = [count - fewest_dropped for count in counts]
         return _Prefill(visual, counts, live, kept, length - fewest_dropped)
 
-    def _end(self, module, args, kwargs, output):
-        forward = _ACTIVE.get()
-        if forward is None or forward.pruner is not self:
+    def _end(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        forward = self._active()
+        if forward is None:
             return
-        _ACTIVE.reset(forward.token)
+        _ACTIVE.set(forward.previous)
         prefill = forward.prefill
         if prefill is None or output is None:
             return
-        depth = len(self.target.layers)
-        views = {
-            index: view
-            for index in range(depth)
-            if (view := prefill.views.get(index, forward.view(index))) is not None
-        }
+        views = {}
+        for index in range(len(self.target.layers)):
+            view = prefill.compressed_views.get(index, forward.layer_view(index))
+            if view is not None:
+                views[index] = view
         if forward.cache is not None and views:
-            self.records[forward.cache] = views
+            _CACHE_VIEWS[forward.cache] = views
         self.last_stats = prefill_stats(self.target.layers, prefill, views, self.token_layer)
 
     # ------------------------------------------------------------------ the decoder layers
 
     def _layer_hook(self, index: int):
-        def hook(layer, args, kwargs):
-            forward = _ACTIVE.get()
-            if forward is None or forward.pruner is not self:
+        def hook(layer: nn.Module, args: tuple, kwargs: dict):
+            forward = self._active()
+            if forward is None:
                 return None
-            if forward.cache is None:
+            prefill = forward.prefill
+            if forward.cache is None and cache_argument(kwargs) is not None:
                 # transformers made the cache inside the language model: record against it
                 forward.cache = cache_argument(kwargs)
-            prefill = forward.prefill
+                if prefill is not None:
+                    self._check_cache_kinds(forward.cache)
             if prefill is not None:
+                if index == 0:
+                    prefill.element_size = _hidden_states(args, kwargs).element_size()
                 wants_scores = (
                     self.prune is not None
                     and self.prune.needs_attention
@@ -265,14 +344,14 @@ class TokenPruner:
                     self._score_layer(forward, index, layer)
                 if index == self.token_layer:
                     args, kwargs = self._cut(forward, args, kwargs)
-            view = forward.view(index)
+            view = forward.layer_view(index)
             if view is None:
                 return args, kwargs
             if prefill is None:
                 self._check_layout(forward.cache, index, view, args, kwargs)
             kwargs = dict(kwargs)
-            rows = prefill.rows if prefill is not None else None
-            kwargs["attention_mask"] = self._mask(forward, index, view, kwargs, args, rows)
+            rows = prefill.kept_rows if prefill is not None else None
+            kwargs["attention_mask"] = self._mask(forward, index, view, args, kwargs, rows)
             if rows is not None:
                 cos, sin = kwargs["position_embeddings"]
                 kwargs["position_embeddings"] = (
@@ -280,20 +359,21 @@ class TokenPruner:
                     gathered_positions(sin, rows, -2),
                 )
                 positions = kwargs.get("position_ids")
-                if isinstance(positions, torch.Tensor) and positions.shape[-1] == prefill.length:
+                prompt = prefill.visual.shape[1]
+                if isinstance(positions, torch.Tensor) and positions.shape[-1] == prompt:
                     kwargs["position_ids"] = gathered_positions(positions, rows, -1)
             return args, kwargs
 
         return hook
 
     def _layer_done(self, index: int):
-        def hook(layer, args, output):
-            forward = _ACTIVE.get()
-            if forward is None or forward.pruner is not self:
+        def hook(layer: nn.Module, args: tuple, output: Any) -> None:
+            forward = self._active()
+            if forward is None:
                 return
             attention = forward.swapped.pop(index, None)
             if attention is not None:
-                attention.__dict__["config"] = attention.config.__dict__[_INNER_CONFIG]
+                _restore_config(attention)
             prefill = forward.prefill
             if prefill is not None and index in prefill.windows and output is not None:
                 self._compress(forward, index)
@@ -302,7 +382,7 @@ class TokenPruner:
 
     def _score_layer(self, forward: _Forward, index: int, layer: nn.Module) -> None:
         attention = layer.self_attn
-        config = attention.config
+        config = attention.config.__dict__.get(_INNER_CONFIG, attention.config)
         scored = copy.copy(config)
         set_attention_implementation(scored, SCORED_ATTENTION)
         scored.__dict__[_INNER_ATTENTION] = config._attn_implementation
@@ -313,13 +393,18 @@ class TokenPruner:
     def _cut(self, forward: _Forward, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """At the first pruned layer: choose the kept positions, cut the hidden states."""
         prefill = forward.prefill
-        hidden = args[0] if args else kwargs["hidden_states"]
+        hidden = _hidden_states(args, kwargs)
         device = hidden.device
         live_counts = torch.tensor(prefill.live_counts, device=device)
         kept_counts = torch.tensor(prefill.kept_counts, device=device)
         method = self.prune.method
         if method == "fastv":
-            scores = prefill.fastv
+            scores = prefill.fastv_scores
+            if scores is None:
+                raise RuntimeError(
+                    f"fastv: layer {self.token_layer - 1}'s attention call did not run through "
+                    f"its attention implementation, so it gave no scores"
+                )
         elif method == "divprune":
             steps, width = max(prefill.kept_counts), max(prefill.counts)
             scores = divprune_scores(hidden, prefill.visual, steps, width)
@@ -328,7 +413,7 @@ class TokenPruner:
         else:
             scores = uniform_scores(prefill.visual, live_counts)
         plan = keep_plan(scores, prefill.visual, live_counts, kept_counts, prefill.length)
-        prefill.rows = plan.kept
+        prefill.kept_rows = plan.kept
         prefill.token_view = LayerView(
             plan.kept[:, None, :], plan.live[:, None, :], prefill.visual.shape[1]
         )
@@ -338,26 +423,37 @@ class TokenPruner:
         return args, {**kwargs, "hidden_states": hidden}
 
     @staticmethod
-    def _check_layout(cache, index: int, view: LayerView, args: tuple, kwargs: dict) -> None:
+    def _check_layout(cache: Any, index: int, view: LayerView, args: tuple, kwargs: dict) -> None:
         """Refuse a dynamic cache whose layer ``index`` no longer holds the slots its view maps
-        (cropped by assisted decoding, or filled without pruning), instead of attending to the
-        wrong keys. Layer 0, already written in this forward, holds the original length."""
+        (cropped or extended outside pruning), instead of attending to the wrong keys. Layer 0,
+        already written in this forward, holds the original length."""
         if cache is None or cache_layer_kind(cache, index) != "dynamic":
             return
-        queries = (args[0] if args else kwargs["hidden_states"]).shape[1]
+        queries = _hidden_states(args, kwargs).shape[1]
         generated = cache.get_seq_length(0) - queries - view.prompt_length
         held = cache.get_seq_length(index)
         if held != view.length + generated:
             raise RuntimeError(
                 f"cache: layer {index} holds {held} slots where the pruned prompt's layout needs "
                 f"{view.length + generated}; the cache was cropped or extended outside token "
-                f"pruning (assisted decoding and cache cropping are not supported with it)"
+                f"pruning"
             )
 
-    def _mask(self, forward, index, view, kwargs, args, rows) -> torch.Tensor:
+    def _mask(
+        self,
+        forward: _Forward,
+        index: int,
+        view: LayerView,
+        args: tuple,
+        kwargs: dict,
+        rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The mask layer ``index`` attends with: transformers' (original coordinates; causal
+        when it passed None) re-indexed through ``view`` to the layer's key slots, its query rows
+        picked by ``rows`` at a prefill. One per view and mask per forward."""
         cache = forward.cache
         mask = kwargs.get("attention_mask")
-        hidden = args[0] if args else kwargs["hidden_states"]
+        hidden = _hidden_states(args, kwargs)
         queries = hidden.shape[1] if rows is None else rows.shape[1]
         key = (id(view), id(mask), rows is not None)
         cached = forward.masks.get(key)
@@ -376,29 +472,23 @@ class TokenPruner:
     def _compress(self, forward: _Forward, index: int) -> None:
         """SnapKV on layer ``index``'s freshly written prompt cache."""
         prefill, kv = forward.prefill, self.kv
-        probabilities = prefill.windows.pop(index)
-        length = probabilities.shape[-1]
-        window = probabilities.shape[2]
-        kept = kv.kept_positions(length)
-        if kept >= length:
+        probabilities, valid = prefill.windows.pop(index)
+        slots = probabilities.shape[-1]
+        if kv.kept_slots(slots) >= slots:
             return
-        attention = self.target.layers[index].self_attn
-        kv_heads = attention.config.num_key_value_heads
-        slots = snapkv_choice(
-            probabilities,
-            length - window,
-            kept - window,
-            kv_heads,
-            kernel_size=kv.kernel_size,
-            pooling=kv.pooling,
-            per_head=kv.per_head,
-        )
-        base = forward.view(index) or identity_view(slots.shape[0], length, slots.device)
-        prefill.views[index] = base.narrowed(slots)
-        if forward.cache is not None:
-            cached = forward.cache.layers[index]
-            index_shape = (-1, kv_heads, -1, cached.keys.shape[-1])
-            gather = slots[..., None].expand(index_shape)
-            keys = cached.keys[:, :, :length].gather(2, gather)
-            values = cached.values[:, :, :length].gather(2, gather)
-            replace_cached_states(forward.cache, index, keys, values)
+        kv_heads = self.target.layers[index].self_attn.config.num_key_value_heads
+        choice = snapkv_choice(probabilities, valid, kv, kv_heads)
+        base = forward.layer_view(index) or identity_view(valid.shape[0], slots, valid.device)
+        prefill.compressed_views[index] = base.narrowed(choice.slots, choice.live)
+        cached = forward.cache.layers[index]
+        gather = choice.slots[..., None].expand(-1, kv_heads, -1, cached.keys.shape[-1])
+        keys = cached.keys[:, :, :slots].gather(2, gather)
+        values = cached.values[:, :, :slots].gather(2, gather)
+        replace_cached_states(forward.cache, index, keys, values)
+
+
+def _restore_config(attention: nn.Module) -> None:
+    """Give ``attention`` back the config a scored copy replaced (no-op when not swapped)."""
+    inner = attention.config.__dict__.get(_INNER_CONFIG)
+    if inner is not None:
+        attention.__dict__["config"] = inner

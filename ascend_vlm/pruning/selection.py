@@ -13,23 +13,35 @@ import torch
 import torch.nn.functional as F
 
 from ascend_vlm import ops
+from ascend_vlm.pruning.config import SnapKVConfig
 
 
 class KeepPlan(NamedTuple):
-    """The prompt positions the pruned layers keep, ascending per row: ``kept`` ``[B, S']`` (long)
-    and ``live`` ``[B, S']`` (bool). A row whose own count is below ``S'`` (it drops more visual
+    """The prompt positions the pruned layers keep per row: ``kept`` ``[B, S']`` (long) and
+    ``live`` ``[B, S']`` (bool). A row whose own count is below ``S'`` (it drops more visual
     tokens than the row dropping fewest) fills up with its best dropped tokens, kept as dead
-    slots (``live`` False) that no query attends to."""
+    slots (``live`` False) that no query attends to; those come first, then the live ones in
+    prompt order (the last position stays last)."""
 
     kept: torch.Tensor
     live: torch.Tensor
 
 
-def fastv_scores(query_last: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None):
+def _first(mask: torch.Tensor) -> torch.Tensor:
+    """Per row, the positions where ``mask`` [B, S] is True, in order, then the others."""
+    return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+
+
+def fastv_scores(
+    query_last: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Attention each prompt position receives from the last query row, mean over query heads:
     ``query_last`` ``[B, Nq, 1, D]``, keys ``[B, Nkv, Skv, D]``, ``mask`` the call's mask rows for
-    that query (or None) -> ``[B, Skv]`` float32."""
-    probabilities = ops.attention_probabilities(query_last, key, mask)
+    that query (or None), ``scale`` the call's -> ``[B, Skv]`` float32."""
+    probabilities = ops.attention_probabilities(query_last, key, mask, scale=scale)
     return probabilities.mean(dim=1)[:, 0]
 
 
@@ -42,12 +54,12 @@ def divprune_scores(
     Runs ``steps`` picks per row; the ``i``-th pick scores ``steps - i``, unpicked tokens -1.
     ``width`` is the most visual tokens any row has (known on the host, so no read here)."""
     batch, length = visual.shape
-    positions = torch.argsort((~visual).to(torch.int8), dim=1, stable=True)[:, :width]
+    positions = _first(visual)[:, :width]
     valid = visual.gather(1, positions)
     picked_features = features.gather(1, positions[..., None].expand(-1, -1, features.shape[-1]))
     unit = F.normalize(picked_features.float(), dim=-1)
     distance = 1.0 - unit @ unit.transpose(1, 2)
-    inf = torch.tensor(float("inf"), device=distance.device)
+    inf = float("inf")
     pair_valid = valid[:, :, None] & valid[:, None, :]
     eye = torch.eye(width, dtype=torch.bool, device=distance.device)
     nearest = distance.masked_fill(~pair_valid | eye, inf).amin(dim=2)
@@ -102,36 +114,64 @@ def keep_plan(
     )
     keep = ~visual | (rank < kept_counts[:, None])
     live = ~visual | (rank < live_counts[:, None])
-    kept = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :length]
-    return KeepPlan(kept, live.gather(1, kept))
+    kept = _first(keep)[:, :length]
+    live = live.gather(1, kept)
+    # Dead slots go first, the rest in prompt order: next to live slots they would shift the
+    # neighbourhoods a later SnapKV pools over; at the front they sit with the padding, where
+    # a row alone has its pooling's zero padding.
+    dead_first = torch.argsort(live.to(torch.int8), dim=1, stable=True)
+    return KeepPlan(kept.gather(1, dead_first), live.gather(1, dead_first))
+
+
+class SnapKVChoice(NamedTuple):
+    """The cache slots one layer keeps, ``slots`` ``[B, H, K]`` ascending (``H`` the KV heads, or
+    1 for all), and ``live`` ``[B, H, K]``: False for the slots a row keeps only to stay
+    rectangular (it alone would keep fewer)."""
+
+    slots: torch.Tensor
+    live: torch.Tensor
 
 
 def snapkv_choice(
     probabilities: torch.Tensor,
-    prefix: int,
-    kept_prefix: int,
+    valid: torch.Tensor,
+    config: SnapKVConfig,
     kv_heads: int,
-    *,
-    kernel_size: int,
-    pooling: str,
-    per_head: bool,
-) -> torch.Tensor:
-    """SnapKV's kept prompt positions ``[B, H, kept_prefix + window]`` (ascending; ``H`` the KV
-    heads, or 1 when not ``per_head``) from the window queries' attention ``probabilities``
-    ``[B, Nq, window, S]``: votes summed over the window on the first ``prefix = S - window``
-    positions, pooled over ``kernel_size`` neighbours, averaged per KV head's query group (or over
-    every head), top ``kept_prefix``; the window's own positions always follow."""
-    batch, heads, _, length = probabilities.shape
+) -> SnapKVChoice:
+    """SnapKV's choice from the window queries' attention ``probabilities`` ``[B, Nq, W, L]``
+    over a layer's ``L`` prompt slots, of which ``valid`` ``[B, L]`` are real (not padding, not
+    dead). Votes summed over the window on the first ``L - W`` slots are pooled over
+    ``config.kernel_size`` neighbours (stride 1, as a row alone would pool them: padding votes
+    are 0) and averaged per KV head's query group (or over every head); a row keeps its best
+    ``config.kept_slots(n) - (its real window slots)`` for its ``n`` real slots (ties to the
+    later slot), and the window.
+    Every row gets the slot count of the longest; the extra ones are not live."""
+    batch, heads, window, length = probabilities.shape
+    prefix = length - window
     votes = probabilities[..., :prefix].sum(dim=2)
     flat = votes.reshape(batch * heads, 1, prefix)
-    pad = kernel_size // 2
-    if pooling == "avg":
-        pooled = F.avg_pool1d(flat, kernel_size, stride=1, padding=pad)
+    pad = config.kernel_size // 2
+    if config.pooling == "avg":
+        pooled = F.avg_pool1d(flat, config.kernel_size, stride=1, padding=pad)
     else:
-        pooled = F.max_pool1d(flat, kernel_size, stride=1, padding=pad)
+        pooled = F.max_pool1d(flat, config.kernel_size, stride=1, padding=pad)
     pooled = pooled.reshape(batch, kv_heads, heads // kv_heads, prefix).mean(dim=2)
-    if not per_head:
+    if not config.per_head:
         pooled = pooled.mean(dim=1, keepdim=True)
-    chosen = pooled.topk(kept_prefix, dim=-1).indices.sort(dim=-1).values
-    window = torch.arange(prefix, length, device=chosen.device)
-    return torch.cat([chosen, window.expand(*chosen.shape[:2], -1)], dim=-1)
+    pooled = pooled.masked_fill(~valid[:, None, :prefix], float("-inf"))
+    slots = config.kept_slots(length) - window
+    real_window = valid[:, prefix:].sum(dim=1)
+    live_slots = (config.kept_slots(valid.sum(dim=1)) - real_window).clamp(min=0)
+    # Ties go to the later slot: counted from the window, a row's slots are where they are
+    # alone, whatever padding precedes them.
+    from_window = torch.argsort(pooled.flip(-1), dim=-1, descending=True, stable=True)
+    best = prefix - 1 - from_window[..., :slots]
+    ranked_live = torch.arange(slots, device=best.device) < live_slots[:, None, None]
+    chosen, order = best.sort(dim=-1)
+    live = ranked_live.expand_as(best).gather(-1, order)
+    shape = (*chosen.shape[:2], window)
+    window_slots = torch.arange(prefix, length, device=chosen.device).expand(shape)
+    window_live = valid[:, None, prefix:].expand(shape)
+    return SnapKVChoice(
+        torch.cat([chosen, window_slots], dim=-1), torch.cat([live, window_live], dim=-1)
+    )

@@ -16,13 +16,15 @@ class PruningStats:
     visual_tokens / kept_visual_tokens: per row, the prompt's visual tokens and those still
     attended after pruning. layer_tokens: prompt slots each decoder layer computed and cached
     (per KV head the same count). kv_bytes / kv_bytes_unpruned: bytes of the prompt's keys and
-    values over all layers, as cached and as they would be without pruning (a static cache keeps
-    its allocation; this counts the slots in use). flops / flops_unpruned: estimated language-model
+    values over all layers (in the activations' dtype), as cached and as they would be without
+    pruning (a static cache keeps its allocation; this counts the slots in use; without a cache,
+    the bytes one would hold). flops / flops_unpruned: estimated language-model
     prefill FLOPs, ``sum over layers of 2 n P + 2 n^2 H d`` (``n`` the layer's prompt tokens,
     ``P`` its linear weights, ``H d`` the query width; causal attention computes half the
     ``n x n`` scores, each a multiply-add in ``q k^T`` and in ``p v``). kept_positions: the
-    prompt positions the pruned layers computed, ``[B, S']`` ascending (on the model's device;
-    dead filler slots of rows that drop more than others included), None without token pruning.
+    prompt positions the pruned layers computed, ``[B, S']`` (on the model's device): a row's dead
+    filler slots first (rows that drop more than others keep some), then its live positions
+    ascending; None without token pruning.
     """
 
     prompt_tokens: int
@@ -74,8 +76,7 @@ def prefill_stats(
         attention = layer.self_attn
         config = attention.config
         head_dim = getattr(attention, "head_dim", config.hidden_size // config.num_attention_heads)
-        element = next(attention.parameters()).element_size()
-        per_slot = 2 * batch * config.num_key_value_heads * head_dim * element
+        per_slot = 2 * batch * config.num_key_value_heads * head_dim * prefill.element_size
         kv_bytes += per_slot * cached[index]
         unpruned_bytes += per_slot * length
         weights = _linear_weights(layer)
@@ -92,5 +93,5 @@ def prefill_stats(
         kv_bytes_unpruned=unpruned_bytes,
         flops=flops,
         flops_unpruned=unpruned_flops,
-        kept_positions=prefill.rows,
+        kept_positions=prefill.kept_rows,
     )

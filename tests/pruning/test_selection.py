@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 import torch
 
-from ascend_vlm import ops
 from ascend_vlm.pruning.config import SnapKVConfig, kept_count
 from ascend_vlm.pruning.layer_view import LayerView, remapped_mask
 from ascend_vlm.pruning.selection import (
@@ -69,32 +69,54 @@ def test_keep_plan_keeps_text_and_best_visual_in_order_with_dead_fillers():
     # row 0 keeps 2 of 4 (drops 2), row 1 keeps 1 of 2 (drops 1): length 6 - 1 = 5, so row 0
     # also keeps its third-best visual token as a dead slot
     plan = keep_plan(scores, visual, torch.tensor([2, 1]), torch.tensor([3, 1]), 5)
-    assert plan.kept.tolist() == [[0, 2, 3, 4, 5], [1, 2, 3, 4, 5]]
-    assert plan.live.tolist() == [[True, True, False, True, True], [True] * 5]
+    assert plan.kept.tolist() == [[3, 0, 2, 4, 5], [1, 2, 3, 4, 5]]  # the dead slot first
+    assert plan.live.tolist() == [[False, True, True, True, True], [True] * 5]
 
 
 def test_fastv_scores_are_the_last_query_attention_mean_over_heads():
-    generator = torch.Generator().manual_seed(1)
-    query = torch.randn(2, 4, 1, 8, generator=generator)
-    key = torch.randn(2, 2, 6, 8, generator=generator)
-    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
-    mask[1, ..., :2] = False
-    scores = fastv_scores(query, key, mask)
-    expected = ops.attention_probabilities(query, key, mask).mean(dim=1)[:, 0]
-    torch.testing.assert_close(scores, expected)
-    assert scores[1, :2].abs().max() == 0 and torch.allclose(scores.sum(-1), torch.ones(2))
+    # two query heads reading one key head; keys 0 and 1 masked in row 1
+    query = torch.tensor([[[[1.0, 0.0]], [[0.0, 1.0]]]]).expand(2, -1, -1, -1)
+    key = torch.tensor([[[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]]]).expand(2, -1, -1, -1)
+    mask = torch.tensor([[True, True, True], [False, False, True]])[:, None, None, :]
+    scores = fastv_scores(query, key, mask, scale=2.0)
+    e = torch.e**2
+    # head 0 sees logits (2, 0, 0), head 1 (0, 2, 0): mean of both softmaxes
+    expected_row0 = torch.tensor([(e + 1) / (e + 2) / 2, (1 + e) / (e + 2) / 2, 1 / (e + 2)])
+    torch.testing.assert_close(scores[0], expected_row0)
+    torch.testing.assert_close(scores[1], torch.tensor([0.0, 0.0, 1.0]))
 
 
 def test_snapkv_keeps_the_window_and_the_most_attended_prompt_positions():
     probabilities = torch.zeros(1, 2, 2, 8)
     probabilities[:, 0, :, 1] = 1.0  # head group 0 looks at position 1
     probabilities[:, 1, :, 4] = 1.0  # head group 1 at position 4
-    choice = snapkv_choice(probabilities, 6, 1, 2, kernel_size=1, pooling="avg", per_head=True)
-    assert choice.tolist() == [[[1, 6, 7], [4, 6, 7]]]
-    shared = snapkv_choice(probabilities, 6, 2, 2, kernel_size=1, pooling="max", per_head=False)
-    assert shared.tolist() == [[[1, 4, 6, 7]]]
-    assert SnapKVConfig(compression_ratio=0.5, window=2).kept_positions(9) == 5
-    assert SnapKVConfig(compression_ratio=0.9, window=4).kept_positions(9) == 4
+    valid = torch.ones(1, 8, dtype=torch.bool)
+    # 8 slots, ratio 0.625: keep 8 - 5 = 3 = window 2 + 1 prefix slot per head
+    config = SnapKVConfig(compression_ratio=0.625, window=2, kernel_size=1)
+    choice = snapkv_choice(probabilities, valid, config, 2)
+    assert choice.slots.tolist() == [[[1, 6, 7], [4, 6, 7]]]
+    assert choice.live.all()
+    # ratio 0.5: 2 prefix slots shared by both heads, the two attended positions
+    shared = dataclasses.replace(config, compression_ratio=0.5, per_head=False)
+    assert snapkv_choice(probabilities, valid, shared, 2).slots.tolist() == [[[1, 4, 6, 7]]]
+    assert SnapKVConfig(compression_ratio=0.5, window=2).kept_slots(9) == 5
+    assert SnapKVConfig(compression_ratio=0.9, window=4).kept_slots(9) == 4
+    lengths = torch.tensor([9, 3, 20])
+    assert SnapKVConfig(compression_ratio=0.5, window=4).kept_slots(lengths).tolist() == [5, 3, 10]
+
+
+def test_snapkv_padded_rows_keep_what_they_keep_alone():
+    generator = torch.Generator().manual_seed(3)
+    alone = torch.rand(1, 2, 2, 6, generator=generator).softmax(-1)
+    padded = torch.cat([torch.zeros(1, 2, 2, 4), alone], dim=-1)  # 4 pads on the left
+    config = SnapKVConfig(compression_ratio=0.5, window=2, kernel_size=3)
+    one = snapkv_choice(alone, torch.ones(1, 6, dtype=torch.bool), config, 1)
+    valid = torch.tensor([[False] * 4 + [True] * 6])
+    batched = snapkv_choice(padded, valid, config, 1)
+    # 10 slots keep 5 (3 prefix + window); the row's 6 real ones keep 3 (1 prefix + window)
+    assert one.slots.shape[-1] == 3 and batched.slots.shape[-1] == 5
+    live = batched.slots[batched.live] - 4
+    assert live.tolist() == one.slots.flatten().tolist()
 
 
 def test_remapped_mask_reindexes_columns_rows_and_masks_dead_slots():
