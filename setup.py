@@ -93,6 +93,7 @@ setup(
         "pillow>=10",
         "tqdm>=4.60",
         "scipy>=1.9",
+        "xxhash>=3.0",
     ],
     extras_require={
         "npu": ["torch-npu"],

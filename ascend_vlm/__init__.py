@@ -2,14 +2,15 @@
 
 Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules :mod:`ops`,
 :mod:`runtime`, :mod:`distributed`, :mod:`kernel_backend` (which implementation the ops run),
-:mod:`pruning` (visual-token pruning and KV-cache compression at prefill) and :mod:`testing`
-(the mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
+:mod:`pruning` (visual-token pruning and KV-cache compression at prefill), :mod:`reuse`
+(:class:`VisionCache`: vision features kept across calls and requests) and :mod:`testing` (the
+mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
 
 Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schemas, kernels,
 fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-ed program or a
 compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
 :mod:`ops` (with :mod:`kernel_backend`); everything heavier (transformers through ``patch``,
-:mod:`distributed`, :mod:`pruning`, :mod:`testing`) loads on first access.
+:mod:`distributed`, :mod:`pruning`, :mod:`reuse`, :mod:`testing`) loads on first access.
 """
 
 from __future__ import annotations
@@ -25,26 +26,30 @@ __all__ = [
     "AclError",
     "PatchError",
     "PatchReport",
+    "VisionCache",
     "distributed",
     "kernel_backend",
     "ops",
     "patch",
     "pruning",
+    "reuse",
     "runtime",
     "testing",
     "unpatch",
 ]
 
-_LAZY_SUBMODULES = {"runtime", "distributed", "pruning", "testing"}
+_LAZY_SUBMODULES = {"runtime", "distributed", "pruning", "reuse", "testing"}
 _LAZY_ATTRIBUTES = {
     "patch": "ascend_vlm.patching",
     "unpatch": "ascend_vlm.patching",
     "PatchReport": "ascend_vlm.patching",
+    "VisionCache": "ascend_vlm.reuse",
 }
 
 if TYPE_CHECKING:
-    from ascend_vlm import distributed, pruning, runtime, testing
+    from ascend_vlm import distributed, pruning, reuse, runtime, testing
     from ascend_vlm.patching import PatchReport, patch, unpatch
+    from ascend_vlm.reuse import VisionCache
 
 
 def __getattr__(name: str) -> Any:

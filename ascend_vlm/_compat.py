@@ -66,6 +66,8 @@ torch-mode-stacks          ``torch._C._len_torch_function_stack`` / ``_len_torch
 torch-fake-tensors         ``torch._subclasses.fake_tensor.is_fake`` tells the fake tensors of
                            ``torch.compile`` / ``torch.export`` from real ones (`fake_tensor_test`:
                            the ops read no values of fake tensors).
+tensor-versions            ``Tensor._version`` counts in-place writes (`tensor_version`: the vision
+                           cache's weights fingerprint).
 cache-layers               a ``DynamicCache`` holds ``DynamicLayer``s whose ``keys`` / ``values``
                            token pruning may replace, and ``get_seq_length(layer)`` /
                            ``get_mask_sizes(query, layer)`` read them (`replace_cached_states`).
@@ -321,6 +323,13 @@ def attention_function(module: object, name: str) -> Callable:
     return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager)
 
 
+def tensor_version(tensor: object) -> int:
+    """torch's in-place modification counter of `tensor` (``Tensor._version``): it grows with
+    every in-place write (``copy_`` in ``load_state_dict``, optimizer steps), so a vision-feature
+    cache can tell the weights changed without hashing them."""
+    return tensor._version
+
+
 # The keyword a decoder layer receives its cache under: "cache" from transformers 5.25 (with
 # "past_key_values" deprecated), "past_key_values" before.
 CACHE_KWARGS = ("cache", "past_key_values")
@@ -552,6 +561,16 @@ def fake_tensor_test() -> Callable[[object], bool]:
     return is_fake
 
 
+def _tensor_versions() -> str | None:
+    import torch
+
+    tensor = torch.zeros(2)
+    before = tensor_version(tensor)
+    tensor.add_(1)
+    after = tensor_version(tensor)
+    return None if after == before + 1 else f"_version gives {before} then {after} around add_"
+
+
 def _cache_layers() -> str | None:
     """Token pruning reads and rewrites caches: a DynamicCache of DynamicLayers holding ``keys``
     / ``values`` [B, N, S, D], ``get_seq_length(layer)`` and ``get_mask_sizes(query, layer)``."""
@@ -614,6 +633,7 @@ _GLOBAL_PROBES = (
     Probe("deprecate-kwarg-wrapper", _deprecate_kwarg_wrapper),
     Probe("kernels-wrappers", _kernels_wrappers),
     Probe("cache-layers", _cache_layers),
+    Probe("tensor-versions", _tensor_versions),
     Probe("torch-mode-stacks", _torch_mode_stacks),
     Probe("torch-fake-tensors", _torch_fake_tensors),
 )

@@ -53,6 +53,7 @@ GLOBAL_PROBES = {
     "torch-mode-stacks",
     "torch-fake-tensors",
     "cache-layers",
+    "tensor-versions",
 }
 
 

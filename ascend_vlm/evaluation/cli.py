@@ -253,6 +253,7 @@ class EvalCommand:
                 max_new_tokens=args.max_new_tokens,
                 description=configuration.label,
             )
+            options = self.registry.finish(model, configuration.args, options)
             entries.append(
                 configuration_entry(configuration.label, str(configuration.model), options, result)
             )

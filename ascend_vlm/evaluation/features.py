@@ -10,7 +10,16 @@ import argparse
 from typing import Any
 
 from ascend_vlm.evaluation.options import register_option
-from ascend_vlm.evaluation.pruning_option import add_pruning_arguments, apply_pruning
+from ascend_vlm.evaluation.pruning_option import (
+    add_pruning_arguments,
+    apply_pruning,
+    finish_pruning,
+)
+from ascend_vlm.evaluation.vision_cache_option import (
+    add_vision_cache_arguments,
+    apply_vision_cache,
+    finish_vision_cache,
+)
 
 
 def _add_patch_arguments(group: Any) -> None:
@@ -43,4 +52,9 @@ register_option(
 )
 
 # After "patch": options apply in registration order, so a pruned run is patched first.
-register_option("prune", add_pruning_arguments, apply_pruning)
+register_option("prune", add_pruning_arguments, apply_pruning, finish=finish_pruning)
+
+# The vision tower runs before the language model: cached features are unpruned features.
+register_option(
+    "vision-cache", add_vision_cache_arguments, apply_vision_cache, finish=finish_vision_cache
+)

@@ -33,6 +33,7 @@ class EvalOption:
     add_arguments: Callable[[Any], None]
     apply: Callable[[Any, argparse.Namespace], dict[str, Any]]
     presets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    finish: Callable[[Any, argparse.Namespace], dict[str, Any]] | None = None
 
 
 class OptionRegistry:
@@ -48,6 +49,7 @@ class OptionRegistry:
         apply: Callable[[Any, argparse.Namespace], dict[str, Any]],
         *,
         presets: Mapping[str, Any] | None = None,
+        finish: Callable[[Any, argparse.Namespace], dict[str, Any]] | None = None,
     ) -> EvalOption:
         """Register the feature option ``name`` (lowercase words joined by ``-``).
 
@@ -58,7 +60,9 @@ class OptionRegistry:
         string; when the loaded model cannot take the flags' values it raises ``ValueError``
         starting with the flag's name, which ``eval`` reports as an ``error:`` line (exit
         status 2). ``presets`` maps a ``--compare`` configuration name to the flags it stands for
-        (e.g. ``{"unpatched": ["--no-patch"]}``). Raises ``ValueError`` for a malformed name or
+        (e.g. ``{"unpatched": ["--no-patch"]}``). ``finish(model, args)``, when given, runs once
+        the model has answered every sample and returns entries (e.g. the feature's counters,
+        a fuller ``"summary"``) that update the dict ``apply`` returned. Raises ``ValueError`` for a malformed name or
         a name or preset already registered.
         """
         if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -69,7 +73,7 @@ class OptionRegistry:
         taken = set(presets) & set(self.presets())
         if taken:
             raise ValueError(f"presets: {sorted(taken)} already registered by another option")
-        option = EvalOption(name, add_arguments, apply, presets)
+        option = EvalOption(name, add_arguments, apply, presets, finish)
         self._options[name] = option
         return option
 
@@ -105,6 +109,16 @@ class OptionRegistry:
             applied[option.name] = result
         return applied
 
+    def finish(
+        self, model: Any, args: argparse.Namespace, applied: dict[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        """``applied`` (from :meth:`apply`) updated by every option's ``finish``, after the run."""
+        finished = {}
+        for name, result in applied.items():
+            finish = self._options[name].finish
+            finished[name] = {**result, **finish(model, args)} if finish else result
+        return finished
+
 
 REGISTRY = OptionRegistry()
 
@@ -115,7 +129,8 @@ def register_option(
     apply: Callable[[Any, argparse.Namespace], dict[str, Any]],
     *,
     presets: Mapping[str, Any] | None = None,
+    finish: Callable[[Any, argparse.Namespace], dict[str, Any]] | None = None,
 ) -> EvalOption:
     """Register a feature option of ``python -m ascend_vlm eval`` (:meth:`OptionRegistry.register`
     on ``REGISTRY``)."""
-    return REGISTRY.register(name, add_arguments, apply, presets=presets)
+    return REGISTRY.register(name, add_arguments, apply, presets=presets, finish=finish)

@@ -152,3 +152,14 @@ def apply_pruning(model: Any, args: argparse.Namespace) -> dict[str, Any]:
         "prune": None if prune is None else asdict(prune),
         "kv": None if kv is None else asdict(kv),
     }
+
+
+def finish_pruning(model: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The last pruned prefill's statistics (:class:`~ascend_vlm.pruning.PruningStats`, its
+    kept positions left out), when pruning ran."""
+    stats = pruning.pruning_stats(model) if (args.prune or args.kv) else None
+    if stats is None:
+        return {}
+    fields = stats.as_dict()
+    del fields["kept_positions"]
+    return {"last_prefill": fields}

@@ -84,8 +84,9 @@ def test_json_report_has_every_field(single_run, tiny_model_path):
     }  # fmt: skip
     assert entry["label"] == entry["model"] == str(tiny_model_path)
     patch = entry["options"]["patch"]
-    assert list(entry["options"]) == ["patch", "prune"]
+    assert list(entry["options"]) == ["patch", "prune", "vision-cache"]
     assert entry["options"]["prune"] == {"summary": "not pruned", "prune": None, "kv": None}
+    assert entry["options"]["vision-cache"] == {"summary": "no vision cache", "max_bytes": 0}
     assert patch["patched"] is True
     assert patch["report"]["model_type"] == "qwen2_vl"
     assert re.fullmatch(r"patched: \d+ modules swapped, \d+ left alone", patch["summary"])
@@ -146,12 +147,13 @@ def test_text_report_lists_types_stages_and_memory(single_run, tiny_model_path):
     lines = text.splitlines()
     start = lines.index("dataset  ShapesVQA eval split, seed 0, 112 px images, 10 samples")
     assert lines[start + 1] == "decode   greedy, at most 3 new tokens, batches of 4"
-    assert lines[start + 3 : start + 6] == [
+    assert lines[start + 3 : start + 7] == [
         f"model    {tiny_model_path}",
         f"option   patch: {entry['options']['patch']['summary']}",
         "option   prune: not pruned",
+        "option   vision-cache: no vision cache",
     ]
-    table = lines[start + 7 : start + 14]
+    table = lines[start + 8 : start + 15]
     assert table[0] == "type          samples  exact   95% CI          normalised  95% CI"
     cell = r"\d\.\d{3}  +\[\d\.\d{3}, \d\.\d{3}\]"
     for kind, row in zip([*QUESTION_TYPES, "overall"], table[1:], strict=True):
@@ -159,12 +161,12 @@ def test_text_report_lists_types_stages_and_memory(single_run, tiny_model_path):
         assert re.fullmatch(rf"{kind} +{total}  {cell}  {cell}", row), row
     overall = entry["accuracy"]["exact"]["overall"]
     assert f"{overall['accuracy']:.3f}  [{overall['ci95'][0]:.3f}, " in table[-1]
-    stages = lines[start + 15 : start + 19]
+    stages = lines[start + 16 : start + 20]
     assert stages[0].startswith("stage                   mean ms    p95 ms  (per batch, over 3)")
     names = ["vision encode", "prefill (incl. vision)", "decode per token"]
     for name, row in zip(names, stages[1:], strict=True):
         assert re.fullmatch(rf"{re.escape(name)} +\d+\.\d\d +\d+\.\d\d", row), row
-    assert re.fullmatch(r"peak memory  \+\d+\.\d MiB  \(host RSS peak .*\)", lines[start + 19])
+    assert re.fullmatch(r"peak memory  \+\d+\.\d MiB  \(host RSS peak .*\)", lines[start + 20])
     assert lines[-1].startswith("[ascend_vlm] wrote the full report to ")
 
 
@@ -212,13 +214,31 @@ def test_prune_option_is_applied_and_reported(tiny_model_path, tmp_path):
     text = _run([*argv, "--prune", "random:layer=1,keep=0.5", "--json", str(out)])
     (entry,) = json.loads(out.read_text())["configurations"]
     summary = "pruned: random layer=1 keep=0.5 seed=0"
-    assert entry["options"]["prune"] == {
+    option = entry["options"]["prune"]
+    assert {key: option[key] for key in ("summary", "prune", "kv")} == {
         "summary": summary,
         "prune": {"method": "random", "layer": 1, "keep": 0.5, "seed": 0},
         "kv": None,
     }
+    last = option["last_prefill"]
+    assert last["kept_visual_tokens"] == [-(-count // 2) for count in last["visual_tokens"]]
+    assert last["layer_tokens"][1] < last["layer_tokens"][0] and last["kv_ratio"] < 1
     assert f"option   prune: {summary}" in text.splitlines()
     assert len(entry["predictions"]) == 2
+
+
+def test_vision_cache_option_reports_its_counters(tiny_model_path, tmp_path):
+    out = tmp_path / "report.json"
+    argv = ["--model", str(tiny_model_path), "--limit", "2", "--max-new-tokens", "1"]
+    text = _run([*argv, "--vision-cache", "16", "--json", str(out)])
+    (entry,) = json.loads(out.read_text())["configurations"]
+    stats = entry["options"]["vision-cache"]["stats"]
+    # the first batch is encoded 4 times (untimed warm-up and timed stage, each a vision encode
+    # and a generation): the first encoding misses, the 3 others hit
+    assert (stats["hits"], stats["misses"], stats["entries"]) == (6, 2, 2)
+    assert stats["hashed_images"] == 8 and 0 < stats["bytes"] <= 16 << 20
+    line = next(line for line in text.splitlines() if line.startswith("option   vision-cache:"))
+    assert "6 hits / 2 misses (75.0%)" in line
 
 
 def test_a_model_refusing_the_prune_flags_is_a_usage_error(tiny_model_path, capsys):

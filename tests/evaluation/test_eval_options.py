@@ -47,8 +47,8 @@ def test_apply_requires_a_summary():
         registry.apply(object(), argparse.Namespace())
 
 
-def test_patch_and_prune_are_the_registered_built_in_options():
-    assert [option.name for option in REGISTRY.options()] == ["patch", "prune"]
+def test_the_built_in_options_are_registered_in_order():
+    assert [option.name for option in REGISTRY.options()] == ["patch", "prune", "vision-cache"]
     assert REGISTRY.presets() == {"patched": ("--patch",), "unpatched": ("--no-patch",)}
 
 

@@ -1,0 +1,24 @@
+"""Reuse across calls and requests: a vision-feature cache shared by models and requests.
+
+``VisionCache(max_bytes=...)`` holds the vision tower's per-image outputs (an LRU bounded by
+bytes, keyed by a hash of the pixels or a caller's image key, and by the vision weights);
+``enable_vision_cache(model, cache)`` makes ``model`` answer repeated images from it and
+``disable_vision_cache(model)`` stops that.
+"""
+
+from __future__ import annotations
+
+from ascend_vlm.reuse.cached_features import (
+    disable_vision_cache,
+    enable_vision_cache,
+    vision_cache_of,
+)
+from ascend_vlm.reuse.vision_cache import VisionCache, VisionCacheStats
+
+__all__ = [
+    "VisionCache",
+    "VisionCacheStats",
+    "disable_vision_cache",
+    "enable_vision_cache",
+    "vision_cache_of",
+]
