@@ -77,12 +77,13 @@ def _items(pixels: torch.Tensor, grid: torch.Tensor | None) -> list[tuple[torch.
     return [(part, tuple(row)) for part, row in zip(rows, grid.tolist(), strict=True)]
 
 
-def _per_image(output: Any) -> list[tuple[torch.Tensor, ...]]:
-    """Each image's outputs: its pooled embeddings, then its deepstack features if any."""
+def _per_image(output: Any) -> list[tuple]:
+    """Each image's outputs: the output class, its pooled embeddings, then its deepstack
+    features if any."""
     pooled = list(output.pooler_output)
     deepstack = getattr(output, "deepstack_features", None) or []
     return [
-        (embedding, *(layer[index] for layer in deepstack))
+        (type(output), embedding, *(layer[index] for layer in deepstack))
         for index, embedding in enumerate(pooled)
     ]
 
@@ -91,7 +92,6 @@ def _cached_method(
     cache: VisionCache, owner: nn.Module, method: _Method, original: Callable
 ) -> Callable:
     towers = [getattr(owner, name) for name in method.towers]
-    template: dict[str, type] = {}
 
     # generate() picks the encoder's keyword arguments from its signature: keep the original's.
     @functools.wraps(original)
@@ -117,17 +117,16 @@ def _cached_method(
             pixels = torch.cat([items[index][0] for index in missing])
             grids = () if grid is None else (grid[missing],)
             output = original(pixels, *grids, *args, **kwargs)
-            template["class"] = type(output)
             for index, value in zip(missing, _per_image(output), strict=True):
                 values[index] = value
                 cache.store(id(owner), fingerprint, keys[index], value)
-        fields = {"pooler_output": tuple(value[0] for value in values)}
-        depth = len(values[0]) - 1 if values else 0
+        fields = {"pooler_output": tuple(value[1] for value in values)}
+        depth = len(values[0]) - 2 if values else 0
         if depth:
             fields["deepstack_features"] = [
-                tuple(value[1 + layer] for value in values) for layer in range(depth)
+                tuple(value[2 + layer] for value in values) for layer in range(depth)
             ]
-        return template["class"](**fields)
+        return values[0][0](**fields)
 
     return cached
 

@@ -49,8 +49,10 @@ class VisionCacheStats:
         return self.hits / looked_up if looked_up else 0.0
 
 
-def _value_bytes(value: tuple[torch.Tensor, ...]) -> int:
-    return sum(tensor.numel() * tensor.element_size() for tensor in value)
+def _value_bytes(value: tuple) -> int:
+    return sum(
+        part.numel() * part.element_size() for part in value if isinstance(part, torch.Tensor)
+    )
 
 
 def content_key(pixels: torch.Tensor, grid: Sequence[int] = ()) -> bytes:
@@ -80,7 +82,7 @@ class VisionCache:
             raise ValueError(f"max_bytes: expected > 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._lock = threading.RLock()
-        self._entries: OrderedDict[tuple, tuple[torch.Tensor, ...]] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple] = OrderedDict()
         self._fingerprints: dict[int, Hashable] = {}
         self._bytes = 0
         self._counts = {"hits": 0, "misses": 0, "evictions": 0, "hashed_images": 0}
@@ -146,7 +148,7 @@ class VisionCache:
             return found
 
     def store(self, owner: int, fingerprint: Hashable, key: Hashable, value: tuple) -> None:
-        """Keep ``value`` (a tuple of tensors) for ``key``, evicting the least recently used
+        """Keep ``value`` (a tuple; its tensors count against the bound) for ``key``, evicting the least recently used
         entries past ``max_bytes``; a value larger than ``max_bytes`` alone is not kept."""
         size = _value_bytes(value)
         with self._lock:

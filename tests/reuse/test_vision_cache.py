@@ -242,3 +242,16 @@ def test_enable_switches_caches_and_disable_restores():
     disable_vision_cache(model)
     assert vision_cache_of(model) is None
     assert "get_image_features" not in vars(model.model)
+
+
+def test_a_cache_outlives_disabling_and_serves_a_fresh_enable():
+    model = _model()
+    inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
+    cache = VisionCache(max_bytes=1 << 20)
+    enable_vision_cache(model, cache)
+    expected = _logits(model, inputs)
+    disable_vision_cache(model)
+    enable_vision_cache(model, cache)
+    calls = _encoder_calls(model)
+    torch.testing.assert_close(_logits(model, inputs), expected, rtol=0, atol=0)
+    assert calls == [] and cache.stats().hits == 2
