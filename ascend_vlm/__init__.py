@@ -3,7 +3,8 @@
 Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules :mod:`ops`,
 :mod:`runtime`, :mod:`distributed`, :mod:`kernel_backend` (which implementation the ops run),
 :mod:`pruning` (visual-token pruning and KV-cache compression at prefill), :mod:`reuse`
-(:class:`VisionCache`: vision features kept across calls and requests) and :mod:`testing` (the
+(:class:`ChatSession`: multi-turn chat keeping its KV cache; :class:`VisionCache`: vision
+features kept across calls and requests) and :mod:`testing` (the
 mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
 
 Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schemas, kernels,
@@ -24,6 +25,7 @@ from ascend_vlm._version import __version__ as __version__
 
 __all__ = [
     "AclError",
+    "ChatSession",
     "PatchError",
     "PatchReport",
     "VisionCache",
@@ -43,13 +45,14 @@ _LAZY_ATTRIBUTES = {
     "patch": "ascend_vlm.patching",
     "unpatch": "ascend_vlm.patching",
     "PatchReport": "ascend_vlm.patching",
+    "ChatSession": "ascend_vlm.reuse",
     "VisionCache": "ascend_vlm.reuse",
 }
 
 if TYPE_CHECKING:
     from ascend_vlm import distributed, pruning, reuse, runtime, testing
     from ascend_vlm.patching import PatchReport, patch, unpatch
-    from ascend_vlm.reuse import VisionCache
+    from ascend_vlm.reuse import ChatSession, VisionCache
 
 
 def __getattr__(name: str) -> Any:

@@ -78,14 +78,30 @@ def _items(pixels: torch.Tensor, grid: torch.Tensor | None) -> list[tuple[torch.
 
 
 def _per_image(output: Any) -> list[tuple]:
-    """Each image's outputs: the output class, its pooled embeddings, then its deepstack
-    features if any."""
+    """Each image's outputs: ``(output class, deepstack joined?, pooled embeddings, deepstack
+    features per layer...)``. Deepstack layers come split per image (transformers >= 5.25) or
+    as one tensor over all images (earlier), and are given back the same way."""
     pooled = list(output.pooler_output)
-    deepstack = getattr(output, "deepstack_features", None) or []
+    deepstack = list(getattr(output, "deepstack_features", None) or [])
+    joined = bool(deepstack) and isinstance(deepstack[0], torch.Tensor)
+    if joined:
+        sizes = [embedding.shape[0] for embedding in pooled]
+        deepstack = [torch.split(layer, sizes) for layer in deepstack]
     return [
-        (type(output), embedding, *(layer[index] for layer in deepstack))
+        (type(output), joined, embedding, *(layer[index] for layer in deepstack))
         for index, embedding in enumerate(pooled)
     ]
+
+
+def _assembled(values: list[tuple]) -> Any:
+    """The output object of the images ``values`` (as `_per_image` gives them), in order."""
+    output_class, joined = values[0][0], values[0][1]
+    fields: dict[str, Any] = {"pooler_output": tuple(value[2] for value in values)}
+    depth = len(values[0]) - 3
+    if depth:
+        layers = [tuple(value[3 + layer] for value in values) for layer in range(depth)]
+        fields["deepstack_features"] = [torch.cat(parts) for parts in layers] if joined else layers
+    return output_class(**fields)
 
 
 def _cached_method(
@@ -120,13 +136,7 @@ def _cached_method(
             for index, value in zip(missing, _per_image(output), strict=True):
                 values[index] = value
                 cache.store(id(owner), fingerprint, keys[index], value)
-        fields = {"pooler_output": tuple(value[1] for value in values)}
-        depth = len(values[0]) - 2 if values else 0
-        if depth:
-            fields["deepstack_features"] = [
-                tuple(value[2 + layer] for value in values) for layer in range(depth)
-            ]
-        return values[0][0](**fields)
+        return _assembled(values)
 
     return cached
 

@@ -1,0 +1,295 @@
+"""`ChatSession` on the tiny default Qwen2-VL: every turn's greedy answer equals a from-scratch
+``generate`` over the full conversation, only the new tokens are prefilled, and forks, reset,
+the cache limit and bad inputs behave as documented."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from PIL import Image
+
+from ascend_vlm.default_model import (
+    CHAT_TEMPLATE,
+    IMAGE_TOKEN,
+    ImageTextProcessor,
+    default_model_path,
+)
+from ascend_vlm.reuse.chat_session import ChatSession
+
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def model_and_processor():
+    """The default model with a processor that loads on transformers 5.17 and 5.25 alike."""
+    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    path = default_model_path()
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
+    processor = ImageTextProcessor(AutoTokenizer.from_pretrained(path), image_processor)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(path).eval()
+    return model, processor
+
+
+@pytest.fixture(scope="module")
+def saved_model_and_processor():
+    """The default model with its saved processor (transformers' own class)."""
+    from ascend_vlm.default_model import load_default_model
+
+    try:
+        return load_default_model()
+    except ImportError as error:  # before 5.25 the saved image processor needs torchvision
+        pytest.skip(f"the saved processor does not load here: {error}")
+
+
+@pytest.fixture(scope="module")
+def llava_and_processor():
+    """A tiny random LLaVA (CLIP tower, 16 tokens per image) with a real LlavaProcessor over the
+    default model's tokenizer, whose image token is <|image_pad|>."""
+    from transformers import (
+        AutoTokenizer,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    image_processor = CLIPImageProcessorPil(
+        size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=4,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    widths = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    config = LlavaConfig(
+        text_config={
+            "model_type": "llama",
+            **widths,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": len(tokenizer),
+            "max_position_embeddings": 1024,
+            "bos_token_id": ids("<|endoftext|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+            "eos_token_id": ids("<|im_end|>"),
+        },
+        vision_config={
+            "model_type": "clip_vision_model",
+            **widths,
+            "num_attention_heads": 4,
+            "image_size": 16,
+            "patch_size": 4,
+            "projection_dim": 32,
+        },
+        image_token_id=ids(IMAGE_TOKEN),
+        projector_hidden_act="gelu",
+        vision_feature_select_strategy="default",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlavaForConditionalGeneration(config).eval()
+    return model, processor
+
+
+def _image(colour: str, size: tuple[int, int]) -> Image.Image:
+    return Image.new("RGB", size, colour)
+
+
+def _encode(processor, messages: list[dict]):
+    """The processor's inputs for the chat-template prompt of ``messages`` with all images."""
+    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    images = [part["image"] for m in messages for part in m["content"] if part["type"] == "image"]
+    return processor(text=[prompt], images=images or None, return_tensors="pt")
+
+
+def _generate(model, processor, messages: list[dict]) -> tuple[torch.Tensor, int]:
+    """Greedy ``model.generate`` from scratch over ``messages`` (ending with a user turn):
+    the sequence and the prompt length."""
+    inputs = _encode(processor, messages)
+    output = model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
+    return output[0], inputs["input_ids"].shape[1]
+
+
+def _assert_exact(model, processor, session: ChatSession, answer: str) -> None:
+    sequence, prompt_length = _generate(model, processor, session.messages[:-1])
+    expected = processor.tokenizer.decode(sequence[prompt_length:], skip_special_tokens=True)
+    assert answer == expected
+    assert session.messages[-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": answer}],
+    }
+
+
+TURNS_IMAGES_1_3 = [
+    ("describe this image", [_image("red", (64, 64))]),
+    ("which colour is it", []),
+    ("how many shapes are there", [_image("blue", (100, 80))]),
+]
+TURNS_IMAGE_2 = [
+    ("hello", []),
+    ("what is in this picture", [_image("green", (80, 112))]),
+    ("is it left or right", []),
+]
+
+
+MODELS = {
+    "qwen2_vl": "model_and_processor",
+    "qwen2_vl-saved-processor": "saved_model_and_processor",
+    "llava": "llava_and_processor",
+}
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+@pytest.mark.parametrize("turns", [TURNS_IMAGES_1_3, TURNS_IMAGE_2], ids=["images-1-3", "image-2"])
+def test_each_turn_matches_generate_over_the_full_conversation(request, family, turns):
+    model, processor = request.getfixturevalue(MODELS[family])
+    session = ChatSession(model, processor)
+    for text, images in turns:
+        answer = session.ask(text, images, max_new_tokens=MAX_NEW)
+        _assert_exact(model, processor, session, answer)
+    assert len(session.messages) == 2 * len(turns)
+
+
+def test_later_turns_prefill_only_the_new_tokens(model_and_processor):
+    model, processor = model_and_processor
+    seen: list[int] = []
+
+    def count(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        seen.append(hidden.shape[1])
+
+    session = ChatSession(model, processor)
+    session.ask(*TURNS_IMAGES_1_3[0], max_new_tokens=MAX_NEW)
+    # The cache holds the first prompt and the answer as generated (the last token is never fed).
+    generated, first_prompt_length = _generate(model, processor, session.messages[:1])
+    assert session.cached_tokens == generated.numel() - 1
+    first_layer = model.model.language_model.layers[0]
+    handle = first_layer.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        session.ask(*TURNS_IMAGES_1_3[2], max_new_tokens=MAX_NEW)
+    finally:
+        handle.remove()
+    prompt = _encode(processor, session.messages[:-1])["input_ids"][0]
+    held = generated[:-1]
+    n = min(prompt.numel(), held.numel())
+    differ = (prompt[:n] != held[:n]).nonzero()
+    reused = int(differ[0, 0]) if differ.numel() else n
+    assert reused > first_prompt_length
+    assert seen[0] == prompt.numel() - reused  # the prefill: only what the cache lacks
+    assert all(length == 1 for length in seen[1:])
+
+
+def test_ask_stream_yields_the_answer_and_records_the_turn(model_and_processor):
+    model, processor = model_and_processor
+    session = ChatSession(model, processor)
+    session.ask(*TURNS_IMAGES_1_3[0], max_new_tokens=MAX_NEW)
+    expected = session.fork().ask(*TURNS_IMAGES_1_3[2], max_new_tokens=MAX_NEW)
+    pieces = list(session.ask_stream(*TURNS_IMAGES_1_3[2], max_new_tokens=MAX_NEW))
+    assert "".join(pieces) == expected
+    assert session.messages[-1]["content"][0]["text"] == expected
+    assert len(session.messages) == 4
+
+
+def test_ask_stream_closed_early_records_nothing(model_and_processor):
+    model, processor = model_and_processor
+    session = ChatSession(model, processor)
+    session.ask(*TURNS_IMAGES_1_3[0], max_new_tokens=MAX_NEW)
+    before = session.messages
+    stream = session.ask_stream("which colour", max_new_tokens=MAX_NEW)
+    next(stream)
+    stream.close()
+    assert session.messages == before
+    answer = session.ask(*TURNS_IMAGES_1_3[2], max_new_tokens=MAX_NEW)
+    _assert_exact(model, processor, session, answer)
+
+
+def test_fork_branches_independently(model_and_processor):
+    model, processor = model_and_processor
+    session = ChatSession(model, processor)
+    session.ask(*TURNS_IMAGES_1_3[0], max_new_tokens=MAX_NEW)
+    branch = session.fork()
+    assert branch.messages == session.messages
+    assert branch.cached_tokens == session.cached_tokens
+
+    answer = branch.ask("what is in this picture", [_image("green", (80, 112))], max_new_tokens=4)
+    assert len(branch.messages) == 4 and len(session.messages) == 2
+    other = session.ask("is it left or right", max_new_tokens=MAX_NEW)
+    _assert_exact(model, processor, session, other)
+    assert answer == branch.messages[-1]["content"][0]["text"]
+    assert session.messages[2]["content"][-1]["text"] == "is it left or right"
+
+
+def test_reset_forgets_everything(model_and_processor):
+    model, processor = model_and_processor
+    session = ChatSession(model, processor)
+    session.ask(*TURNS_IMAGES_1_3[0], max_new_tokens=MAX_NEW)
+    session.reset()
+    assert session.messages == [] and session.cached_tokens == 0
+    answer = session.ask(*TURNS_IMAGE_2[1], max_new_tokens=MAX_NEW)
+    assert len(session.messages) == 2
+    _assert_exact(model, processor, session, answer)
+
+
+def test_max_cached_tokens_refuses_the_turn_without_changing_anything(model_and_processor):
+    model, processor = model_and_processor
+    session = ChatSession(model, processor, max_cached_tokens=60)
+    session.ask("hello", max_new_tokens=MAX_NEW)
+    before, held = session.messages, session.cached_tokens
+    with pytest.raises(ValueError, match=r"max_cached_tokens.*needs \d+ .*limit of 60.*reset\(\)"):
+        session.ask("what is in this picture", [_image("green", (80, 112))], max_new_tokens=20)
+    assert session.messages == before and session.cached_tokens == held
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda s: s.ask(3), TypeError, "text: expected a str"),
+        (lambda s: s.ask("hi", images="x.png"), TypeError, "images: expected None"),
+        (lambda s: s.ask("hi", images=[torch.zeros(3, 8, 8)]), TypeError, r"images\[0\]"),
+        (lambda s: s.ask("hi", max_new_tokens=0), ValueError, "max_new_tokens: expected an int"),
+        (lambda s: s.ask("hi", max_new_tokens=2.0), TypeError, "max_new_tokens"),
+        (lambda s: s.ask("hi", streamer=object()), TypeError, "streamer are set by ChatSession"),
+        (lambda s: s.ask("hi", num_beams=2), ValueError, "num_beams"),
+        (lambda s: next(s.ask_stream(None)), TypeError, "text: expected a str"),
+    ],
+    ids=[
+        "text",
+        "images-str",
+        "images-tensor",
+        "max-new-0",
+        "max-new-float",
+        "managed",
+        "beams",
+        "stream",
+    ],
+)
+def test_bad_arguments_are_named(model_and_processor, call, error, message):
+    model, processor = model_and_processor
+    session = ChatSession(model, processor)
+    with pytest.raises(error, match=message):
+        call(session)
+    assert session.messages == [] and session.cached_tokens == 0
+
+
+def test_constructor_checks(model_and_processor):
+    model, processor = model_and_processor
+    without_template = copy.copy(processor)
+    without_template.chat_template = None
+    without_template.tokenizer = copy.copy(processor.tokenizer)
+    without_template.tokenizer.chat_template = None
+    with pytest.raises(ValueError, match=r"processor: .*chat template"):
+        ChatSession(model, without_template)
+    with pytest.raises(ValueError, match="max_cached_tokens: expected None or an int"):
+        ChatSession(model, processor, max_cached_tokens=0)
+    with pytest.raises(TypeError, match="model: expected a Hugging Face model"):
+        ChatSession(object(), processor)
