@@ -1,0 +1,261 @@
+"""Reuse across turns and requests: the vision-feature cache and chat sessions, measured side by
+side in one run.
+
+The model is Qwen2-VL-shaped with the embedded default model's tokenizer and chat template, at a
+size where the vision tower is a realistic share of prefill (as in Qwen2-VL-2B, where a 448x448
+image's 1024 patches cost the 675M-parameter tower about as much as the language model's
+prefill): a 4-layer vision tower of width 256 and an 8-layer language model of width 256, random
+weights saved and loaded with ``from_pretrained``; images are 448x448 (1024 patches, 256
+visual tokens each). Timings are the best of ``--repeats`` interleaved rounds, greedy decoding.
+
+* hash: the cache's key of one 448x448 image's pixels (XXH3-128 over 4.8 MB), median;
+* repeated image across requests: time to first token of a second request showing the same
+  image with another question, with the cache (the image encoded by the first request) vs
+  without;
+* turn 2 of a chat: time to first token and the whole turn (``--new-tokens`` tokens) of the
+  second question about 1 or 4 images, with a ChatSession + cache (``session.ask``, from a fork
+  of the session after turn 1) vs stock ``generate`` over the whole conversation from scratch.
+
+Run: python scripts/bench_reuse.py [--repeats 5] [--new-tokens 16] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from ascend_vlm.default_model import default_model_path, load_processor
+from ascend_vlm.reuse import ChatSession, VisionCache, disable_vision_cache, enable_vision_cache
+from ascend_vlm.reuse.vision_cache import content_key
+
+IMAGE_SIDE = 448
+
+
+def load_bench_model(folder: Path, processor):
+    """The benchmark model (see the module docstring) saved to ``folder`` and loaded back."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    reference = Qwen2VLConfig.from_pretrained(default_model_path())
+    text = reference.text_config.to_dict()
+    text.pop("layer_types", None)
+    text.update(
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [8, 12, 12],
+        },
+    )
+    vision = reference.vision_config.to_dict()
+    vision.update(depth=4, embed_dim=256, hidden_size=256, num_heads=4, mlp_ratio=4)
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=reference.image_token_id,
+        video_token_id=reference.video_token_id,
+        vision_start_token_id=reference.vision_start_token_id,
+        vision_end_token_id=reference.vision_end_token_id,
+        bos_token_id=reference.bos_token_id,
+        eos_token_id=reference.eos_token_id,
+        pad_token_id=reference.pad_token_id,
+    )
+    torch.manual_seed(0)
+    Qwen2VLForConditionalGeneration(config).save_pretrained(folder)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(folder, attn_implementation="sdpa")
+    return model.eval()
+
+
+def bench_processor():
+    """The default model's processor, its images kept at 448x448."""
+    processor = load_processor(default_model_path())
+    pixels = IMAGE_SIDE * IMAGE_SIDE
+    processor.image_processor.size = {"shortest_edge": pixels, "longest_edge": pixels}
+    return processor
+
+
+def images(count: int, seed: int) -> list[Image.Image]:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        Image.fromarray(
+            torch.randint(
+                0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), generator=generator, dtype=torch.uint8
+            ).numpy()
+        )
+        for _ in range(count)
+    ]
+
+
+def prompt_inputs(processor, conversation: list[dict], pictures: list) -> dict:
+    """Processor inputs of ``conversation`` (chat-template messages) with ``pictures``."""
+    text = processor.apply_chat_template(conversation, add_generation_prompt=True)
+    return dict(processor(text=[text], images=pictures or None, return_tensors="pt"))
+
+
+def user(question: str, pictures: int = 0) -> dict:
+    content = [{"type": "image"}] * pictures + [{"type": "text", "text": question}]
+    return {"role": "user", "content": content}
+
+
+def _best(
+    functions: dict[str, Callable[[], Callable[[], object]]], rounds: int
+) -> dict[str, float]:
+    """Best seconds per function over ``rounds`` interleaved rounds (after one warm-up each).
+    Each entry makes, untimed, the call to time (so a session is forked outside the clock)."""
+    for prepare in functions.values():
+        prepare()()
+    names = list(functions)
+    best = dict.fromkeys(names, float("inf"))
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            call = functions[name]()
+            start = time.perf_counter()
+            call()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def _generate(model, inputs: dict, new_tokens: int):
+    with torch.no_grad():
+        return model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+
+
+def bench_hash(processor, repeats: int = 50) -> float:
+    """Median milliseconds of the cache key of one 448x448 image's pixels."""
+    inputs = prompt_inputs(processor, [user("x", 1)], images(1, 0))
+    pixels, grid = inputs["pixel_values"], tuple(inputs["image_grid_thw"][0].tolist())
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        content_key(pixels, grid)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def bench_repeated_image(model, processor, rounds: int) -> dict[str, float]:
+    """Time to first token of a second request showing the first request's image."""
+    picture = images(1, 1)
+    first = prompt_inputs(processor, [user("What is in the picture?", 1)], picture)
+    second = prompt_inputs(processor, [user("Which colour dominates?", 1)], picture)
+    cache = VisionCache(max_bytes=256 << 20)
+
+    def cached():
+        enable_vision_cache(model, cache)
+        _generate(model, second, 1)
+        disable_vision_cache(model)
+
+    enable_vision_cache(model, cache)
+    _generate(model, first, 1)
+    disable_vision_cache(model)
+    calls = {"stock": lambda: lambda: _generate(model, second, 1), "cached": lambda: cached}
+    best = _best(calls, rounds)
+    return {"stock_s": best["stock"], "cached_s": best["cached"]}
+
+
+def bench_second_turn(model, processor, count: int, new_tokens: int, rounds: int) -> dict:
+    """Turn 2 of a chat about ``count`` images: first token and whole turn, session + cache vs
+    stock generate over the whole conversation."""
+    pictures = images(count, 10 + count)
+    first_question, second_question = "Describe the pictures.", "And what is in the corner?"
+    cache = VisionCache(max_bytes=256 << 20)
+    enable_vision_cache(model, cache)
+    session = ChatSession(model, processor)
+    answer = session.ask(first_question, pictures, max_new_tokens=new_tokens)
+    disable_vision_cache(model)
+    conversation = [
+        user(first_question, count),
+        {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+        user(second_question),
+    ]
+    full = prompt_inputs(processor, conversation, pictures)
+
+    def with_session(tokens: int) -> Callable[[], object]:
+        fork = session.fork()
+
+        def ask() -> None:
+            enable_vision_cache(model, cache)
+            fork.ask(second_question, max_new_tokens=tokens)
+            disable_vision_cache(model)
+
+        return ask
+
+    calls = {
+        "stock_first": lambda: lambda: _generate(model, full, 1),
+        "session_first": lambda: with_session(1),
+        "stock_turn": lambda: lambda: _generate(model, full, new_tokens),
+        "session_turn": lambda: with_session(new_tokens),
+    }
+    best = _best(calls, rounds)
+    return {"images": count, "prompt_tokens": int(full["input_ids"].shape[1]), **best}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per setting")
+    parser.add_argument("--new-tokens", type=int, default=16, help="tokens of a whole turn")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    args = parser.parse_args(argv)
+    for flag in ("repeats", "new_tokens", "threads"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')}: expected an int >= 1")
+    torch.set_num_threads(args.threads)
+    processor = bench_processor()
+    report: dict = {"threads": args.threads, "repeats": args.repeats}
+    report["hash_ms"] = bench_hash(processor)
+    print(f"hash of one {IMAGE_SIDE}x{IMAGE_SIDE} image's pixels: {report['hash_ms']:.3f} ms")
+    with tempfile.TemporaryDirectory() as folder:
+        model = load_bench_model(Path(folder), processor)
+    repeated = bench_repeated_image(model, processor, args.repeats)
+    report["repeated_image"] = repeated
+    print(
+        f"repeated image, second request, time to first token: stock {repeated['stock_s']:.3f} s, "
+        f"cached {repeated['cached_s']:.3f} s ({repeated['stock_s'] / repeated['cached_s']:.2f}x)"
+    )
+    report["second_turn"] = [
+        bench_second_turn(model, processor, count, args.new_tokens, args.repeats)
+        for count in (1, 4)
+    ]
+    print(
+        f"\nturn 2 of a chat, best of {args.repeats}, {args.threads} threads "
+        f"({args.new_tokens}-token turns):\n"
+    )
+    print(_second_turn_table(report["second_turn"], args.new_tokens))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def _second_turn_table(rows: list[dict], new_tokens: int) -> str:
+    lines = [
+        "| images | prompt tokens | first token: stock s | session + cache s | speed-up "
+        f"| whole turn ({new_tokens} tokens): stock s | session + cache s | speed-up |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        first = row["stock_first"] / row["session_first"]
+        turn = row["stock_turn"] / row["session_turn"]
+        lines.append(
+            f"| {row['images']} | {row['prompt_tokens']} | {row['stock_first']:.3f} "
+            f"| {row['session_first']:.3f} | {first:.1f}x | {row['stock_turn']:.3f} "
+            f"| {row['session_turn']:.3f} | {turn:.1f}x |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
