@@ -255,3 +255,19 @@ def test_a_cache_outlives_disabling_and_serves_a_fresh_enable():
     calls = _encoder_calls(model)
     torch.testing.assert_close(_logits(model, inputs), expected, rtol=0, atol=0)
     assert calls == [] and cache.stats().hits == 2
+
+
+def test_pruning_runs_on_cached_features():
+    from ascend_vlm import pruning
+
+    model = _model()
+    inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
+    pruning.enable_token_pruning(model, pruning.PruneConfig(method="fastv", layer=1, keep=0.5))
+    try:
+        expected = _logits(model, inputs)
+        enable_vision_cache(model, VisionCache(max_bytes=1 << 20))
+        _logits(model, inputs)
+        torch.testing.assert_close(_logits(model, inputs), expected, rtol=0, atol=0)
+        assert pruning.pruning_stats(model).kept_visual_tokens == (4,)
+    finally:
+        pruning.disable_token_pruning(model)
