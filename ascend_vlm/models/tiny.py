@@ -495,3 +495,32 @@ def make_inputs(
     if name.startswith("qwen") and n_images:
         inputs["mm_token_type_ids"] = (input_ids == IMAGE_TOKEN).int()
     return inputs
+
+
+def qwen_prompt(model, images: int, text_len: int, seed: int) -> tuple[list[int], dict]:
+    """One Qwen-VL prompt row: BOS, ``images`` images (vision start + image tokens each), then
+    ``text_len`` random text ids (seeded); returns ``(ids, image kwargs)``."""
+    pixels, per_image = _qwen_images(model, images)
+    words = torch.randint(3, TEXT_VOCAB, (text_len,), generator=_generator(seed)).tolist()
+    ids = [BOS]
+    for count in per_image:
+        ids += [VISION_START] + [IMAGE_TOKEN] * count
+    return ids + words, pixels
+
+
+def left_padded_qwen_batch(rows: list[tuple[list[int], dict]]) -> dict:
+    """Model kwargs of `qwen_prompt` rows, left-padded to the longest (rows may carry different
+    image counts)."""
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), PAD)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, (ids, _) in enumerate(rows):
+        input_ids[index, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[index, width - len(ids) :] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "mm_token_type_ids": (input_ids == IMAGE_TOKEN).int(),
+        "pixel_values": torch.cat([pixels["pixel_values"] for _, pixels in rows]),
+        "image_grid_thw": torch.cat([pixels["image_grid_thw"] for _, pixels in rows]),
+    }

@@ -151,41 +151,17 @@ def test_snapkv_caches_hold_the_unpruned_keys_it_chose(pruned):
         assert view.columns.shape[1] == model.config.text_config.num_key_value_heads
 
 
-def _qwen_batch(model, rows):
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), tiny.PAD)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for index, (ids, _) in enumerate(rows):
-        input_ids[index, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[index, width - len(ids) :] = 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "mm_token_type_ids": (input_ids == tiny.IMAGE_TOKEN).int(),
-        "pixel_values": torch.cat([pixels["pixel_values"] for _, pixels in rows]),
-        "image_grid_thw": torch.cat([pixels["image_grid_thw"] for _, pixels in rows]),
-    }
-
-
-def _row(model, images: int, text: int):
-    pixels, per_image = tiny._qwen_images(model, images)
-    ids = [tiny.BOS]
-    for count in per_image:
-        ids += [tiny.VISION_START] + [tiny.IMAGE_TOKEN] * count
-    return ids + list(range(5, 5 + text)), pixels
-
-
 @pytest.mark.parametrize("per_head", [True, False])
 @pytest.mark.parametrize("prune", [None, PruneConfig(method="uniform", layer=2, keep=0.5)])
 def test_snapkv_prunes_each_row_of_a_batch_as_alone(per_head, prune, pruned):
     model = _model()
-    rows = [_row(model, 3, 5), _row(model, 1, 3)]
+    rows = [tiny.qwen_prompt(model, 3, 5, 3), tiny.qwen_prompt(model, 1, 3, 1)]
     kv = SnapKVConfig(compression_ratio=0.5, window=2, per_head=per_head)
     pruning.enable_token_pruning(model, prune, kv=kv)
     pruned(model)
     with torch.no_grad():
         batched = model.generate(
-            **_qwen_batch(model, rows),
+            **tiny.left_padded_qwen_batch(rows),
             max_new_tokens=3,
             do_sample=False,
             output_logits=True,
@@ -193,7 +169,7 @@ def test_snapkv_prunes_each_row_of_a_batch_as_alone(per_head, prune, pruned):
         )
         for index, row in enumerate(rows):
             alone = model.generate(
-                **_qwen_batch(model, [row]),
+                **tiny.left_padded_qwen_batch([row]),
                 max_new_tokens=3,
                 do_sample=False,
                 output_logits=True,
@@ -208,8 +184,8 @@ def test_snapkv_prunes_each_row_of_a_batch_as_alone(per_head, prune, pruned):
 
 def test_a_cache_outlives_disabling_and_enabling_again(pruned):
     model = _model()
-    rows = [_row(model, 2, 3), _row(model, 1, 4)]
-    inputs = _qwen_batch(model, rows)
+    rows = [tiny.qwen_prompt(model, 2, 3, 2), tiny.qwen_prompt(model, 1, 4, 1)]
+    inputs = tiny.left_padded_qwen_batch(rows)
     config = PruneConfig(method="fastv", layer=2, keep=0.5)
     pruning.enable_token_pruning(model, config)
     pruned(model)

@@ -157,49 +157,28 @@ def test_decode_steps_match_a_pruned_forward_over_the_whole_sequence(method, pru
             torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
 
 
-def _qwen_row(model, images: int, text: int, seed: int):
-    pixels, per_image = tiny._qwen_images(model, images)
-    generator = torch.Generator().manual_seed(seed)
-    words = torch.randint(3, tiny.TEXT_VOCAB, (text,), generator=generator).tolist()
-    ids = [tiny.BOS]
-    for count in per_image:
-        ids += [tiny.VISION_START] + [tiny.IMAGE_TOKEN] * count
-    return ids + words, pixels
-
-
-def _qwen_batch(model, rows):
-    """Left-padded batch of (ids, pixels) rows."""
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), tiny.PAD)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for index, (ids, _) in enumerate(rows):
-        input_ids[index, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[index, width - len(ids) :] = 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "mm_token_type_ids": (input_ids == tiny.IMAGE_TOKEN).int(),
-        "pixel_values": torch.cat([pixels["pixel_values"] for _, pixels in rows]),
-        "image_grid_thw": torch.cat([pixels["image_grid_thw"] for _, pixels in rows]),
-    }
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_a_batch_prunes_each_row_as_alone(method, pruned):
     model = _model("qwen2_vl")
-    rows = [_qwen_row(model, 2, 5, 1), _qwen_row(model, 1, 3, 2), _qwen_row(model, 3, 2, 3)]
+    rows = [
+        tiny.qwen_prompt(model, 2, 5, 1),
+        tiny.qwen_prompt(model, 1, 3, 2),
+        tiny.qwen_prompt(model, 3, 2, 3),
+    ]
     _enable(model, pruned, PruneConfig(method=method, layer=2, keep=0.4))
-    batched = _generate(model, _qwen_batch(model, rows), steps=3)
+    batched = _generate(model, tiny.left_padded_qwen_batch(rows), steps=3)
     kept_batched = pruning.pruning_stats(model).kept_visual_tokens
     for index, row in enumerate(rows):
-        alone = _generate(model, _qwen_batch(model, [row]), steps=3)
+        alone = _generate(model, tiny.left_padded_qwen_batch([row]), steps=3)
         assert torch.equal(batched[index, -3:], alone[0, -3:]), index
         assert pruning.pruning_stats(model).kept_visual_tokens == (kept_batched[index],)
 
 
 def test_static_cache_generates_what_the_dynamic_cache_does(pruned):
     model = _model("qwen2_vl")
-    inputs = _qwen_batch(model, [_qwen_row(model, 2, 4, 1), _qwen_row(model, 1, 2, 2)])
+    inputs = tiny.left_padded_qwen_batch(
+        [tiny.qwen_prompt(model, 2, 4, 1), tiny.qwen_prompt(model, 1, 2, 2)]
+    )
     _enable(model, pruned, PruneConfig(method="fastv", layer=2, keep=0.3))
     dynamic = _generate(model, inputs, steps=5)
     static = _generate(model, inputs, steps=5, cache_implementation="static")
