@@ -116,7 +116,10 @@ class OptionRegistry:
         finished = {}
         for name, result in applied.items():
             finish = self._options[name].finish
-            finished[name] = {**result, **finish(model, args)} if finish else result
+            extra = finish(model, args) if finish else {}
+            if not isinstance(extra, dict):
+                raise TypeError(f"option {name!r}: finish must return a dict, got {extra!r}")
+            finished[name] = {**result, **extra}
         return finished
 
 

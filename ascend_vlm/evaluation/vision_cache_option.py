@@ -51,7 +51,10 @@ def finish_vision_cache(model: Any, args: argparse.Namespace) -> dict[str, Any]:
         return {}
     from ascend_vlm.reuse import vision_cache_of
 
-    stats = vision_cache_of(model).stats()
+    cache = vision_cache_of(model)
+    if cache is None:
+        return {"summary": f"vision cache: {args.vision_cache} MiB (disabled during the run)"}
+    stats = cache.stats()
     per_image = stats.hash_seconds / stats.hashed_images * 1e3 if stats.hashed_images else 0.0
     summary = (
         f"vision cache: {args.vision_cache} MiB; {stats.hits} hits / {stats.misses} misses "

@@ -4,15 +4,28 @@
 The multimodal model's ``get_image_features`` (and ``get_video_features``) is rebound on the
 instance to a wrapper that splits the call into images, answers the cached ones from the cache,
 encodes the rest in one call to the original method and reassembles the per-image outputs in
-order. Everything downstream (token merging, M-RoPE, pruning) sees what the original returns.
-The entries carry a fingerprint of the vision weights (every parameter's identity and in-place
-write counter, and PEFT's active adapters), so ``load_state_dict``, an optimizer step, a LoRA
-switch or ``model.to(...)`` turns every old entry into a miss.
+order: the pooled embeddings (and Qwen3-VL's deepstack features) that token merging, M-RoPE and
+pruning read; a cached result carries no hidden states or attentions. The wrapper steps aside
+(calls the original) when the call asks for hidden states or attentions, passes tensors it
+cannot split (``image_sizes`` ...), or would build an autograd graph through trainable vision
+weights (training must see its gradients), and inside another wrapped call (Qwen3-VL's video
+features run its image features).
+
+The key of an image is its method, its pixels (or named key) and grid, and the arguments that
+choose features (LLaVA's ``vision_feature_layer`` / strategy, resolved from the config when
+None); the entry also carries a fingerprint of everything else that changes the features:
+every vision parameter's identity, storage and in-place write counter, PEFT's active adapters,
+whether adapters are disabled and their scaling, and the autocast state. ``load_state_dict``,
+an optimizer step, ``p.data = ...``, a LoRA switch, ``model.to(...)`` or autocast therefore
+miss. Writes through ``p.data.copy_(...)`` bypass torch's write counter: call ``cache.clear()``
+after them.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,11 +34,22 @@ import torch
 from torch import nn
 
 from ascend_vlm._compat import tensor_version
-from ascend_vlm.reuse.vision_cache import VisionCache
+from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
 
 _STATE_KEY = "_ascend_vlm_vision_cache"
 # Arguments that shape the output object, not the features.
 _OUTPUT_FLAGS = frozenset({"return_dict", "output_attentions", "output_hidden_states"})
+# LLaVA's feature-choosing arguments, taken from the config when a call passes None.
+_CONFIG_DEFAULTS = ("vision_feature_layer", "vision_feature_select_strategy")
+# Set while a wrapper runs: a wrapped method it reaches (Qwen3-VL's video features call its
+# image features) goes straight to the original, so images are neither counted nor keyed twice.
+_ENCODING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "ascend_vlm_vision_encoding", default=False
+)
+# One number per model instance, kept on it: its entries' owner (unlike id(), never reused by a
+# later model; kept across disable / enable, so a re-enabled model finds its entries).
+_OWNERS = itertools.count()
+_OWNER_KEY = "_ascend_vlm_vision_owner"
 
 
 @dataclass(frozen=True)
@@ -51,21 +75,26 @@ FAMILIES: dict[str, tuple[_Method, ...]] = {
 }
 
 
-def _weights_fingerprint(towers: list[nn.Module]) -> tuple:
+def _weights_fingerprint(towers: list[nn.Module], device_type: str) -> tuple:
     parameters = tuple(
-        (id(parameter), tensor_version(parameter), parameter.dtype, parameter.device)
+        (id(p), p.data_ptr(), tensor_version(p), p.dtype, p.device)
         for tower in towers
-        for parameter in tower.parameters()
+        for p in tower.parameters()
     )
-    # PEFT's tuner layers name their active adapters (a list); switching adapters changes no
-    # parameter, so the names enter the fingerprint.
+    # PEFT's tuner layers: switching or disabling adapters, or rescaling them, changes no
+    # parameter.
     adapters = tuple(
-        tuple(active)
+        (
+            tuple(active),
+            getattr(module, "disable_adapters", None),
+            repr(getattr(module, "scaling", None)),
+        )
         for tower in towers
         for module in tower.modules()
         if isinstance(active := getattr(module, "active_adapters", None), (list, tuple))
     )
-    return parameters, adapters
+    autocast = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type)
+    return parameters, adapters, autocast
 
 
 def _items(pixels: torch.Tensor, grid: torch.Tensor | None) -> list[tuple[torch.Tensor, tuple]]:
@@ -77,10 +106,9 @@ def _items(pixels: torch.Tensor, grid: torch.Tensor | None) -> list[tuple[torch.
     return [(part, tuple(row)) for part, row in zip(rows, grid.tolist(), strict=True)]
 
 
-def _per_image(output: Any) -> list[tuple]:
-    """Each image's outputs: ``(output class, deepstack joined?, pooled embeddings, deepstack
-    features per layer...)``. Deepstack layers come split per image (transformers >= 5.25) or
-    as one tensor over all images (earlier), and are given back the same way."""
+def _per_image(output: Any) -> list[CachedFeatures]:
+    """Each image's outputs. Deepstack layers come split per image (transformers >= 5.25) or as
+    one tensor over all images (earlier), and are given back the same way."""
     pooled = list(output.pooler_output)
     deepstack = list(getattr(output, "deepstack_features", None) or [])
     joined = bool(deepstack) and isinstance(deepstack[0], torch.Tensor)
@@ -88,55 +116,82 @@ def _per_image(output: Any) -> list[tuple]:
         sizes = [embedding.shape[0] for embedding in pooled]
         deepstack = [torch.split(layer, sizes) for layer in deepstack]
     return [
-        (type(output), joined, embedding, *(layer[index] for layer in deepstack))
+        CachedFeatures(
+            type(output),
+            joined,
+            tuple(t.detach() for t in (embedding, *(layer[index] for layer in deepstack))),
+        )
         for index, embedding in enumerate(pooled)
     ]
 
 
-def _assembled(values: list[tuple]) -> Any:
-    """The output object of the images ``values`` (as `_per_image` gives them), in order."""
-    output_class, joined = values[0][0], values[0][1]
-    fields: dict[str, Any] = {"pooler_output": tuple(value[2] for value in values)}
-    depth = len(values[0]) - 3
+def _assembled(values: list[CachedFeatures]) -> Any:
+    """The output object of the images ``values``, in order."""
+    first = values[0]
+    fields: dict[str, Any] = {"pooler_output": tuple(value.tensors[0] for value in values)}
+    depth = len(first.tensors) - 1
     if depth:
-        layers = [tuple(value[3 + layer] for value in values) for layer in range(depth)]
+        layers = [tuple(value.tensors[1 + layer] for value in values) for layer in range(depth)]
+        joined = first.deepstack_joined
         fields["deepstack_features"] = [torch.cat(parts) for parts in layers] if joined else layers
-    return output_class(**fields)
+    return first.output_class(**fields)
+
+
+def _steps_aside(kwargs: dict, method: _Method, towers: list[nn.Module]) -> bool:
+    """Whether a call must run uncached (see the module docstring)."""
+    if kwargs.get("output_attentions") or kwargs.get("output_hidden_states"):
+        return True
+    if any(
+        isinstance(value, torch.Tensor) and name != method.grid for name, value in kwargs.items()
+    ):
+        return True
+    return torch.is_grad_enabled() and any(
+        p.requires_grad for tower in towers for p in tower.parameters()
+    )
 
 
 def _cached_method(
-    cache: VisionCache, owner: nn.Module, method: _Method, original: Callable
+    cache: VisionCache, owner: nn.Module, owner_number: int, method: _Method, original: Callable
 ) -> Callable:
-    towers = [getattr(owner, name) for name in method.towers]
-
     # generate() picks the encoder's keyword arguments from its signature: keep the original's.
     @functools.wraps(original)
     def cached(pixel_values: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        towers = [getattr(owner, name) for name in method.towers]
+        if _ENCODING.get() or _steps_aside(kwargs, method, towers):
+            return original(pixel_values, *args, **kwargs)
         grid = None
         if method.grid is not None:
             grid, args = (args[0], args[1:]) if args else (kwargs.pop(method.grid, None), ())
             if grid is None:
                 return original(pixel_values, **kwargs)
-        if kwargs.get("image_sizes") is not None:
-            return original(pixel_values, *args, **kwargs)  # a layout it does not split
+        wants_tuple = kwargs.pop("return_dict", True) is False
         items = _items(pixel_values, grid)
-        # the feature-selecting arguments (e.g. LLaVA's vision_feature_layer) are part of the key
-        chosen = sorted(
-            (name, value) for name, value in kwargs.items() if name not in _OUTPUT_FLAGS
-        )
-        selection = repr((args, chosen))
+        config = getattr(owner, "config", None)
+        chosen = {
+            name: value
+            if value is not None or name not in _CONFIG_DEFAULTS
+            else getattr(config, name, None)
+            for name, value in kwargs.items()
+            if name not in _OUTPUT_FLAGS
+        }
+        selection = repr((method.name, args, sorted(chosen.items())))
         keys = [(key, selection) for key in cache.image_keys(items)]
-        fingerprint = _weights_fingerprint(towers)
-        values = cache.lookup(id(owner), fingerprint, keys)
+        fingerprint = _weights_fingerprint(towers, pixel_values.device.type)
+        values = cache.lookup(owner_number, fingerprint, keys)
         missing = [index for index, value in enumerate(values) if value is None]
         if missing:
             pixels = torch.cat([items[index][0] for index in missing])
             grids = () if grid is None else (grid[missing],)
-            output = original(pixels, *grids, *args, **kwargs)
+            token = _ENCODING.set(True)
+            try:
+                output = original(pixels, *grids, *args, return_dict=True, **kwargs)
+            finally:
+                _ENCODING.reset(token)
             for index, value in zip(missing, _per_image(output), strict=True):
                 values[index] = value
-                cache.store(id(owner), fingerprint, keys[index], value)
-        return _assembled(values)
+                cache.store(owner_number, fingerprint, keys[index], value)
+        output = _assembled(values)
+        return output.to_tuple() if wants_tuple else output
 
     return cached
 
@@ -168,27 +223,30 @@ def enable_vision_cache(model: nn.Module, cache: VisionCache) -> None:
         raise TypeError(f"cache: expected a VisionCache, got {type(cache).__name__}")
     multimodal, methods = _multimodal(model)
     disable_vision_cache(model)
+    owner_number = multimodal.__dict__.setdefault(_OWNER_KEY, next(_OWNERS))
     previous = {}
     for method in methods:
         original = getattr(multimodal, method.name, None)
         if original is None or not all(hasattr(multimodal, t) for t in method.towers):
             continue
         previous[method.name] = multimodal.__dict__.get(method.name)
-        multimodal.__dict__[method.name] = _cached_method(cache, multimodal, method, original)
+        wrapper = _cached_method(cache, multimodal, owner_number, method, original)
+        multimodal.__dict__[method.name] = wrapper
     multimodal.__dict__[_STATE_KEY] = (cache, previous)
 
 
 def disable_vision_cache(model: nn.Module) -> None:
-    """Encode every image again (a no-op when no cache is enabled)."""
+    """Encode every image again (a no-op when no cache is enabled). The model's entries stay in
+    the cache until evicted: enabling it again finds them."""
     multimodal, _ = _multimodal(model)
     state = multimodal.__dict__.pop(_STATE_KEY, None)
     if state is None:
         return
-    for name, previous in state[1].items():
-        if previous is None:
+    for name, method in state[1].items():
+        if method is None:
             multimodal.__dict__.pop(name, None)
         else:
-            multimodal.__dict__[name] = previous
+            multimodal.__dict__[name] = method
 
 
 def vision_cache_of(model: nn.Module) -> VisionCache | None:
