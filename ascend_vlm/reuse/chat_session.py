@@ -10,14 +10,19 @@ from scratch, up to floating-point differences between a chunked and a one-shot 
 
 Images across turns: the model's forward encodes the ``pixel_values`` it is given and scatters
 them into the image tokens of the uncached input, so only the images whose tokens lie past the
-reused prefix are passed (with their ``image_grid_thw`` rows); a prefix that would end inside
-an image's tokens is shortened to the image's start. Positions: for models with M-RoPE (the
-inner model has ``get_rope_index``: Qwen2-VL, tested; Qwen2.5-VL and Qwen3-VL build the same
-layout but are untested) the 3-D position ids of the whole conversation are computed here from all images' grids, in the ``[text; t; h; w]`` layout
-``generate`` builds itself, and passed as ``position_ids``; ``generate`` slices them to the
-uncached tokens and extends them while decoding, so the model never reads positions from the
-grids of the new images alone. Other models (LLaVA) get ``generate``'s own positions from the
-full attention mask.
+reused prefix are passed (with their ``image_grid_thw`` rows). An earlier image counts as
+cached only if its tokens lie wholly inside the prefix at the same span as when they were
+cached (a processor may give an image a different token count once more images come); else
+the prefix is shortened to that image's start. The session keeps its own copies of the images,
+so changing an image after passing it does not reach the conversation. Positions: for models
+with M-RoPE (the inner model has ``get_rope_index``: Qwen2-VL, tested; Qwen2.5-VL and Qwen3-VL
+build the same layout but are untested) the 3-D position ids of the whole conversation are
+computed here from all images' grids, in the ``[text; t; h; w]`` layout ``generate`` builds
+itself, and passed as ``position_ids``; ``generate`` slices them to the uncached tokens and
+extends them while decoding, so the model never reads positions from the grids of the new
+images alone. Other models (LLaVA) get ``generate``'s own positions from the full attention
+mask. A PEFT-wrapped model is unwrapped (``get_base_model()``) to read its config and
+``get_rope_index``; generation still goes through the wrapper.
 
 Processors supported: outputs limited to ``input_ids``, ``attention_mask``,
 ``mm_token_type_ids``, ``pixel_values`` and ``image_grid_thw``, with pixels either as rows per
@@ -29,6 +34,8 @@ window cannot be cropped back, and transformers raises then.
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import inspect
 import threading
 from collections.abc import Iterator, Sequence
@@ -51,8 +58,11 @@ _MANAGED_GENERATE_KWARGS = frozenset(
         "streamer",
         "return_dict_in_generate",
         "inputs_embeds",
+        "use_cache",
     }
 )
+# Decoding settings that would make ``generate`` keep more than one sequence in the cache.
+_SINGLE_SEQUENCE_SETTINGS = ("num_beams", "num_return_sequences")
 _PROCESSOR_OUTPUTS = frozenset(
     {"input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw"}
 )
@@ -68,6 +78,8 @@ class _Turn:
     input_ids: torch.Tensor  # (1, L): the whole conversation
     generate_inputs: dict[str, Any]
     reused: int  # prompt tokens answered from the cache
+    spans: list[tuple[int, int]]  # [start, end) of every image's tokens in input_ids
+    first_new: int  # images[:first_new] of the conversation are in the reused prefix
 
 
 def _check_text(text: object) -> str:
@@ -82,7 +94,7 @@ def _check_images(images: object) -> list[Any]:
     if images is None:
         return []
     if isinstance(images, Image.Image):
-        return [images]
+        return [images.copy()]
     if not isinstance(images, Sequence) or isinstance(images, (str, bytes)):
         raise TypeError(
             f"images: expected None, a PIL.Image.Image or a list of them, got "
@@ -93,7 +105,9 @@ def _check_images(images: object) -> list[Any]:
             raise TypeError(
                 f"images[{index}]: expected a PIL.Image.Image, got {type(image).__name__}"
             )
-    return list(images)
+    # Copies: the cache holds these images' encodings, which must not go stale if the caller
+    # changes an image in place (e.g. Image.thumbnail) after passing it.
+    return [image.copy() for image in images]
 
 
 def _check_max_new_tokens(max_new_tokens: object) -> int:
@@ -104,20 +118,41 @@ def _check_max_new_tokens(max_new_tokens: object) -> int:
     return max_new_tokens
 
 
-def _check_generate_kwargs(generate_kwargs: dict[str, Any]) -> dict[str, Any]:
+def _check_generate_kwargs(model: Any, generate_kwargs: dict[str, Any]) -> dict[str, Any]:
     managed = sorted(_MANAGED_GENERATE_KWARGS & generate_kwargs.keys())
     if managed:
         raise TypeError(
             f"generate_kwargs: {', '.join(managed)} are set by ChatSession itself; pass only "
             f"decoding options (e.g. do_sample, temperature, eos_token_id)"
         )
-    for name in ("num_beams", "num_return_sequences"):
-        if generate_kwargs.get(name, 1) != 1:
+    # The value generate uses: its keyword argument, else a passed generation_config's, else
+    # model.generation_config's (unset fields are None), else the default 1.
+    passed = generate_kwargs.get("generation_config")
+    model_config = getattr(model, "generation_config", None)
+    sources = (
+        ("generate_kwargs", generate_kwargs),
+        ("generation_config", vars(passed) if passed is not None else {}),
+        ("model.generation_config", vars(model_config) if model_config is not None else {}),
+    )
+    for name in _SINGLE_SEQUENCE_SETTINGS:
+        where, value = next(
+            ((where, source[name]) for where, source in sources if source.get(name) is not None),
+            (None, 1),
+        )
+        if value != 1:
             raise ValueError(
-                f"{name}: ChatSession keeps one sequence's cache, expected 1, got "
-                f"{generate_kwargs[name]}"
+                f"{name}: ChatSession keeps one sequence's cache, expected 1, got {value} "
+                f"(from {where})"
             )
-    return {"do_sample": False, **generate_kwargs}
+    # Greedy unless the caller chose (here or in a passed generation_config); use_cache and
+    # return_dict_in_generate override any generation_config's.
+    chosen = "do_sample" in generate_kwargs or getattr(passed, "do_sample", None) is not None
+    return {
+        **({} if chosen else {"do_sample": False}),
+        **generate_kwargs,
+        "use_cache": True,
+        "return_dict_in_generate": False,
+    }
 
 
 def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -166,10 +201,15 @@ class ChatSession:
         self.processor = processor
         self.max_cached_tokens = max_cached_tokens
         self._tokenizer = tokenizer
+        # A PEFT model's forward takes **kwargs and its .model is the wrapped model itself.
+        get_base_model = getattr(model, "get_base_model", None)
+        self._base = get_base_model() if callable(get_base_model) else model
         self._cache_keyword = (
-            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+            "cache"
+            if "cache" in inspect.signature(self._base.forward).parameters
+            else "past_key_values"
         )
-        self._rope_index = getattr(getattr(model, "model", None), "get_rope_index", None)
+        self._rope_index = getattr(getattr(self._base, "model", None), "get_rope_index", None)
         if self._rope_index is not None and (
             "mm_token_type_ids" not in inspect.signature(self._rope_index).parameters
         ):
@@ -184,12 +224,15 @@ class ChatSession:
         self._images: list[Any] = []
         self._cache: Any = None
         self._cached_ids = torch.empty(0, dtype=torch.long)
+        # [start, end) of the images whose tokens the cache holds, in image order.
+        self._cached_spans: list[tuple[int, int]] = []
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The conversation so far as chat-template messages (a copy; images are shared):
-        user turns hold ``{"type": "image", "image": <PIL image>}`` parts then a text part,
-        assistant turns one text part with the decoded answer."""
+        """The conversation so far as chat-template messages (a copy; the images in it are the
+        session's own copies, taken when each turn was asked): user turns hold
+        ``{"type": "image", "image": <PIL image>}`` parts then a text part, assistant turns one
+        text part with the decoded answer."""
         return [
             {"role": message["role"], "content": [dict(part) for part in message["content"]]}
             for message in self._messages
@@ -247,7 +290,12 @@ class ChatSession:
                 result["error"] = error
                 streamer.end()
 
-        worker = threading.Thread(target=run, name="ChatSession.ask_stream", daemon=True)
+        # The worker runs in a copy of the caller's context, so context variables set by the
+        # caller (e.g. for logging or tracing inside the model) are seen by generate too.
+        context = contextvars.copy_context()
+        worker = threading.Thread(
+            target=context.run, args=(run,), name="ChatSession.ask_stream", daemon=True
+        )
         worker.start()
         finished = False
         try:
@@ -265,13 +313,12 @@ class ChatSession:
     def fork(self) -> ChatSession:
         """An independent session with a copy of this conversation and of its cache: turns
         asked on either do not affect the other."""
-        import copy
-
         other = ChatSession(self.model, self.processor, max_cached_tokens=self.max_cached_tokens)
         other._messages = self.messages
         other._images = list(self._images)
         other._cache = copy.deepcopy(self._cache)
         other._cached_ids = self._cached_ids.clone()
+        other._cached_spans = list(self._cached_spans)
         return other
 
     def reset(self) -> None:
@@ -280,6 +327,7 @@ class ChatSession:
         self._images = []
         self._cache = None
         self._cached_ids = torch.empty(0, dtype=torch.long)
+        self._cached_spans = []
 
     def _prepare(
         self, text: object, images: object, max_new_tokens: object, generate_kwargs: dict
@@ -287,7 +335,7 @@ class ChatSession:
         text = _check_text(text)
         images = _check_images(images)
         max_new_tokens = _check_max_new_tokens(max_new_tokens)
-        generate_kwargs = _check_generate_kwargs(generate_kwargs)
+        generate_kwargs = _check_generate_kwargs(self.model, generate_kwargs)
 
         user = {
             "role": "user",
@@ -319,9 +367,15 @@ class ChatSession:
         reused = _common_prefix(self._cached_ids, input_ids[0])
         # generate needs at least one uncached token to compute the next-token logits from.
         reused = min(reused, input_ids.shape[1] - 1)
-        for start, end in spans:
-            if start < reused < end:
+        for index, (start, end) in enumerate(spans):
+            if start >= reused:
+                break
+            # Cached only if wholly in the prefix and cached with the same tokens; equal ids
+            # alone do not prove that when the image's token count changed between turns.
+            cached = index < len(self._cached_spans) and self._cached_spans[index] == (start, end)
+            if end > reused or not cached:
                 reused = start
+                break
         first_new = sum(1 for _, end in spans if end <= reused)
 
         inputs: dict[str, Any] = {
@@ -336,18 +390,19 @@ class ChatSession:
             inputs.update(self._image_inputs(encoded, first_new))
         if self._rope_index is not None:
             inputs["position_ids"] = self._mrope_positions(encoded)
-        return _Turn(text, images, input_ids, inputs, reused)
+        return _Turn(text, images, input_ids, inputs, reused, spans, first_new)
 
     def _image_spans(self, encoded: Any, count: int) -> list[tuple[int, int]]:
         """[start, end) of each image's tokens in the prompt, in image order."""
         if count == 0:
             return []
-        image_token_id = getattr(self.model.config, "image_token_id", None)
+        config = self._base.config
+        image_token_id = getattr(config, "image_token_id", None)
         if image_token_id is None:
-            image_token_id = self.model.config.image_token_index
+            image_token_id = config.image_token_index
         positions = (encoded["input_ids"][0] == image_token_id).nonzero()[:, 0].tolist()
         if "image_grid_thw" in encoded:
-            merge = self.model.config.vision_config.spatial_merge_size
+            merge = config.vision_config.spatial_merge_size
             sizes = (encoded["image_grid_thw"].prod(-1) // merge**2).tolist()
         elif len(positions) % count == 0:
             sizes = [len(positions) // count] * count
@@ -394,10 +449,11 @@ class ChatSession:
         from transformers import DynamicCache
 
         if self._cache is None or turn.reused == 0:
-            self._cache = DynamicCache(config=self.model.config)
+            self._cache = DynamicCache(config=self._base.config)
         else:
             self._crop_cache(turn.reused)
         self._cached_ids = self._cached_ids[: turn.reused]
+        self._cached_spans = turn.spans[: turn.first_new]
         try:
             return self.model.generate(
                 **turn.generate_inputs, **{self._cache_keyword: self._cache}, streamer=streamer
@@ -408,11 +464,19 @@ class ChatSession:
             raise
 
     def _crop_cache(self, length: int) -> None:
-        """Keep the first ``length`` tokens of the cache (``crop`` with a negative count: the
-        positive, absolute form is gone in transformers 5.18)."""
-        excess = self.cached_tokens - length
-        if excess > 0:
-            self._cache.crop(-excess)
+        """Keep the first ``length`` tokens of every layer of the cache.
+
+        Layer by layer: after an error inside a forward the layers it reached hold more tokens
+        than the rest, so ``Cache.crop``, which removes the same count from every layer, would
+        cut the others below ``length``. ``crop`` takes a negative count (the positive,
+        absolute form is gone in transformers 5.18).
+        """
+        if self._cache is None:
+            return
+        for layer in self._cache.layers:
+            extra = layer.get_seq_length() - length
+            if extra > 0:
+                layer.crop(-extra)
 
     def _record(self, turn: _Turn, sequences: torch.Tensor) -> str:
         answer = self._tokenizer.decode(
@@ -428,4 +492,5 @@ class ChatSession:
         self._messages.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
         self._images.extend(turn.images)
         self._cached_ids = sequences[0, : self.cached_tokens].clone()
+        self._cached_spans = list(turn.spans)
         return answer
