@@ -7,31 +7,13 @@ import dataclasses
 
 import pytest
 import torch
+from _pruning_models import greedy, tiny_model
 
 import ascend_vlm
 from ascend_vlm import pruning
 from ascend_vlm.models import tiny
 from ascend_vlm.pruning import PruneConfig, SnapKVConfig
 from ascend_vlm.pruning.pruner import SCORED_ATTENTION, recorded_views
-
-LAYERS = 4
-
-
-def _model(name: str = "qwen2_vl", attn: str = "sdpa"):
-    return tiny.build_model(name, attn_implementation=attn, layers=LAYERS)
-
-
-@pytest.fixture
-def pruned():
-    models = []
-    yield models.append
-    for model in models:
-        pruning.disable_token_pruning(model)
-
-
-def _generate(model, inputs, steps=4, **kwargs):
-    with torch.no_grad():
-        return model.generate(**inputs, max_new_tokens=steps, do_sample=False, **kwargs)
 
 
 def _layers(model):
@@ -40,38 +22,38 @@ def _layers(model):
 
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, RuntimeError])
 def test_an_interrupted_prefill_leaves_nothing_behind(interrupt, pruned):
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     config = PruneConfig(method="fastv", layer=2, keep=0.5)
     pruning.enable_token_pruning(model, config)
     pruned(model)
-    expected = _generate(model, inputs)
+    expected = greedy(model, inputs)
 
     def stop(module, args, kwargs):
         raise interrupt("stop")
 
     handle = _layers(model)[1].self_attn.register_forward_pre_hook(stop, with_kwargs=True)
     with pytest.raises(interrupt):
-        _generate(model, inputs)
+        greedy(model, inputs)
     handle.remove()
     # the interrupted forward's scored config is undone by the next forward ...
-    assert torch.equal(_generate(model, inputs), expected)
+    assert torch.equal(greedy(model, inputs), expected)
     assert _layers(model)[1].self_attn.config._attn_implementation == "sdpa"
     with pytest.raises(interrupt):
         handle = _layers(model)[1].self_attn.register_forward_pre_hook(stop, with_kwargs=True)
         try:
-            _generate(model, inputs)
+            greedy(model, inputs)
         finally:
             handle.remove()
     # ... or by disabling
     pruning.disable_token_pruning(model)
     assert _layers(model)[1].self_attn.config._attn_implementation == "sdpa"
     pruning.enable_token_pruning(model, config)
-    assert torch.equal(_generate(model, inputs), expected)
+    assert torch.equal(greedy(model, inputs), expected)
 
 
 def test_a_prompt_ending_in_visual_tokens_keeps_its_last_position(pruned):
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=3, text_len=0)
     assert inputs["input_ids"][0, -1] == tiny.IMAGE_TOKEN
     pruning.enable_token_pruning(model, PruneConfig(method="fastv", layer=2, keep=0.25))
@@ -84,18 +66,18 @@ def test_a_prompt_ending_in_visual_tokens_keeps_its_last_position(pruned):
 
 def test_peft_wrapped_models_are_pruned(pruned):
     peft = pytest.importorskip("peft")
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     wrapped = peft.get_peft_model(
         model, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     ).eval()
-    expected = _generate(wrapped, inputs)
+    expected = greedy(wrapped, inputs)
     pruning.enable_token_pruning(wrapped, PruneConfig(method="fastv", layer=2, keep=1.0))
     pruned(wrapped)
-    assert torch.equal(_generate(wrapped, inputs), expected)
+    assert torch.equal(greedy(wrapped, inputs), expected)
     pruning.disable_token_pruning(wrapped)
     pruning.enable_token_pruning(wrapped, PruneConfig(method="fastv", layer=2, keep=0.5))
-    _generate(wrapped, inputs)
+    greedy(wrapped, inputs)
     assert pruning.pruning_stats(wrapped).kept_visual_tokens == (4,)
 
 
@@ -103,7 +85,7 @@ def test_patch_after_pruning_prunes_alike(pruned):
     config = PruneConfig(method="fastv", layer=2, keep=0.5)
     results = []
     for patch_first in (True, False):
-        model = _model()
+        model = tiny_model()
         inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
         if patch_first:
             ascend_vlm.patch(model)
@@ -117,7 +99,7 @@ def test_patch_after_pruning_prunes_alike(pruned):
 
 
 def test_llava_pruned_layers_get_the_kept_position_ids(pruned):
-    model = _model("llava_clip")
+    model = tiny_model("llava_clip")
     inputs = tiny.make_inputs("llava_clip", model, n_images=1)
     pruning.enable_token_pruning(model, PruneConfig(method="fastv", layer=2, keep=0.5))
     pruned(model)
@@ -134,7 +116,7 @@ def test_llava_pruned_layers_get_the_kept_position_ids(pruned):
 
 
 def test_snapkv_caches_hold_the_unpruned_keys_it_chose(pruned):
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     with torch.no_grad():
         full = model(**inputs, use_cache=True).past_key_values
@@ -154,7 +136,7 @@ def test_snapkv_caches_hold_the_unpruned_keys_it_chose(pruned):
 @pytest.mark.parametrize("per_head", [True, False])
 @pytest.mark.parametrize("prune", [None, PruneConfig(method="uniform", layer=2, keep=0.5)])
 def test_snapkv_prunes_each_row_of_a_batch_as_alone(per_head, prune, pruned):
-    model = _model()
+    model = tiny_model()
     rows = [tiny.qwen_prompt(model, 3, 5, 3), tiny.qwen_prompt(model, 1, 3, 1)]
     kv = SnapKVConfig(compression_ratio=0.5, window=2, per_head=per_head)
     pruning.enable_token_pruning(model, prune, kv=kv)
@@ -183,7 +165,7 @@ def test_snapkv_prunes_each_row_of_a_batch_as_alone(per_head, prune, pruned):
 
 
 def test_a_cache_outlives_disabling_and_enabling_again(pruned):
-    model = _model()
+    model = tiny_model()
     rows = [tiny.qwen_prompt(model, 2, 3, 2), tiny.qwen_prompt(model, 1, 4, 1)]
     inputs = tiny.left_padded_qwen_batch(rows)
     config = PruneConfig(method="fastv", layer=2, keep=0.5)
@@ -210,7 +192,7 @@ def test_a_cache_outlives_disabling_and_enabling_again(pruned):
 
 
 def test_an_uneven_cache_without_a_record_is_refused(pruned):
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
     pruning.enable_token_pruning(model, PruneConfig(layer=2, keep=0.5))
     pruned(model)
@@ -229,7 +211,7 @@ def test_an_uneven_cache_without_a_record_is_refused(pruned):
 
 
 def test_a_sliding_window_cache_made_inside_the_model_is_refused(pruned):
-    model = _model("llava_next")
+    model = tiny_model("llava_next")
     inputs = tiny.make_inputs("llava_next", model, n_images=1)
     pruning.enable_token_pruning(model, PruneConfig(layer=2))
     pruned(model)
@@ -238,7 +220,7 @@ def test_a_sliding_window_cache_made_inside_the_model_is_refused(pruned):
 
 
 def test_attention_implementations_without_4d_masks_are_refused(pruned):
-    model = _model("llava_clip", attn="flex_attention")
+    model = tiny_model("llava_clip", attn="flex_attention")
     inputs = tiny.make_inputs("llava_clip", model, n_images=1)
     pruning.enable_token_pruning(model, PruneConfig(layer=2))
     pruned(model)
@@ -249,7 +231,7 @@ def test_attention_implementations_without_4d_masks_are_refused(pruned):
 
 
 def test_stats_count_flops_and_bytes_layer_by_layer(pruned):
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     pruning.enable_token_pruning(model, PruneConfig(method="uniform", layer=2, keep=0.5))
     pruned(model)
@@ -279,12 +261,12 @@ def test_stats_count_flops_and_bytes_layer_by_layer(pruned):
 
 def test_more_families_prune_at_keep_one(pruned):
     for name in ("smolvlm", "llava_siglip"):
-        model = _model(name)
+        model = tiny_model(name)
         inputs = tiny.make_inputs(name, model, n_images=1)
-        expected = _generate(model, inputs)
+        expected = greedy(model, inputs)
         pruning.enable_token_pruning(model, PruneConfig(method="divprune", layer=2, keep=1.0))
         pruned(model)
-        assert torch.equal(_generate(model, inputs), expected), name
+        assert torch.equal(greedy(model, inputs), expected), name
 
 
 def test_prune_config_replace_keeps_validation():

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from _pruning_models import LAYERS, greedy, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ascend_vlm
@@ -25,20 +26,6 @@ FAMILIES = [
     "idefics3",
 ]
 METHODS = ["fastv", "divprune", "random", "uniform"]
-LAYERS = 4
-
-
-def _model(name: str = "qwen2_vl", attn: str = "sdpa", layers: int = LAYERS):
-    return tiny.build_model(name, attn_implementation=attn, layers=layers)
-
-
-@pytest.fixture
-def pruned():
-    """Models given to it are unpruned again after the test."""
-    models = []
-    yield models.append
-    for model in models:
-        pruning.disable_token_pruning(model)
 
 
 def _enable(model, track, prune=None, kv=None):
@@ -46,33 +33,28 @@ def _enable(model, track, prune=None, kv=None):
     track(model)
 
 
-def _generate(model, inputs, steps=4, **kwargs):
-    with torch.no_grad():
-        return model.generate(**inputs, max_new_tokens=steps, do_sample=False, **kwargs)
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("method", METHODS)
-def test_keep_one_is_the_unpruned_model(name, method, pruned):
-    model = _model(name)
+def test_keep_one_is_the_unprunedtiny_model(name, method, pruned):
+    model = tiny_model(name)
     inputs = tiny.make_inputs(name, model, n_images=2)
     with torch.no_grad():
         logits = model(**inputs).logits
-    tokens = _generate(model, inputs)
+    tokens = greedy(model, inputs)
     _enable(model, pruned, PruneConfig(method=method, layer=2, keep=1.0))
     with torch.no_grad():
         torch.testing.assert_close(model(**inputs).logits, logits, rtol=0, atol=0)
-    assert torch.equal(_generate(model, inputs), tokens)
+    assert torch.equal(greedy(model, inputs), tokens)
     assert pruning.pruning_stats(model).kv_ratio == 1.0
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_snapkv_without_compression_is_the_unpruned_model(name, pruned):
-    model = _model(name)
+def test_snapkv_without_compression_is_the_unprunedtiny_model(name, pruned):
+    model = tiny_model(name)
     inputs = tiny.make_inputs(name, model, n_images=1)
-    tokens = _generate(model, inputs)
+    tokens = greedy(model, inputs)
     _enable(model, pruned, kv=SnapKVConfig(compression_ratio=0.0, window=2))
-    assert torch.equal(_generate(model, inputs), tokens)
+    assert torch.equal(greedy(model, inputs), tokens)
 
 
 def _kept_visual(inputs, keep: float) -> tuple[int, int]:
@@ -82,7 +64,7 @@ def _kept_visual(inputs, keep: float) -> tuple[int, int]:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_pruned_layers_compute_and_cache_only_the_kept_tokens(method, pruned):
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     prompt = inputs["input_ids"].shape[1]
     visual, kept = _kept_visual(inputs, 0.5)
@@ -109,7 +91,7 @@ def test_pruned_layers_compute_and_cache_only_the_kept_tokens(method, pruned):
 
 
 def test_kept_tokens_keep_their_mrope_positions(pruned):
-    model = _model("qwen2_vl")
+    model = tiny_model("qwen2_vl")
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     layer = model.model.language_model.layers[2]
     tables = []
@@ -137,7 +119,7 @@ def test_kept_tokens_keep_their_mrope_positions(pruned):
 def test_decode_steps_match_a_pruned_forward_over_the_whole_sequence(method, pruned):
     # random/uniform choose the same tokens whatever the prompt ends with, so the logits of
     # every cached decode step equal those of one pruned forward over prompt + tokens so far
-    model = _model("qwen2_vl")
+    model = tiny_model("qwen2_vl")
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     _enable(model, pruned, PruneConfig(method=method, layer=2, keep=0.5))
     with torch.no_grad():
@@ -159,29 +141,29 @@ def test_decode_steps_match_a_pruned_forward_over_the_whole_sequence(method, pru
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_batch_prunes_each_row_as_alone(method, pruned):
-    model = _model("qwen2_vl")
+    model = tiny_model("qwen2_vl")
     rows = [
         tiny.qwen_prompt(model, 2, 5, 1),
         tiny.qwen_prompt(model, 1, 3, 2),
         tiny.qwen_prompt(model, 3, 2, 3),
     ]
     _enable(model, pruned, PruneConfig(method=method, layer=2, keep=0.4))
-    batched = _generate(model, tiny.left_padded_qwen_batch(rows), steps=3)
+    batched = greedy(model, tiny.left_padded_qwen_batch(rows), steps=3)
     kept_batched = pruning.pruning_stats(model).kept_visual_tokens
     for index, row in enumerate(rows):
-        alone = _generate(model, tiny.left_padded_qwen_batch([row]), steps=3)
+        alone = greedy(model, tiny.left_padded_qwen_batch([row]), steps=3)
         assert torch.equal(batched[index, -3:], alone[0, -3:]), index
         assert pruning.pruning_stats(model).kept_visual_tokens == (kept_batched[index],)
 
 
 def test_static_cache_generates_what_the_dynamic_cache_does(pruned):
-    model = _model("qwen2_vl")
+    model = tiny_model("qwen2_vl")
     inputs = tiny.left_padded_qwen_batch(
         [tiny.qwen_prompt(model, 2, 4, 1), tiny.qwen_prompt(model, 1, 2, 2)]
     )
     _enable(model, pruned, PruneConfig(method="fastv", layer=2, keep=0.3))
-    dynamic = _generate(model, inputs, steps=5)
-    static = _generate(model, inputs, steps=5, cache_implementation="static")
+    dynamic = greedy(model, inputs, steps=5)
+    static = greedy(model, inputs, steps=5, cache_implementation="static")
     assert torch.equal(dynamic, static)
 
 
@@ -190,7 +172,7 @@ def test_attention_implementations_and_patch_prune_alike(method, pruned):
     config = PruneConfig(method=method, layer=2, keep=0.5)
     results = []
     for attn, patched in (("eager", False), ("sdpa", False), ("sdpa", True)):
-        model = _model("qwen2_vl", attn=attn)
+        model = tiny_model("qwen2_vl", attn=attn)
         inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
         if patched:
             ascend_vlm.patch(model)
@@ -208,7 +190,7 @@ def test_mock_npu_path_equals_the_cpu_path(pruned, request):
     kv = SnapKVConfig(compression_ratio=0.5, window=2)
     results = []
     for backend in ("cpu", "mock"):
-        model = _model("qwen2_vl")
+        model = tiny_model("qwen2_vl")
         ascend_vlm.patch(model)
         _enable(model, pruned, config, kv)
         inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
@@ -272,7 +254,7 @@ def _host_reads(model, inputs) -> int:
 def test_pruning_adds_one_host_read_per_prefill_not_per_layer(configs, pruned):
     added = []
     for layers in (4, 8):
-        model = _model("qwen2_vl", layers=layers)
+        model = tiny_model("qwen2_vl", layers=layers)
         inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
         unpruned = _host_reads(model, inputs)
         _enable(model, pruned, *configs)
@@ -281,7 +263,7 @@ def test_pruning_adds_one_host_read_per_prefill_not_per_layer(configs, pruned):
 
 
 def test_fastv_and_snapkv_combine(pruned):
-    model = _model("qwen2_vl")
+    model = tiny_model("qwen2_vl")
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     prompt = inputs["input_ids"].shape[1]
     _enable(
@@ -336,7 +318,7 @@ def test_bad_snapkv_configs_are_refused(arguments, message):
 
 
 def test_layer_beyond_depth_is_refused():
-    model = _model()
+    model = tiny_model()
     with pytest.raises(ValueError, match=r"^layer: expected 1 <= layer < 4 .* got 4"):
         pruning.enable_token_pruning(model, PruneConfig(layer=4))
     assert pruning.pruning_stats(model) is None
@@ -360,11 +342,11 @@ def test_models_without_visual_tokens_or_bidirectional_images_are_refused():
     with pytest.raises(TypeError, match=r"^model: expected a torch.nn.Module"):
         pruning.enable_token_pruning("qwen2_vl", PruneConfig())
     with pytest.raises(ValueError, match=r"^prune, kv: expected a PruneConfig, a SnapKVConfig"):
-        pruning.enable_token_pruning(_model())
+        pruning.enable_token_pruning(tiny_model())
 
 
 def test_enabling_twice_needs_the_same_configs(pruned):
-    model = _model()
+    model = tiny_model()
     _enable(model, pruned, PruneConfig(layer=2))
     pruning.enable_token_pruning(model, PruneConfig(layer=2))
     with pytest.raises(ValueError, match=r"^model: token pruning is already enabled"):
@@ -372,7 +354,7 @@ def test_enabling_twice_needs_the_same_configs(pruned):
 
 
 def test_labels_and_new_images_on_a_pruned_cache_are_refused(pruned):
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
     _enable(model, pruned, PruneConfig(layer=2, keep=0.5))
     with pytest.raises(ValueError, match=r"^labels: token pruning drops prompt positions"):
@@ -385,20 +367,20 @@ def test_labels_and_new_images_on_a_pruned_cache_are_refused(pruned):
 
 
 def test_prompts_without_visual_tokens_pass_through(pruned):
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=0)
-    tokens = _generate(model, inputs)
+    tokens = greedy(model, inputs)
     _enable(model, pruned, PruneConfig(layer=2, keep=0.25))
-    assert torch.equal(_generate(model, inputs), tokens)
+    assert torch.equal(greedy(model, inputs), tokens)
     assert pruning.pruning_stats(model) is None
 
 
 def test_snapkv_refuses_a_static_cache(pruned):
-    model = _model()
+    model = tiny_model()
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
     _enable(model, pruned, kv=SnapKVConfig())
     with pytest.raises(ValueError, match=r"^cache: token pruning needs full-attention dynamic"):
-        _generate(model, inputs, cache_implementation="static")
+        greedy(model, inputs, cache_implementation="static")
 
 
 def _video_inputs(model, frames: int = 4):
@@ -427,16 +409,16 @@ def _video_inputs(model, frames: int = 4):
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
 def test_video_frames_and_images_are_pruned_together(name, pruned):
-    model = _model(name)
+    model = tiny_model(name)
     inputs, visual = _video_inputs(model)
     if name == "qwen2_5_vl":
         inputs["second_per_grid_ts"] = torch.tensor([1.0])
-    tokens = _generate(model, inputs)
+    tokens = greedy(model, inputs)
     _enable(model, pruned, PruneConfig(method="fastv", layer=2, keep=1.0))
-    assert torch.equal(_generate(model, inputs), tokens)
+    assert torch.equal(greedy(model, inputs), tokens)
     pruning.disable_token_pruning(model)
     _enable(model, pruned, PruneConfig(method="divprune", layer=2, keep=0.25))
-    _generate(model, inputs)
+    greedy(model, inputs)
     stats = pruning.pruning_stats(model)
     assert stats.visual_tokens == (visual,) and stats.kept_visual_tokens == (-(-visual // 4),)
 
@@ -450,33 +432,33 @@ def test_llava_next_without_a_sliding_window_is_pruned(pruned):
     torch.manual_seed(0)
     model = transformers.LlavaNextForConditionalGeneration(config).eval()
     inputs = tiny.make_inputs("llava_next", model, n_images=1)
-    tokens = _generate(model, inputs)
+    tokens = greedy(model, inputs)
     _enable(model, pruned, PruneConfig(method="fastv", layer=2, keep=1.0))
-    assert torch.equal(_generate(model, inputs), tokens)
+    assert torch.equal(greedy(model, inputs), tokens)
 
 
 def test_a_sliding_window_cache_is_refused(pruned):
-    model = _model("llava_next")  # its tiny mistral backbone keeps a sliding-window cache
+    model = tiny_model("llava_next")  # its tiny mistral backbone keeps a sliding-window cache
     inputs = tiny.make_inputs("llava_next", model, n_images=1)
     _enable(model, pruned, PruneConfig(layer=2))
     with pytest.raises(ValueError, match=r"^cache: .* got \['DynamicSlidingWindowLayer'\]"):
-        _generate(model, inputs)
+        greedy(model, inputs)
 
 
 def test_assisted_decoding_verifies_drafts_on_the_pruned_cache(pruned):
     # Drafts are checked several tokens at a time and rejected ones cropped off every layer;
     # "uniform" picks the same tokens whatever the prompt ends with (the main model's first
     # forward also holds the first draft token), so greedy assisted output equals plain greedy.
-    model = _model("qwen2_vl")
+    model = tiny_model("qwen2_vl")
     assistant = tiny.build_model("qwen2_vl", layers=2, attn_implementation="sdpa", seed=1)
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     _enable(model, pruned, PruneConfig(method="uniform", layer=2, keep=0.5))
-    plain = _generate(model, inputs, steps=8)
-    assert torch.equal(_generate(model, inputs, steps=8, assistant_model=assistant), plain)
+    plain = greedy(model, inputs, steps=8)
+    assert torch.equal(greedy(model, inputs, steps=8, assistant_model=assistant), plain)
 
 
 def test_a_cache_cropped_past_the_pruned_layout_is_refused(pruned):
-    model = _model("qwen2_vl")
+    model = tiny_model("qwen2_vl")
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
     _enable(model, pruned, PruneConfig(method="fastv", layer=2, keep=0.5))
     with torch.no_grad():
