@@ -481,3 +481,57 @@ def test_images_changed_in_place_after_a_turn_do_not_reach_the_session(model_and
     assert session.messages[0]["content"][0]["image"].size == (112, 112)
     answer = session.ask("which colour is it", max_new_tokens=MAX_NEW)
     _assert_exact(model, processor, session, answer)
+
+
+@pytest.fixture(scope="module")
+def qwen2_5_vl_and_processor(model_and_processor):
+    """A random Qwen2.5-VL of the default model's widths, on the same processor."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    base, processor = model_and_processor
+    reference = base.config
+    vision = {
+        "depth": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 4,
+        "out_hidden_size": reference.text_config.hidden_size,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 56,
+        "fullatt_block_indexes": [1],
+    }
+    text = reference.text_config.to_dict()
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=reference.image_token_id,
+        video_token_id=reference.video_token_id,
+        vision_start_token_id=reference.vision_start_token_id,
+        vision_end_token_id=reference.vision_end_token_id,
+    )
+    torch.manual_seed(0)
+    return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
+
+
+def test_qwen2_5_vl_turns_match_generate(qwen2_5_vl_and_processor):
+    model, processor = qwen2_5_vl_and_processor
+    session = ChatSession(model, processor)
+    for text, images in TURNS_IMAGES_1_3:
+        answer = session.ask(text, images, max_new_tokens=MAX_NEW)
+        _assert_exact(model, processor, session, answer)
+
+
+def test_a_patched_model_on_the_mock_npu_matches_generate(model_and_processor, mock_npu):
+    import copy
+
+    import ascend_vlm
+
+    base, processor = model_and_processor
+    model = copy.deepcopy(base)
+    ascend_vlm.patch(model)
+    session = ChatSession(model, processor)
+    for text, images in TURNS_IMAGES_1_3:
+        answer = session.ask(text, images, max_new_tokens=MAX_NEW)
+        _assert_exact(model, processor, session, answer)
