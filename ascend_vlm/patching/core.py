@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import check_transformers_version
 from ascend_vlm._errors import PatchError
 from ascend_vlm.models import (
@@ -55,16 +56,11 @@ def _base_model(model: object, **flags: object) -> nn.Module:
     """The transformers model under a PEFT wrapper (or `model` itself), once the arguments of
     `patch` / `unpatch` are checked: TypeError naming the argument unless `model` is an
     ``nn.Module`` and every flag (``attention=``, ``strict=``, ...) a bool."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"model: expected a torch.nn.Module (a transformers model, optionally PEFT-wrapped), "
-            f"got {type(model).__name__}"
-        )
+    base = base_model(model)
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected True or False, got {value!r}")
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else model
+    return base
 
 
 def _resolve_spec(base: nn.Module, strict: bool) -> tuple[str, ModelSpec, str | None]:

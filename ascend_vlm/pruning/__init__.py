@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import check_transformers_version
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig
 from ascend_vlm.pruning.families import SUPPORTED_MODEL_TYPES, pruning_target
@@ -37,16 +38,6 @@ __all__ = [
 _STATE_KEY = "_ascend_vlm_token_pruner"
 
 
-def _base_model(model: object) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"model: expected a torch.nn.Module (a transformers VLM, optionally PEFT-wrapped), "
-            f"got {type(model).__name__}"
-        )
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else model
-
-
 def enable_token_pruning(
     model: nn.Module,
     prune: PruneConfig | None = None,
@@ -64,7 +55,7 @@ def enable_token_pruning(
     transformers is outside the supported range (the gate `patch` uses). Enabling again with the
     same configs does nothing.
     """
-    base = _base_model(model)
+    base = base_model(model)
     if prune is not None and not isinstance(prune, PruneConfig):
         raise TypeError(f"prune: expected a PruneConfig or None, got {type(prune).__name__}")
     if kv is not None and not isinstance(kv, SnapKVConfig):
@@ -104,7 +95,7 @@ def enable_token_pruning(
 def disable_token_pruning(model: nn.Module) -> None:
     """Remove token pruning from ``model`` (a no-op when it is not enabled). A cache filled while
     pruning was on holds the pruned layout: continue it only with pruning enabled as it was."""
-    pruner: TokenPruner | None = _base_model(model).__dict__.pop(_STATE_KEY, None)
+    pruner: TokenPruner | None = base_model(model).__dict__.pop(_STATE_KEY, None)
     if pruner is not None:
         pruner.remove()
 
@@ -112,5 +103,5 @@ def disable_token_pruning(model: nn.Module) -> None:
 def pruning_stats(model: nn.Module) -> PruningStats | None:
     """The :class:`PruningStats` of ``model``'s last pruned prefill (None before the first one,
     or when pruning is not enabled)."""
-    pruner: TokenPruner | None = _base_model(model).__dict__.get(_STATE_KEY)
+    pruner: TokenPruner | None = base_model(model).__dict__.get(_STATE_KEY)
     return None if pruner is None else pruner.last_stats

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import tensor_version
 from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
 
@@ -197,13 +198,7 @@ def _cached_method(
 
 
 def _multimodal(model: nn.Module) -> tuple[nn.Module, tuple[_Method, ...]]:
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"model: expected a torch.nn.Module (a transformers VLM, optionally PEFT-wrapped), "
-            f"got {type(model).__name__}"
-        )
-    get_base_model = getattr(model, "get_base_model", None)
-    base = get_base_model() if callable(get_base_model) else model
+    base = base_model(model)
     model_type = getattr(getattr(base, "config", None), "model_type", None)
     methods = FAMILIES.get(model_type)
     multimodal = getattr(base, "model", None)

@@ -43,6 +43,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
+
+from ascend_vlm._base_model import base_model
 
 # Arguments the session sets itself; a caller's value for them would break the cache bookkeeping.
 _MANAGED_GENERATE_KWARGS = frozenset(
@@ -202,8 +205,7 @@ class ChatSession:
         self.max_cached_tokens = max_cached_tokens
         self._tokenizer = tokenizer
         # A PEFT model's forward takes **kwargs and its .model is the wrapped model itself.
-        get_base_model = getattr(model, "get_base_model", None)
-        self._base = get_base_model() if callable(get_base_model) else model
+        self._base = base_model(model) if isinstance(model, nn.Module) else model
         self._cache_keyword = (
             "cache"
             if "cache" in inspect.signature(self._base.forward).parameters
