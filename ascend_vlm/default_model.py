@@ -155,6 +155,24 @@ def _config(tokenizer):
     )
 
 
+# The config fields naming the default tokenizer's special tokens.
+TOKEN_ID_FIELDS = (
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
+
+
+def token_ids(config) -> dict[str, int]:
+    """The special-token ids of ``config`` (the default model's, or one built on its tokenizer),
+    as keyword arguments for another Qwen-VL config on the same tokenizer."""
+    return {field: getattr(config, field) for field in TOKEN_ID_FIELDS}
+
+
 def build_default_model(output_dir: str | os.PathLike, *, seed: int = 0) -> Path:
     """Build the tiny default model, tokenizer and image processor into ``output_dir``.
 

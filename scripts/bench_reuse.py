@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ascend_vlm.default_model import default_model_path, load_processor
+from ascend_vlm.default_model import default_model_path, load_processor, token_ids
 from ascend_vlm.reuse import ChatSession, VisionCache, disable_vision_cache, enable_vision_cache
 from ascend_vlm.reuse.vision_cache import content_key
 
@@ -65,13 +65,7 @@ def load_bench_model(folder: Path, processor):
     config = Qwen2VLConfig(
         text_config=text,
         vision_config=vision,
-        image_token_id=reference.image_token_id,
-        video_token_id=reference.video_token_id,
-        vision_start_token_id=reference.vision_start_token_id,
-        vision_end_token_id=reference.vision_end_token_id,
-        bos_token_id=reference.bos_token_id,
-        eos_token_id=reference.eos_token_id,
-        pad_token_id=reference.pad_token_id,
+        **token_ids(reference),
     )
     torch.manual_seed(0)
     Qwen2VLForConditionalGeneration(config).save_pretrained(folder)

@@ -488,6 +488,8 @@ def qwen2_5_vl_and_processor(model_and_processor):
     """A random Qwen2.5-VL of the default model's widths, on the same processor."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+    from ascend_vlm.default_model import token_ids
+
     base, processor = model_and_processor
     reference = base.config
     vision = {
@@ -506,10 +508,7 @@ def qwen2_5_vl_and_processor(model_and_processor):
     config = Qwen2_5_VLConfig(
         text_config=text,
         vision_config=vision,
-        image_token_id=reference.image_token_id,
-        video_token_id=reference.video_token_id,
-        vision_start_token_id=reference.vision_start_token_id,
-        vision_end_token_id=reference.vision_end_token_id,
+        **token_ids(reference),
     )
     torch.manual_seed(0)
     return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
