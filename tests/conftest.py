@@ -1,9 +1,13 @@
-"""Suite-wide pytest set-up: the mock NPU fixture/marker (ascend_vlm.testing.pytest_plugin) and
-the command-line error check shared by the `python -m ascend_vlm` command tests."""
+"""Suite-wide pytest set-up: the mock NPU fixture/marker (ascend_vlm.testing.pytest_plugin),
+the command-line error check shared by the `python -m ascend_vlm` command tests, and the loader
+of `scripts/` modules."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -28,3 +32,19 @@ def command_error(capsys) -> Callable[[list[str]], str]:
         return lines[-1]
 
     return run
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture(scope="session")
+def script_module() -> Callable[[str], ModuleType]:
+    """``script_module(name)`` imports ``scripts/<name>.py`` (scripts are not a package)."""
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -3,21 +3,14 @@ needed here; the script is run by hand where it is installed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_patch_instructions.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_patch_instructions", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(script_module):
+    return script_module("bench_patch_instructions")
 
 
 LOG = """==123== Callgrind, a call-graph generating cache profiler

@@ -3,21 +3,14 @@ the accuracy part needs the reference checkpoint and is run by hand)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_pruning.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_pruning", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(script_module):
+    return script_module("bench_pruning")
 
 
 def test_speed_rows_measure_real_removal(bench, tmp_path, capsys) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
@@ -12,13 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cli():
-    spec = importlib.util.spec_from_file_location(
-        "finetune_lora", ROOT / "scripts" / "finetune_lora.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def cli(script_module):
+    return script_module("finetune_lora")
 
 
 def test_help_shows_the_defaults_on_rank_zero(cli, monkeypatch, capsys):
