@@ -35,7 +35,7 @@ __all__ = [
     "pruning_stats",
 ]
 
-_STATE_KEY = "_ascend_vlm_token_pruner"
+_PRUNER_KEY = "_ascend_vlm_token_pruner"
 
 
 def enable_token_pruning(
@@ -62,7 +62,7 @@ def enable_token_pruning(
         raise TypeError(f"kv: expected a SnapKVConfig or None, got {type(kv).__name__}")
     if prune is None and kv is None:
         raise ValueError("prune, kv: expected a PruneConfig, a SnapKVConfig or both, got neither")
-    existing: TokenPruner | None = base.__dict__.get(_STATE_KEY)
+    existing: TokenPruner | None = base.__dict__.get(_PRUNER_KEY)
     if existing is not None:
         if (existing.prune, existing.kv) == (prune, kv):
             return
@@ -89,13 +89,13 @@ def enable_token_pruning(
         raise ValueError(f"kv: SnapKV leaves layer 0 whole and needs >= 2 layers, got {depth}")
     pruner = TokenPruner(target, prune, kv)
     pruner.install(base)
-    base.__dict__[_STATE_KEY] = pruner
+    base.__dict__[_PRUNER_KEY] = pruner
 
 
 def disable_token_pruning(model: nn.Module) -> None:
     """Remove token pruning from ``model`` (a no-op when it is not enabled). A cache filled while
     pruning was on holds the pruned layout: continue it only with pruning enabled as it was."""
-    pruner: TokenPruner | None = base_model(model).__dict__.pop(_STATE_KEY, None)
+    pruner: TokenPruner | None = base_model(model).__dict__.pop(_PRUNER_KEY, None)
     if pruner is not None:
         pruner.remove()
 
@@ -103,5 +103,5 @@ def disable_token_pruning(model: nn.Module) -> None:
 def pruning_stats(model: nn.Module) -> PruningStats | None:
     """The :class:`PruningStats` of ``model``'s last pruned prefill (None before the first one,
     or when pruning is not enabled)."""
-    pruner: TokenPruner | None = base_model(model).__dict__.get(_STATE_KEY)
+    pruner: TokenPruner | None = base_model(model).__dict__.get(_PRUNER_KEY)
     return None if pruner is None else pruner.last_stats

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ascend_vlm.ops.fused_attention import MASKED_ADDITIVE_BELOW
+
 
 @dataclass
 class LayerView:
@@ -46,10 +48,11 @@ def identity_view(batch: int, length: int, device: torch.device) -> LayerView:
 
 
 def attended(mask: torch.Tensor) -> torch.Tensor:
-    """``mask`` (bool True = attend, or additive float: 0 = attend) as bool."""
+    """``mask`` (bool True = attend, or additive float) as bool, with ``ops.fused_attention``'s
+    rule for additive masks: entries at or below ``MASKED_ADDITIVE_BELOW`` are masked."""
     if mask.dtype == torch.bool:
         return mask
-    return mask > torch.finfo(mask.dtype).min / 2
+    return mask > MASKED_ADDITIVE_BELOW
 
 
 def causal_mask(queries: int, keys: int, device: torch.device) -> torch.Tensor:

@@ -37,7 +37,7 @@ from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import tensor_version
 from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
 
-_STATE_KEY = "_ascend_vlm_vision_cache"
+_CACHE_STATE_KEY = "_ascend_vlm_vision_cache"
 # Arguments that shape the output object, not the features.
 _OUTPUT_FLAGS = frozenset({"return_dict", "output_attentions", "output_hidden_states"})
 # LLaVA's feature-choosing arguments, taken from the config when a call passes None.
@@ -227,14 +227,14 @@ def enable_vision_cache(model: nn.Module, cache: VisionCache) -> None:
         previous[method.name] = multimodal.__dict__.get(method.name)
         wrapper = _cached_method(cache, multimodal, owner_number, method, original)
         multimodal.__dict__[method.name] = wrapper
-    multimodal.__dict__[_STATE_KEY] = (cache, previous)
+    multimodal.__dict__[_CACHE_STATE_KEY] = (cache, previous)
 
 
 def disable_vision_cache(model: nn.Module) -> None:
     """Encode every image again (a no-op when no cache is enabled). The model's entries stay in
     the cache until evicted: enabling it again finds them."""
     multimodal, _ = _multimodal(model)
-    state = multimodal.__dict__.pop(_STATE_KEY, None)
+    state = multimodal.__dict__.pop(_CACHE_STATE_KEY, None)
     if state is None:
         return
     for name, method in state[1].items():
@@ -247,5 +247,5 @@ def disable_vision_cache(model: nn.Module) -> None:
 def vision_cache_of(model: nn.Module) -> VisionCache | None:
     """The cache ``model`` encodes through (None when none is enabled)."""
     multimodal, _ = _multimodal(model)
-    state = multimodal.__dict__.get(_STATE_KEY)
+    state = multimodal.__dict__.get(_CACHE_STATE_KEY)
     return None if state is None else state[0]
