@@ -168,9 +168,11 @@ TOKEN_ID_FIELDS = (
 
 
 def token_ids(config) -> dict[str, int]:
-    """The special-token ids of ``config`` (the default model's, or one built on its tokenizer),
-    as keyword arguments for another Qwen-VL config on the same tokenizer."""
-    return {field: getattr(config, field) for field in TOKEN_ID_FIELDS}
+    """The special-token ids ``config`` holds (the default model's, or one built on its
+    tokenizer), as keyword arguments for another Qwen-VL config on the same tokenizer. A field
+    a transformers version does not keep on the top-level config is left out."""
+    ids = {field: getattr(config, field, None) for field in TOKEN_ID_FIELDS}
+    return {field: value for field, value in ids.items() if value is not None}
 
 
 def build_default_model(output_dir: str | os.PathLike, *, seed: int = 0) -> Path:
