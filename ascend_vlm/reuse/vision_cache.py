@@ -7,7 +7,9 @@ pixel tensor as the vision tower receives it (its bytes, shape and dtype, with t
 grid), or a key the caller names (:meth:`VisionCache.named_images`). Entries of other weights
 fingerprints stay until evicted, so models switching between weights (adapters) keep theirs.
 Entries are evicted least recently used first once their bytes pass ``max_bytes``. Values stay
-on the device they were computed on. All methods are thread-safe.
+on the device they were computed on; with ``host_bytes`` the entries the device evicts move to
+a second LRU in pinned host memory and come back from there on a hit (see
+:mod:`ascend_vlm.reuse.host_tier`). All methods are thread-safe.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ import contextlib
 import contextvars
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from ascend_vlm.reuse.host_tier import HostTier, produced_event
 
 
 @dataclass
@@ -42,23 +48,34 @@ _NAMED: contextvars.ContextVar[_NamedKeys | None] = contextvars.ContextVar(
 class CachedFeatures:
     """One image's outputs as cached: the output class to rebuild, whether its deepstack layers
     came as one tensor over all images (else split per image), and the tensors (the pooled
-    embeddings, then one per deepstack layer)."""
+    embeddings, then one per deepstack layer). ``produced`` is an event recorded after the work
+    that writes accelerator tensors, ``ready`` one recorded after the copies that bring them
+    back from the host tier (None when there is nothing to wait for)."""
 
     output_class: type
     deepstack_joined: bool
     tensors: tuple[torch.Tensor, ...]
+    produced: Any = field(default=None, compare=False)
+    ready: Any = field(default=None, compare=False)
 
     @property
     def nbytes(self) -> int:
         return sum(tensor.numel() * tensor.element_size() for tensor in self.tensors)
 
+    def wait_ready(self) -> None:
+        """Block until the tensors may be read (their copies from the host tier are done)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+
 
 @dataclass(frozen=True)
 class VisionCacheStats:
-    """Counters since the cache was made (or cleared): ``hits`` / ``misses`` per image looked up,
-    ``evictions`` (entries dropped for room), ``entries`` and ``bytes``
-    held now, ``hashed_images`` and ``hash_seconds`` spent hashing pixels (named images are not
-    hashed)."""
+    """Counters since the cache was made (or cleared): ``hits`` / ``misses`` per image looked up
+    (``host_hits``: the hits answered from the host tier), ``evictions`` (entries that left the
+    cache for room), ``demotions`` (entries moved from the device to the host tier),
+    ``entries`` / ``bytes`` held on the device tier now and ``host_entries`` / ``host_bytes`` on
+    the host tier, ``hashed_images`` and ``hash_seconds`` spent hashing pixels (named images are
+    not hashed)."""
 
     hits: int
     misses: int
@@ -67,6 +84,10 @@ class VisionCacheStats:
     bytes: int
     hashed_images: int
     hash_seconds: float
+    host_hits: int = 0
+    demotions: int = 0
+    host_entries: int = 0
+    host_bytes: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -87,25 +108,38 @@ def content_key(pixels: torch.Tensor, grid: Sequence[int] = ()) -> bytes:
     return digest.digest()
 
 
+def _require_budget(name: str, value: object, allow_zero: bool) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name}: expected {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
 class VisionCache:
     """A byte-bounded LRU of per-image vision outputs, shared by any models enabled with it.
 
-    ``max_bytes``: the most bytes of cached tensors held at once (an int > 0); an image whose
-    outputs alone exceed it is computed but not kept. TypeError / ValueError name the argument
-    otherwise.
+    ``max_bytes``: the most bytes of cached tensors held at once where they were computed (an
+    int > 0); an image whose outputs alone exceed it is computed but not kept. ``host_bytes``:
+    the most bytes of pinned host memory holding the entries evicted from there (an int >= 0;
+    0, the default, drops them). TypeError / ValueError name the argument otherwise.
     """
 
-    def __init__(self, max_bytes: int) -> None:
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
-            raise TypeError(f"max_bytes: expected an int, got {type(max_bytes).__name__}")
-        if max_bytes <= 0:
-            raise ValueError(f"max_bytes: expected > 0, got {max_bytes}")
+    def __init__(self, max_bytes: int, host_bytes: int = 0) -> None:
+        _require_budget("max_bytes", max_bytes, allow_zero=False)
+        _require_budget("host_bytes", host_bytes, allow_zero=True)
         self.max_bytes = max_bytes
+        self.host_bytes = host_bytes
         self._lock = threading.RLock()
         self._entries: OrderedDict[tuple, CachedFeatures] = OrderedDict()
         self._bytes = 0
-        self._counts = {"hits": 0, "misses": 0, "evictions": 0, "hashed_images": 0}
+        self._counts = dict.fromkeys(
+            ("hits", "misses", "evictions", "hashed_images", "host_hits", "demotions"), 0
+        )
         self._hash_seconds = 0.0
+        self._host = HostTier(host_bytes) if host_bytes else None
+        if self._host is not None:
+            # The tier's streams and AscendCL session reference go with the cache.
+            weakref.finalize(self, self._host.close)
 
     # ------------------------------------------------------------------ keys
 
@@ -163,9 +197,11 @@ class VisionCache:
 
     # ------------------------------------------------------------------ store
 
-    def lookup(self, owner: int, fingerprint: Hashable, keys: Sequence) -> list:
+    def lookup(self, owner: int, fingerprint: Hashable, keys: Sequence, wait: bool = True) -> list:
         """The cached features of each key (None where missing) for the model ``owner`` (an int
-        naming one enabled model, see `cached_features`) at weights ``fingerprint``."""
+        naming one enabled model, see `cached_features`) at weights ``fingerprint``. Host-tier
+        hits move back to the device tier; with ``wait=False`` their copies may still be
+        running: call ``wait_ready()`` on each value before reading its tensors."""
         with self._lock:
             found = []
             for key in keys:
@@ -173,38 +209,55 @@ class VisionCache:
                 value = self._entries.get(entry)
                 if value is not None:
                     self._entries.move_to_end(entry)
+                elif self._host is not None and (value := self._host.take(entry)) is not None:
+                    self._counts["host_hits"] += 1
+                    self._insert(entry, value)
                 found.append(value)
             hits = sum(value is not None for value in found)
             self._counts["hits"] += hits
             self._counts["misses"] += len(found) - hits
-            return found
+        if wait:
+            for value in found:
+                if value is not None:
+                    value.wait_ready()
+        return found
 
     def store(
         self, owner: int, fingerprint: Hashable, key: Hashable, value: CachedFeatures
     ) -> None:
-        """Keep ``value`` for ``key``, evicting the least recently used entries past
-        ``max_bytes``; a value larger than ``max_bytes`` alone is not kept."""
-        size = value.nbytes
+        """Keep ``value`` for ``key``, moving the least recently used entries past
+        ``max_bytes`` to the host tier (or dropping them without one); a value larger than
+        ``max_bytes`` alone is not kept."""
         with self._lock:
-            if size > self.max_bytes:
-                return
             entry = (owner, fingerprint, key)
-            if entry in self._entries:
-                self._drop(entry)
-            self._entries[entry] = value
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                self._drop(next(iter(self._entries)))
-                self._counts["evictions"] += 1
+            if self._host is not None:
+                self._host.discard(entry)
+                value = produced_event(value)
+            self._insert(entry, value)
 
-    def _drop(self, entry: tuple) -> None:
-        self._bytes -= self._entries.pop(entry).nbytes
+    def _insert(self, entry: tuple, value: CachedFeatures) -> None:
+        if value.nbytes > self.max_bytes:
+            return
+        if entry in self._entries:
+            self._bytes -= self._entries.pop(entry).nbytes
+        self._entries[entry] = value
+        self._bytes += value.nbytes
+        while self._bytes > self.max_bytes:
+            oldest, evicted = self._entries.popitem(last=False)
+            self._bytes -= evicted.nbytes
+            if self._host is None:
+                self._counts["evictions"] += 1
+                continue
+            self._counts["demotions"] += 1
+            self._counts["evictions"] += self._host.keep(oldest, evicted)
 
     def clear(self) -> None:
-        """Drop every entry and reset the counters."""
+        """Drop every entry (of both tiers) and reset the counters."""
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+            if self._host is not None:
+                self._host.clear()
             self._counts = dict.fromkeys(self._counts, 0)
             self._hash_seconds = 0.0
 
@@ -219,6 +272,10 @@ class VisionCache:
                 bytes=self._bytes,
                 hashed_images=self._counts["hashed_images"],
                 hash_seconds=self._hash_seconds,
+                host_hits=self._counts["host_hits"],
+                demotions=self._counts["demotions"],
+                host_entries=len(self._host) if self._host is not None else 0,
+                host_bytes=self._host.bytes if self._host is not None else 0,
             )
 
     def __len__(self) -> int:
@@ -226,6 +283,11 @@ class VisionCache:
             return len(self._entries)
 
     def cached_keys(self) -> list:
-        """The cached image keys, least recently used first."""
+        """The image keys held on the device tier, least recently used first."""
         with self._lock:
             return [entry[2] for entry in self._entries]
+
+    def host_cached_keys(self) -> list:
+        """The image keys held on the host tier, least recently used first."""
+        with self._lock:
+            return [] if self._host is None else [entry[2] for entry in self._host.held_keys()]

@@ -10,8 +10,10 @@ view is gone. ``free()`` on a :class:`DeviceBuffer` first waits for the streams 
 work still uses it (see :mod:`ascend_vlm.runtime.stream`), then returns the memory to the device.
 
 Copy endpoints are buffers, objects that carry their length (a CPU ``torch.Tensor``, a numpy
-array, ``bytearray``, ``memoryview`` or anything exporting a C-contiguous buffer), or int
-addresses inside a live buffer of this runtime (e.g. ``buf.ptr + offset``). An int the runtime
+array, ``bytearray``, ``memoryview`` or anything exporting a C-contiguous buffer), contiguous
+``torch_npu`` tensors (device memory of the same AscendCL context; the caller orders the copy
+against the torch_npu streams that write or read the tensor), or int addresses inside a live
+buffer of this runtime (e.g. ``buf.ptr + offset``). An int the runtime
 does not know (a foreign or freed address) raises ``ValueError`` instead of reaching AscendCL,
 and every endpoint is checked to hold the bytes copied: nothing is read or written past it.
 """
@@ -244,12 +246,24 @@ def _endpoint(name: str, value: Endpoint, count: int, writable: bool) -> tuple[i
     if isinstance(value, int) and not isinstance(value, bool):
         available, device_side = known_address(name, value, count)
         return value, available, device_side
+    if hasattr(value, "data_ptr") and getattr(value.device, "type", None) == "npu":
+        return (*_npu_tensor(name, value, count), True)
     address, size = _host_object(name, value, writable)
     if count > size:
         raise ValueError(
             f"nbytes: {count} bytes do not fit in {name} ({type(value).__name__} of {size} bytes)"
         )
     return address, size, False
+
+
+def _npu_tensor(name: str, tensor: Any, count: int) -> tuple[int, int]:
+    """``(address, nbytes)`` of a torch_npu tensor's device memory, checked to hold ``count``."""
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous NPU tensor, got a strided one")
+    size = tensor.numel() * tensor.element_size()
+    if count > size:
+        raise ValueError(f"nbytes: {count} bytes do not fit in {name} (NPU tensor of {size} bytes)")
+    return tensor.data_ptr(), size
 
 
 def _host_object(name: str, value: object, writable: bool) -> tuple[int, int]:

@@ -82,7 +82,7 @@ class Stream(_C.Stream):
     ) -> None:
         """Queue a copy of ``nbytes`` from ``src`` to ``dst`` (``aclrtMemcpyAsync``).
 
-        ``dst``/``src`` are buffers, CPU tensors, buffer-protocol objects or int addresses
+        ``dst``/``src`` are buffers, CPU or NPU tensors, buffer-protocol objects or int addresses
         inside a live buffer; ``kind`` is ``"h2d"``, ``"d2h"``, ``"d2d"``, ``"default"`` or None
         (see :func:`ascend_vlm.runtime.memory.resolve_copy`). As documented for
         ``aclrtMemcpyAsync``: host-to-host is refused (``ACL_ERROR_RT_FEATURE_NOT_SUPPORT``),

@@ -230,15 +230,20 @@ def test_prune_option_is_applied_and_reported(tiny_model_path, tmp_path):
 def test_vision_cache_option_reports_its_counters(tiny_model_path, tmp_path):
     out = tmp_path / "report.json"
     argv = ["--model", str(tiny_model_path), "--limit", "2", "--max-new-tokens", "1"]
-    text = _run([*argv, "--vision-cache", "16", "--json", str(out)])
+    text = _run([*argv, "--vision-cache", "16:8", "--json", str(out)])
     (entry,) = json.loads(out.read_text())["configurations"]
-    stats = entry["options"]["vision-cache"]["stats"]
+    option = entry["options"]["vision-cache"]
+    assert (option["max_bytes"], option["host_bytes"]) == (16 << 20, 8 << 20)
+    stats = option["stats"]
     # the batch is generated twice (the untimed warm-up, then the timed run; the vision stage
     # times the encoder itself, past the cache): the warm-up misses, the timed run hits
     assert (stats["hits"], stats["misses"], stats["entries"]) == (2, 2, 2)
     assert stats["hashed_images"] == 4 and 0 < stats["bytes"] <= 16 << 20
     line = next(line for line in text.splitlines() if line.startswith("option   vision-cache:"))
     assert "2 hits / 2 misses (50.0%)" in line
+    # 16 MiB holds both images: nothing reaches the host tier.
+    assert (stats["demotions"], stats["host_entries"]) == (0, 0)
+    assert line.endswith("; host tier: 0 hits, 0 demotions, 0.0 MiB held")
 
 
 def test_a_model_refusing_the_prune_flags_is_a_usage_error(tiny_model_path, capsys):
@@ -324,6 +329,8 @@ def _write(path, text):
         ("malformed jsonl", "--data: {dir}/bad.jsonl: record 2: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
         ("limit above data", "--limit: expected at most the 1 samples of --data, got 5"),
         ("json exists", "--json: {dir}/taken.json exists; pass --force to replace it"),
+        ("host tier alone", "argument --vision-cache: a host tier needs a cache of MIB > 0, got '0:8'"),
+        ("cache budgets", "argument --vision-cache: expected MIB or MIB:HOST_MIB (int numbers of MiB), got '1:2:3'"),
         ("unknown config", "--compare: configuration 'bogus': expected a preset (patched, unpatched), key=value, 'reference' or a checkpoint folder, got 'bogus'"),
         ("unknown flag", "--compare: configuration 'frobnicate=1': unrecognized arguments: --frobnicate 1"),
         ("config model missing", "--compare: configuration 'model={dir}/none': --model: expected a local checkpoint directory with config.json, got {dir}/none"),
@@ -352,6 +359,8 @@ def test_bad_input_exits_2_naming_the_option(
         "malformed jsonl": [*model, "--data", str(tmp_path / "bad.jsonl")],
         "limit above data": [*model, "--data", str(tmp_path / "good.jsonl"), "--limit", "5"],
         "json exists": [*model, "--json", str(tmp_path / "taken.json")],
+        "host tier alone": [*model, "--vision-cache", "0:8"],
+        "cache budgets": [*model, "--vision-cache", "1:2:3"],
         "unknown config": [*model, "--compare", "patched", "bogus"],
         "unknown flag": [*model, "--compare", "patched", "frobnicate=1"],
         "config model missing": [*model, "--compare", "patched", f"model={tmp_path / 'none'}"],

@@ -222,6 +222,41 @@ def test_torch_tensors_and_buffer_objects_are_endpoints():
         runtime.memcpy(device, source.view(32, 32).t(), 16)
 
 
+class _NpuTensorLike:
+    """What the runtime reads of a torch_npu tensor, over simulated device memory."""
+
+    def __init__(self, memory: runtime.DeviceBuffer, numel: int, contiguous: bool = True):
+        self.device = type("NpuDevice", (), {"type": "npu", "index": 0})()
+        self._memory, self._numel, self._contiguous = memory, numel, contiguous
+
+    def data_ptr(self) -> int:
+        return self._memory.ptr
+
+    def is_contiguous(self) -> bool:
+        return self._contiguous
+
+    def numel(self) -> int:
+        return self._numel
+
+    def element_size(self) -> int:
+        return 4
+
+
+def test_npu_tensors_are_device_endpoints():
+    memory = runtime.DeviceBuffer(64)
+    source = torch.arange(16, dtype=torch.float32)
+    runtime.sim_reset_stats()
+    runtime.memcpy(_NpuTensorLike(memory, 16), source, 64)
+    back = torch.zeros(16)
+    runtime.memcpy(back, _NpuTensorLike(memory, 16), 64)
+    assert torch.equal(back, source)
+    assert (runtime.sim_stats()["h2d"], runtime.sim_stats()["d2h"]) == (64, 64)
+    with pytest.raises(ValueError, match=r"^nbytes: 64 bytes do not fit in dst \(NPU tensor of 32"):
+        runtime.memcpy(_NpuTensorLike(memory, 8), source, 64)
+    with pytest.raises(ValueError, match=r"^src: expected a contiguous NPU tensor"):
+        runtime.memcpy(back, _NpuTensorLike(memory, 16, contiguous=False), 64)
+
+
 # Issue 16, item 9: each of these used to crash the process (rc 139) or read past the tensor.
 RAW_ADDRESS_CASES = {
     "device_from_foreign_int": (
