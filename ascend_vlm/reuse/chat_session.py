@@ -15,8 +15,8 @@ cached only if its tokens lie wholly inside the prefix at the same span as when 
 cached (a processor may give an image a different token count once more images come); else
 the prefix is shortened to that image's start. The session keeps its own copies of the images,
 so changing an image after passing it does not reach the conversation. Positions: for models
-with M-RoPE (the inner model has ``get_rope_index``: Qwen2-VL and Qwen2.5-VL, tested; Qwen3-VL
-builds the same layout but is untested) the 3-D position ids of the whole conversation are
+with M-RoPE (the inner model has ``get_rope_index``: Qwen2-VL, Qwen2.5-VL and Qwen3-VL) the
+3-D position ids of the whole conversation are
 computed here from all images' grids, in the ``[text; t; h; w]`` layout ``generate`` builds
 itself, and passed as ``position_ids``; ``generate`` slices them to the uncached tokens and
 extends them while decoding, so the model never reads positions from the grids of the new

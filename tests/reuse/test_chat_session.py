@@ -514,8 +514,52 @@ def qwen2_5_vl_and_processor(model_and_processor):
     return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
 
 
-def test_qwen2_5_vl_turns_match_generate(qwen2_5_vl_and_processor):
-    model, processor = qwen2_5_vl_and_processor
+@pytest.fixture(scope="module")
+def qwen3_vl_and_processor(model_and_processor):
+    """A random Qwen3-VL (interleaved M-RoPE, one deepstack layer) of the default model's
+    widths, with 14-pixel patches so the same processor serves it."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from ascend_vlm.default_model import token_ids
+
+    base, processor = model_and_processor
+    reference = base.config
+    hidden = reference.text_config.hidden_size
+    text = {
+        "hidden_size": hidden,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": hidden // 4,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 2,
+        "vocab_size": reference.text_config.vocab_size,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1e4,
+            "mrope_section": [8, 4, 4],
+            "mrope_interleaved": True,
+        },
+    }
+    vision = {
+        "depth": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 4,
+        "out_hidden_size": hidden,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 64,
+        "deepstack_visual_indexes": [0],
+    }
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, **token_ids(reference))
+    torch.manual_seed(0)
+    return Qwen3VLForConditionalGeneration(config).eval(), processor
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_later_qwen_generations_match_generate(request, family):
+    model, processor = request.getfixturevalue(f"{family}_and_processor")
     session = ChatSession(model, processor)
     for text, images in TURNS_IMAGES_1_3:
         answer = session.ask(text, images, max_new_tokens=MAX_NEW)
