@@ -67,14 +67,13 @@ from ascend_vlm.finetune.data import (
 from ascend_vlm.finetune.model_card import model_card
 from ascend_vlm.finetune.resume import CONFIG_FILE, ResumeError, check_resume
 from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA, check_question_types
+from ascend_vlm.models.parts import model_part
 
 logger = logging.getLogger(__name__)
 
 LANGUAGE_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Module-path components that mark the vision tower / the vision-to-text projector in the
 # families transformers ships (Qwen2/2.5-VL, LLaVA(-Next), Idefics3/SmolVLM, PaliGemma).
-VISION_MARKERS = ("visual", "vision_tower", "vision_model", "vision_encoder")
-PROJECTOR_MARKERS = ("merger", "multi_modal_projector", "connector", "mm_projector")
 COMM_HOOKS = ("sparse", "none")
 METRICS_FILE = "metrics.jsonl"
 FINAL_ADAPTER = "adapter"
@@ -240,20 +239,19 @@ def lora_target_modules(
 
     Language-model linears whose last name part is in ``language_targets``; with ``vision``
     every linear of the vision tower; with ``projector`` every linear of the projector. Parts
-    are recognised by ``VISION_MARKERS`` / ``PROJECTOR_MARKERS`` in the module path (a
-    projector nested in the tower, like Qwen2-VL's ``visual.merger``, counts as projector).
+    are told apart by :func:`ascend_vlm.models.parts.model_part`.
     """
     names = []
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
-        parts = name.split(".")
-        if any(marker in parts for marker in PROJECTOR_MARKERS):
+        part = model_part(name)
+        if part == "projector":
             selected = projector
-        elif any(marker in parts for marker in VISION_MARKERS):
+        elif part == "vision":
             selected = vision
         else:
-            selected = parts[-1] in language_targets
+            selected = name.split(".")[-1] in language_targets
         if selected:
             names.append(name)
     if not names:

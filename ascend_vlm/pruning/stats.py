@@ -56,7 +56,12 @@ class PruningStats:
 
 
 def _linear_weights(layer: nn.Module) -> int:
-    return sum(module.weight.numel() for module in layer.modules() if isinstance(module, nn.Linear))
+    # in * out, not weight.numel(): a quantized linear holds no float weight.
+    return sum(
+        module.in_features * module.out_features
+        for module in layer.modules()
+        if isinstance(module, nn.Linear)
+    )
 
 
 def _layer_flops(tokens: int, weights: int, query_width: int) -> int:
