@@ -259,7 +259,7 @@ def bench_accuracy(keeps: list[float], methods: list[str], limit: int, batch_siz
     from ascend_vlm.evaluation.datasets import shapes_vqa
     from ascend_vlm.evaluation.metrics import normalised_match
     from ascend_vlm.evaluation.runner import generate_answers
-    from ascend_vlm.evaluation.statistics import mcnemar_exact_p, paired_difference_interval
+    from ascend_vlm.evaluation.statistics import paired_accuracies
     from ascend_vlm.finetune.reference_model import RECIPE, reference_model_path
 
     model, processor = load_checkpoint(reference_model_path(), "reference")
@@ -286,20 +286,15 @@ def bench_accuracy(keeps: list[float], methods: list[str], limit: int, batch_siz
             pruning.enable_token_pruning(model, pruning.PruneConfig(method, 1, keep))
             answers = correct(f"{method} keep={keep:g}")
             pruning.disable_token_pruning(model)
-            pairs = list(zip(answers, baseline, strict=True))
-            both = sum(a and b for a, b in pairs)
-            pruned_only = sum(a and not b for a, b in pairs)
-            unpruned_only = sum(b and not a for a, b in pairs)
-            neither = len(pairs) - both - pruned_only - unpruned_only
-            low, high = paired_difference_interval(both, pruned_only, unpruned_only, neither)
+            paired = paired_accuracies(baseline, answers)
             rows.append(
                 {
                     "method": method,
                     "keep": keep,
-                    "accuracy": sum(answers) / len(answers),
-                    "difference": (pruned_only - unpruned_only) / len(pairs),
-                    "interval": (low, high),
-                    "mcnemar_p": mcnemar_exact_p(pruned_only, unpruned_only),
+                    "accuracy": paired["second_accuracy"],
+                    "difference": paired["difference"],
+                    "interval": tuple(paired["ci95"]),
+                    "mcnemar_p": paired["mcnemar_p"],
                 }
             )
     return rows

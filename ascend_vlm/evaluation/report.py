@@ -40,23 +40,12 @@ from typing import Any
 from ascend_vlm.evaluation.memory import MEASURE
 from ascend_vlm.evaluation.metrics import METRICS, score
 from ascend_vlm.evaluation.runner import RunResult
-from ascend_vlm.evaluation.statistics import (
-    latency_summary,
-    mcnemar_exact_p,
-    paired_difference_interval,
-    wilson_interval,
-)
+from ascend_vlm.evaluation.statistics import latency_summary, paired_accuracies, wilson_interval
 
 FORMAT = "ascend_vlm.eval/1"
+
+
 # (first right, second right) -> the cell of the paired 2x2 table.
-_CELLS = {
-    (True, True): "both",
-    (True, False): "first_only",
-    (False, True): "second_only",
-    (False, False): "neither",
-}
-
-
 def _cell(correct: int, total: int) -> dict[str, Any]:
     low, high = wilson_interval(correct, total)
     return {"correct": correct, "total": total, "accuracy": correct / total, "ci95": [low, high]}
@@ -123,25 +112,10 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
             f"got different samples for {second['label']!r}"
         )
     pairs = list(zip(first["predictions"], second["predictions"], strict=True))
-    metrics = {}
-    for metric in METRICS:
-        table = dict.fromkeys(_CELLS.values(), 0)
-        for a, b in pairs:
-            table[_CELLS[a[metric], b[metric]]] += 1
-        n = len(pairs)
-        first_accuracy = (table["both"] + table["first_only"]) / n
-        second_accuracy = (table["both"] + table["second_only"]) / n
-        low, high = paired_difference_interval(
-            table["both"], table["second_only"], table["first_only"], table["neither"]
-        )
-        metrics[metric] = {
-            "first_accuracy": first_accuracy,
-            "second_accuracy": second_accuracy,
-            "difference": second_accuracy - first_accuracy,
-            "ci95": [low, high],
-            **table,
-            "mcnemar_p": mcnemar_exact_p(table["first_only"], table["second_only"]),
-        }
+    metrics = {
+        metric: paired_accuracies([a[metric] for a, _ in pairs], [b[metric] for _, b in pairs])
+        for metric in METRICS
+    }
     return {
         "first": first["label"],
         "second": second["label"],

@@ -7,6 +7,8 @@
 * :func:`paired_difference_interval`: Newcombe's (1998) method 10 interval for the difference
   of two paired proportions, built from the two Wilson intervals. scipy has no paired
   difference interval, so its four lines of algebra are written out here;
+* :func:`paired_accuracies`: both accuracies of two configurations' per-sample outcomes, their
+  difference with that interval, the 2x2 table and McNemar's p;
 * :func:`latency_summary`: mean and 95th percentile of a list of durations.
 """
 
@@ -99,6 +101,37 @@ def paired_difference_interval(
     low = math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
     high = math.sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
     return difference - low, difference + high
+
+
+def paired_accuracies(first: Sequence[bool], second: Sequence[bool]) -> dict[str, object]:
+    """The paired comparison of per-sample outcomes (True: right) of two configurations on the
+    same samples: ``first_accuracy``, ``second_accuracy``, ``difference`` (second - first),
+    ``ci95`` (its 95% paired interval, :func:`paired_difference_interval`), the table's
+    ``both`` / ``first_only`` / ``second_only`` / ``neither`` counts and ``mcnemar_p``.
+    Raises ValueError for outcome lists of different lengths or none."""
+    if len(first) != len(second) or not first:
+        raise ValueError(
+            f"second: expected outcomes of the same {len(first)} samples as first (at least "
+            f"one), got {len(second)}"
+        )
+    table = {"both": 0, "first_only": 0, "second_only": 0, "neither": 0}
+    for a, b in zip(first, second, strict=True):
+        cell = ("both" if b else "first_only") if a else ("second_only" if b else "neither")
+        table[cell] += 1
+    n = len(first)
+    first_accuracy = (table["both"] + table["first_only"]) / n
+    second_accuracy = (table["both"] + table["second_only"]) / n
+    low, high = paired_difference_interval(
+        table["both"], table["second_only"], table["first_only"], table["neither"]
+    )
+    return {
+        "first_accuracy": first_accuracy,
+        "second_accuracy": second_accuracy,
+        "difference": second_accuracy - first_accuracy,
+        "ci95": [low, high],
+        **table,
+        "mcnemar_p": mcnemar_exact_p(table["first_only"], table["second_only"]),
+    }
 
 
 def latency_summary(seconds: Sequence[float]) -> dict[str, float | int | None]:
