@@ -68,6 +68,9 @@ torch-fake-tensors         ``torch._subclasses.fake_tensor.is_fake`` tells the f
                            the ops read no values of fake tensors).
 tensor-versions            ``Tensor._version`` counts in-place writes (`tensor_version`: the vision
                            cache's weights fingerprint).
+torch-int8pack-mm          ``torch._weight_int8pack_mm(x, weight, scales)`` computes
+                           ``x @ (weight * scales[:, None])^T`` for int8 ``weight (N, K)``
+                           (`int8_weight_matmul`: ``ops.weight_quant_matmul``'s bf16 CPU path).
 cache-layers               a ``DynamicCache`` holds ``DynamicLayer``s whose ``keys`` / ``values``
                            token pruning may replace, and ``get_seq_length(layer)`` /
                            ``get_mask_sizes(query, layer)`` read them (`replace_cached_states`).
@@ -561,6 +564,29 @@ def fake_tensor_test() -> Callable[[object], bool]:
     return is_fake
 
 
+def int8_weight_matmul(x: object, weight: object, scales: object) -> object:
+    """``x (M, K) @ (weight (N, K) * scales (N,)[:, None])^T`` by torch's int8 weight-only CPU
+    kernel (``torch._weight_int8pack_mm``)."""
+    import torch
+
+    return torch._weight_int8pack_mm(x, weight, scales)
+
+
+def _torch_int8pack_mm() -> str | None:
+    import torch
+
+    if not hasattr(torch, "_weight_int8pack_mm"):
+        return "torch._weight_int8pack_mm is missing"
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 64, generator=generator).to(torch.bfloat16)
+    weight = torch.randint(-127, 128, (3, 64), dtype=torch.int8, generator=generator)
+    scales = torch.tensor([0.5, 1.0, 2.0], dtype=torch.bfloat16)
+    got = int8_weight_matmul(x, weight, scales).float()
+    expected = x.float() @ (weight.float() * scales.float()[:, None]).t()
+    error = float((got - expected).abs().max() / expected.abs().max())
+    return None if error < 2e-2 else f"relative error {error:.3g} against x @ (w * s)^T"
+
+
 def _tensor_versions() -> str | None:
     import torch
 
@@ -636,6 +662,7 @@ _GLOBAL_PROBES = (
     Probe("tensor-versions", _tensor_versions),
     Probe("torch-mode-stacks", _torch_mode_stacks),
     Probe("torch-fake-tensors", _torch_fake_tensors),
+    Probe("torch-int8pack-mm", _torch_int8pack_mm),
 )
 
 

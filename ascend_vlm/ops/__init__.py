@@ -11,7 +11,10 @@ Beside the ops, plain functions composed of them give the semantics model code e
 (packed vision RoPE in fp32), ``packed_attention`` (varlen attention in transformers' layout)
 and ``swiglu_projections`` (a gated MLP's core on top of its projections); and
 ``attention_probabilities``, the weights an attention call applies, for the few query rows a
-caller needs (fused kernels never materialise them).
+caller needs (fused kernels never materialise them). Beside ``weight_quant_matmul`` (weight-only
+quantized linear), ``dequantize_weight`` is its dequantization math and
+``prepack_int4_for_npu`` the one-time conversion of int4 weights to the NPU kernel's packing,
+which ``npu_int4_kernel_takes`` says a call can use.
 """
 
 from ascend_vlm.ops.attention_probabilities import attention_probabilities
@@ -24,6 +27,12 @@ from ascend_vlm.ops.rotary_embedding import (
 )
 from ascend_vlm.ops.swiglu import swiglu, swiglu_projections
 from ascend_vlm.ops.varlen_attention import packed_attention, varlen_attention
+from ascend_vlm.ops.weight_quant_matmul import (
+    dequantize_weight,
+    npu_int4_kernel_takes,
+    prepack_int4_for_npu,
+    weight_quant_matmul,
+)
 
 # The torch.library ops (``torch.ops.ascend_vlm.<name>``, one spec.json each); the other public
 # names are plain functions composed of them.
@@ -34,13 +43,17 @@ OPS = (
     "rotary_embedding_pair",
     "swiglu",
     "varlen_attention",
+    "weight_quant_matmul",
 )
 
 __all__ = [
     "OPS",
     "attention_probabilities",
+    "dequantize_weight",
     "fused_attention",
+    "npu_int4_kernel_takes",
     "packed_attention",
+    "prepack_int4_for_npu",
     "rms_norm",
     "rms_norm_promoting",
     "rotary_embedding",
@@ -49,4 +62,5 @@ __all__ = [
     "swiglu",
     "swiglu_projections",
     "varlen_attention",
+    "weight_quant_matmul",
 ]

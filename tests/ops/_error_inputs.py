@@ -229,6 +229,71 @@ def _varlen_attention_errors() -> ErrorTable:
     }
 
 
+def _weight_quant_matmul_errors() -> ErrorTable:
+    X = torch.randn(2, 100)
+    Q8 = torch.zeros(5, 100, dtype=torch.int8)
+    Q4 = torch.zeros(5, 50, dtype=torch.uint8)
+    S32 = torch.ones(4, 5)  # ceil(100 / 32) groups
+    op = ops.weight_quant_matmul
+    return {
+        "group_48": (
+            lambda: op(X, Q8, S32, group_size=48),
+            "group_size: expected 0 (per channel) or a multiple of 32 in [32, 256], got 48",
+        ),
+        "group_512": (
+            lambda: op(X, Q8, torch.ones(1, 5), group_size=512),
+            "group_size: expected 0 (per channel) or a multiple of 32 in [32, 256], got 512",
+        ),
+        "weight_int16": (
+            lambda: op(X, Q8.to(torch.int16), S32, group_size=32),
+            "weight: expected int8 (N, K=100) 8-bit values, uint8 (N, ceil(K/2)=50) packed 4-bit "
+            "values or int32 (N, K/8) NPU-prepacked 4-bit values, got torch.int16",
+        ),
+        "weight_shape": (
+            lambda: op(X, Q4[:, :49], S32, group_size=32),
+            "weight: expected shape (5, 50) for dtype torch.uint8",
+        ),
+        "int32_k": (
+            lambda: op(X, torch.zeros(5, 12, dtype=torch.int32), S32, group_size=32),
+            "weight: expected shape (5, 12) for dtype torch.int32: an int32 NPU-prepacked weight "
+            "needs K % 8 == 0 (K=100), got shape (5, 12)",
+        ),
+        "scale_rows": (
+            lambda: op(X, Q8, S32[:3], group_size=32),
+            "scale: expected shape (4, N) with N >= 1, ceil(K=100 / group_size=32) = 4 groups, "
+            "got (3, 5)",
+        ),
+        "scale_per_channel": (
+            lambda: op(X, Q8, S32),
+            "scale: expected shape (1, N) with N >= 1, per channel (group_size=0), got (4, 5)",
+        ),
+        "scale_rank": (
+            lambda: op(X, Q8, torch.ones(5)),
+            "scale: expected 2-D (ceil(K/group_size), N), or (1, N) per channel, got shape (5,)",
+        ),
+        "scale_dtype": (lambda: op(X, Q8, S32.int(), group_size=32), "scale: expected dtype in"),
+        "offset_shape": (
+            lambda: op(X, Q8, S32, torch.zeros(4, 6), group_size=32),
+            "offset: expected None or the shape (4, 5) and dtype torch.float32 of scale, got "
+            "shape (4, 6) of dtype torch.float32",
+        ),
+        "offset_dtype": (
+            lambda: op(X, Q8, S32, torch.zeros(4, 5).half(), group_size=32),
+            "offset: expected None or the shape (4, 5) and dtype torch.float32 of scale, got "
+            "shape (4, 5) of dtype torch.float16",
+        ),
+        "bias_shape": (
+            lambda: op(X, Q8, S32, None, torch.zeros(6), 32),
+            "bias: expected None or shape (5,) (N), got (6,)",
+        ),
+        "x_dtype": (lambda: op(X.int(), Q8, S32, group_size=32), "x: expected dtype in"),
+        "x_scalar": (
+            lambda: op(torch.tensor(1.0), Q8, S32, group_size=32),
+            "x: expected at least 1-D (..., K) with K >= 1, got shape ()",
+        ),
+    }
+
+
 ERROR_INPUTS: dict[str, ErrorTable] = {
     "fused_attention": _fused_attention_errors(),
     "rms_norm": _rms_norm_errors(),
@@ -236,4 +301,5 @@ ERROR_INPUTS: dict[str, ErrorTable] = {
     "rotary_embedding_pair": _rotary_embedding_pair_errors(),
     "swiglu": _swiglu_errors(),
     "varlen_attention": _varlen_attention_errors(),
+    "weight_quant_matmul": _weight_quant_matmul_errors(),
 }

@@ -457,6 +457,101 @@ def swiglu_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     return SwigluCase(tuple(shape), dim, draw(st.sampled_from(dtypes)), draw(st.integers(0, 2**16)))
 
 
+# --- weight_quant_matmul ------------------------------------------------------------------------
+
+
+def int4_bytes(values: torch.Tensor) -> torch.Tensor:
+    """The library's int4 layout written from its definition: column k of row n in byte k // 2,
+    low nibble for even k, as ``value mod 16``; an odd K leaves the last high nibble 0."""
+    rows, cols = values.shape
+    nibbles = torch.zeros(rows, cols + cols % 2, dtype=torch.int64)
+    nibbles[:, :cols] = values.to(torch.int64) % 16
+    return (nibbles[:, 0::2] + 16 * nibbles[:, 1::2]).to(torch.uint8)
+
+
+QUANT_GROUP_SIZES = (0, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class WeightQuantCase(NaiveCase):
+    """``y = x @ W^T + bias`` with ``W[n, k] = (q[n, k] + offset[g, n]) * scale[g, n]``,
+    ``g = k // group_size`` (0: every k in group 0). Scales keep the output of order 1."""
+
+    leading: tuple[int, ...]
+    in_features: int
+    out_features: int
+    bits: int
+    group_size: int
+    with_offset: bool
+    with_bias: bool
+    dtype: torch.dtype
+    scale_dtype: torch.dtype
+    seed: int
+
+    @property
+    def groups(self) -> int:
+        return 1 if self.group_size == 0 else -(-self.in_features // self.group_size)
+
+    def values(self) -> torch.Tensor:
+        """q as int64 ``(N, K)``, the full range of the bit width."""
+        low, high = (-128, 128) if self.bits == 8 else (-8, 8)
+        shape = (self.out_features, self.in_features)
+        return torch.randint(low, high, shape, generator=_generator(self.seed + 1))
+
+    def op_args(self) -> tuple[tuple, dict]:
+        q = self.values()
+        weight = q.to(torch.int8) if self.bits == 8 else int4_bytes(q)
+        q_max = 127 if self.bits == 8 else 7
+        shape = (self.groups, self.out_features)
+        unit = torch.rand(shape, generator=_generator(self.seed + 2), dtype=torch.float64)
+        scale = ((0.5 + unit) / (q_max * math.sqrt(self.in_features))).to(self.scale_dtype)
+        offset = bias = None
+        if self.with_offset:
+            offset = (_randn(shape, self.seed + 3, torch.float64) * q_max / 4).to(self.scale_dtype)
+        if self.with_bias:
+            bias = _randn((self.out_features,), self.seed + 4, self.scale_dtype)
+        x = _randn((*self.leading, self.in_features), self.seed, self.dtype)
+        return (x, weight, scale, offset, bias, self.group_size), {}
+
+    def naive(self, x, _weight, scale, offset, bias, group_size) -> torch.Tensor:
+        group_of_k = torch.tensor(
+            [k // group_size if group_size else 0 for k in range(self.in_features)]
+        )
+        q = self.values().double()
+        shift = 0.0 if offset is None else offset[group_of_k].t()
+        w = (q + shift) * scale[group_of_k].t()
+        y = x @ w.t()
+        return y if bias is None else y + bias
+
+
+@st.composite
+def weight_quant_cases(
+    draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+) -> WeightQuantCase:
+    dtype = draw(st.sampled_from(dtypes))
+    group_size = draw(st.sampled_from(QUANT_GROUP_SIZES))
+    # K: small, or spanning several groups with a partial last one (or whole groups).
+    in_features = draw(
+        st.one_of(
+            st.integers(1, 40),
+            st.integers(2, 5).map(lambda g: g * max(group_size, 32) - 8),
+            st.integers(1, 3).map(lambda g: g * max(group_size, 32)),
+        )
+    )
+    return WeightQuantCase(
+        leading=tuple(draw(st.integers(1, 3)) for _ in range(draw(st.integers(0, 2)))),
+        in_features=in_features,
+        out_features=draw(st.integers(1, 9)),
+        bits=draw(st.sampled_from((8, 4))),
+        group_size=group_size,
+        with_offset=draw(st.booleans()),
+        with_bias=draw(st.booleans()),
+        dtype=dtype,
+        scale_dtype=draw(st.sampled_from((dtype, torch.float32))),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
 # --- helpers shared by the op tests -----------------------------------------------------------
 
 

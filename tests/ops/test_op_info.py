@@ -31,6 +31,7 @@ from _op_samples import (
     swiglu_cases,
     tolerance,
     varlen_cases,
+    weight_quant_cases,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -56,6 +57,12 @@ def _rotary_kernel_applies(case: Any) -> bool:
     case = getattr(case, "single", case)  # the pair's q case
     per_batch = case.table_form in ("BS", "mrope") and case.batch > 1
     return not (case.interleaved and per_batch)
+
+
+def _weight_quant_kernel_applies(case: Any) -> bool:
+    """npu_weight_quant_batchmatmul takes fp16/bf16 x; int4 weights reach it only prepacked
+    (ops.prepack_int4_for_npu), so the library's uint8 layout stays on the reference."""
+    return case.dtype in (torch.float16, torch.bfloat16) and case.bits == 8
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,13 @@ OP_INFOS = {
         kernel_launches=2,
     ),
     "swiglu": OpInfo(ops.swiglu, swiglu_cases, "npu_swiglu", (0,)),
+    "weight_quant_matmul": OpInfo(
+        ops.weight_quant_matmul,
+        weight_quant_cases,
+        "npu_weight_quant_batchmatmul",
+        (0,),
+        _weight_quant_kernel_applies,
+    ),
 }
 
 

@@ -359,6 +359,150 @@ def test_swiglu_gates_the_first_half_and_needs_contiguous_input() -> None:
         mock.npu_swiglu(torch.randn(3, 5))
 
 
+# --- npu_weight_quant_batchmatmul, npu_convert_weight_to_int4pack ----------------------------
+
+
+def _wq_inputs(k=100, n=6, m=3, rows=1, dtype=torch.float16, bits=8):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    low, high = (-128, 128) if bits == 8 else (-8, 8)
+    q = torch.randint(low, high, (n, k), generator=gen)  # our (N, K) rows
+    scale = (torch.rand(rows, n, generator=gen) / 50).to(dtype)
+    offset = torch.randn(rows, n, generator=gen).to(dtype)
+    return x, q, scale, offset
+
+
+def _antiquant(x, q_kn, scale, offset, group, bias=None):
+    """The doc's formula in float64: x @ ((w + offset) * scale) + bias, per-group rows repeated."""
+    rows = torch.arange(q_kn.shape[0]) // group if group else torch.zeros(q_kn.shape[0]).long()
+    w = (q_kn.double() + offset.double()[rows]) * scale.double()[rows]
+    y = x.double() @ w
+    return y if bias is None else y + bias.double()
+
+
+@pytest.mark.parametrize("group", [0, 32, 64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_weight_quant_adds_the_offset_per_group_and_keeps_x_dtype(group, dtype) -> None:
+    rows = -(-100 // group) if group else 1  # K = 100: a partial last group
+    x, q, scale, offset = _wq_inputs(rows=rows, dtype=dtype)
+    bias = torch.randn(6).to(torch.float32 if dtype == torch.bfloat16 else torch.float16)
+    weight = q.to(torch.int8).t()  # the transposed view of (N, K) rows
+    out = mock.npu_weight_quant_batchmatmul(
+        x, weight, scale, offset, bias=bias, antiquant_group_size=group
+    )
+    assert out.dtype == dtype and out.shape == (3, 6)
+    expected = _antiquant(x, q.t(), scale, offset, group, bias)
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+    subtracted = _antiquant(x, q.t(), scale, -offset, group, bias)
+    assert not torch.allclose(out.double(), subtracted, atol=1e-1)
+
+
+@pytest.mark.parametrize("transposed", [True, False])
+def test_int4pack_round_trips_through_the_matmul_in_both_orientations(transposed) -> None:
+    x, q, scale, offset = _wq_inputs(k=64, n=16, rows=2, bits=4)
+    values = (q if transposed else q.t()).to(torch.int32).contiguous()  # (n, k) or (k, n)
+    packed = mock.npu_convert_weight_to_int4pack(values)
+    assert packed.dtype == torch.int32 and packed.shape == (values.shape[0], values.shape[1] // 8)
+    weight = packed.t() if transposed else packed
+    out = mock.npu_weight_quant_batchmatmul(x, weight, scale, offset, antiquant_group_size=32)
+    expected = _antiquant(x, q.t(), scale, offset, 32)
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        (
+            torch.zeros(4, 8, dtype=torch.int64),
+            "weight: expected dtype in (int32), got torch.int64",
+        ),
+        (torch.zeros(4, 12, dtype=torch.int32), "weight: expected a last dim that is a multiple"),
+        (torch.zeros(16, 8, dtype=torch.int32).t(), "weight: expected a contiguous tensor"),
+        (torch.full((2, 8), 8, dtype=torch.int32), "weight: expected int4 values in [-8, 7]"),
+        (torch.zeros(8, dtype=torch.int32), "weight: expected a 2-D (k, n) or (n, k) tensor"),
+    ],
+    ids=["dtype", "last-dim", "contiguous", "range", "rank"],
+)
+def test_int4pack_rejects_what_the_converter_rejects(weight, message) -> None:
+    with _raises(ValueError, message):
+        mock.npu_convert_weight_to_int4pack(weight)
+
+
+def _bad_wq(**changes):
+    x, q, scale, offset = _wq_inputs(rows=4)
+    call = {
+        "x": x,
+        "weight": q.to(torch.int8).t(),
+        "antiquant_scale": scale,
+        "antiquant_offset": offset,
+        "antiquant_group_size": 32,
+        **changes,
+    }
+    return lambda: mock.npu_weight_quant_batchmatmul(**call)
+
+
+BAD_WEIGHT_QUANT_CALLS = {
+    "x_fp32": (
+        _bad_wq(x=torch.randn(3, 100)),
+        "x: expected dtype in (float16, bfloat16), got torch.float32",
+    ),
+    "x_rank": (_bad_wq(x=torch.randn(1, 3, 100).half()), "x: expected 2-D (M, K)"),
+    "k": (_bad_wq(x=torch.randn(3, 99).half()), "weight: expected K=99 rows like x"),
+    "group_48": (
+        _bad_wq(antiquant_group_size=48),
+        "antiquant_group_size: expected 0 or a multiple",
+    ),
+    "group_k": (
+        _bad_wq(antiquant_group_size=128, antiquant_scale=torch.ones(1, 6).half()),
+        "antiquant_group_size: expected 0 or a multiple of 32 in [32, K-1=99], got 128",
+    ),
+    "scale_rows": (
+        _bad_wq(antiquant_scale=torch.ones(3, 6).half(), antiquant_offset=None),
+        "antiquant_scale: expected a shape in [(4, 6)] (group size 32), got (3, 6)",
+    ),
+    "scale_dtype": (
+        _bad_wq(antiquant_scale=torch.ones(4, 6), antiquant_offset=None),
+        "antiquant_scale: expected dtype torch.float16 like x, got torch.float32",
+    ),
+    "offset_shape": (
+        _bad_wq(antiquant_offset=torch.ones(1, 6).half()),
+        "antiquant_offset: expected shape (4, 6) like antiquant_scale",
+    ),
+    "bias_dtype_bf16": (
+        _bad_wq(
+            x=torch.randn(3, 100).bfloat16(),
+            antiquant_scale=torch.ones(4, 6).bfloat16(),
+            antiquant_offset=None,
+            bias=torch.zeros(6).bfloat16(),
+        ),
+        "bias: expected dtype torch.float32 for x of dtype torch.bfloat16, got torch.bfloat16",
+    ),
+    "bias_dtype_fp16": (
+        _bad_wq(bias=torch.zeros(6)),
+        "bias: expected dtype torch.float16 for x of dtype torch.float16, got torch.float32",
+    ),
+    "empty": (_bad_wq(x=torch.zeros(0, 100).half()), "x/weight: expected M >= 1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_WEIGHT_QUANT_CALLS))
+def test_weight_quant_rejects_what_the_kernel_rejects(name: str) -> None:
+    call, message = BAD_WEIGHT_QUANT_CALLS[name]
+    with _raises(ValueError, message):
+        call()
+
+
+def test_weight_quant_output_quantization_is_not_implemented() -> None:
+    with _raises(NotImplementedError, "quant_scale/quant_offset are not implemented"):
+        _bad_wq(quant_scale=torch.ones(1, 6))()
+
+
+def test_device_name_is_an_atlas_a2_soc() -> None:
+    with mock_npu() as torch_npu:
+        assert torch_npu.npu.get_device_name() == mock.MOCK_SOC_NAME == "Ascend910B1"
+        assert torch.npu.get_device_name(0) == "Ascend910B1"
+
+
 # --- install / uninstall ----------------------------------------------------------------------
 
 
