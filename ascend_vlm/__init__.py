@@ -2,7 +2,8 @@
 
 Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules :mod:`ops`,
 :mod:`runtime`, :mod:`distributed`, :mod:`kernel_backend` (which implementation the ops run),
-:mod:`pruning` (visual-token pruning and KV-cache compression at prefill), :mod:`reuse`
+:mod:`pruning` (visual-token pruning and KV-cache compression at prefill),
+:mod:`quantization` and :func:`quantize` (weight-only W8/W4 linear layers), :mod:`reuse`
 (:class:`ChatSession`: multi-turn chat keeping its KV cache; :class:`VisionCache`: vision
 features kept across calls and requests) and :mod:`testing` (the
 mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
@@ -11,7 +12,8 @@ Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schem
 fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-ed program or a
 compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
 :mod:`ops` (with :mod:`kernel_backend`); everything heavier (transformers through ``patch``,
-:mod:`distributed`, :mod:`pruning`, :mod:`reuse`, :mod:`testing`) loads on first access.
+:mod:`distributed`, :mod:`pruning`, :mod:`quantization`, :mod:`reuse`, :mod:`testing`) loads on
+first access.
 """
 
 from __future__ import annotations
@@ -34,24 +36,28 @@ __all__ = [
     "ops",
     "patch",
     "pruning",
+    "quantization",
+    "quantize",
     "reuse",
     "runtime",
     "testing",
     "unpatch",
 ]
 
-_LAZY_SUBMODULES = {"runtime", "distributed", "pruning", "reuse", "testing"}
+_LAZY_SUBMODULES = {"runtime", "distributed", "pruning", "quantization", "reuse", "testing"}
 _LAZY_ATTRIBUTES = {
     "patch": "ascend_vlm.patching",
     "unpatch": "ascend_vlm.patching",
     "PatchReport": "ascend_vlm.patching",
+    "quantize": "ascend_vlm.quantization",
     "ChatSession": "ascend_vlm.reuse",
     "VisionCache": "ascend_vlm.reuse",
 }
 
 if TYPE_CHECKING:
-    from ascend_vlm import distributed, pruning, reuse, runtime, testing
+    from ascend_vlm import distributed, pruning, quantization, reuse, runtime, testing
     from ascend_vlm.patching import PatchReport, patch, unpatch
+    from ascend_vlm.quantization import quantize
     from ascend_vlm.reuse import ChatSession, VisionCache
 
 

@@ -1,0 +1,296 @@
+"""`load_quantized(path)`: a weight-only quantized checkpoint folder as a model of
+`QuantLinear`s: this library's own (written by ``save_pretrained`` after
+:func:`~ascend_vlm.quantization.quantize.quantize`), AutoAWQ GEMM and GPTQ checkpoints.
+
+Loading: transformers' ``from_pretrained`` reads the folder without its
+``quantization_config`` (so no transformers quantizer is looked for), which loads every float
+tensor (norms, embeddings, biases, unquantized layers) with transformers' own key renaming, tied
+weights and dtype handling; the quantized layers' float weights it reports missing are then
+replaced by `QuantLinear`s holding the checkpoint's quantized tensors, decoded into the
+library's layout (:mod:`~ascend_vlm.quantization.foreign_formats` for AWQ and GPTQ). The
+float weights of the quantized layers therefore exist, briefly, at load time.
+
+Checks: every quantized layer must have all its tensors with the expected dtypes and shapes,
+every tensor transformers reports missing must be a quantized layer's float weight, and every
+checkpoint tensor it leaves unused must belong to a quantized layer; anything else is a
+ValueError naming the tensor. Checkpoints whose key names predate transformers 5's module
+layout (``model.layers...`` for Qwen-VL, ``language_model.model...`` for LLaVA) are matched to
+the model's modules by the same prefix moves transformers applies to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ascend_vlm.quantization.quant_linear import QuantLinear
+from ascend_vlm.quantization.quantize import QUANT_METHOD, replace_module
+from ascend_vlm.quantization.quantized_weight import QuantizedWeight
+
+# Checkpoint-name prefixes of the layouts before transformers 5, and where those modules live
+# now (the moves transformers' own conversion mapping applies when it loads such checkpoints).
+LEGACY_PREFIXES = (
+    (re.compile(r"^language_model\.model\."), "model.language_model."),
+    (re.compile(r"^language_model\.lm_head\."), "lm_head."),
+    (re.compile(r"^vision_tower\."), "model.vision_tower."),
+    (re.compile(r"^multi_modal_projector\."), "model.multi_modal_projector."),
+    (re.compile(r"^visual\."), "model.visual."),
+    (re.compile(r"^model\.(?!language_model\.|visual\.|vision_tower\.)"), "model.language_model."),
+)
+# The tensors a quantized layer stores, per format (besides an optional float bias).
+_OWN_TENSORS = ("qweight", "scale", "offset")
+_FOREIGN_TENSORS = ("qweight", "qzeros", "scales", "g_idx")
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / shard for shard in shards]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ValueError(
+        f"path: expected model.safetensors or model.safetensors.index.json in {folder}"
+    )
+
+
+def _read_tensors(folder: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    tensors = {}
+    for file in _weight_files(folder):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                if key in wanted:
+                    tensors[key] = handle.get_tensor(key)
+    return tensors
+
+
+def _checkpoint_keys(folder: Path) -> list[str]:
+    from safetensors import safe_open
+
+    keys = []
+    for file in _weight_files(folder):
+        with safe_open(str(file), framework="pt") as handle:
+            keys.extend(handle.keys())
+    return keys
+
+
+def module_name_in(model: nn.Module, checkpoint_prefix: str) -> str | None:
+    """The name of ``model``'s module stored under ``checkpoint_prefix`` (itself, or moved by
+    :data:`LEGACY_PREFIXES`), or None."""
+    names = dict(model.named_modules())
+    if checkpoint_prefix in names:
+        return checkpoint_prefix
+    for pattern, replacement in LEGACY_PREFIXES:
+        moved = pattern.sub(replacement, checkpoint_prefix + ".", count=1)[:-1]
+        if moved != checkpoint_prefix and moved in names:
+            return moved
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' loading report lists the quantized layers' tensors as missing/unexpected;
+    they are checked here instead."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _model_class(config: Any) -> type:
+    import transformers
+
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    raise ValueError(
+        f"path: config.json names no transformers model class (architectures="
+        f"{getattr(config, 'architectures', None)}); pass model_class="
+    )
+
+
+def _decoder(method_config: dict) -> tuple[tuple[str, ...], Any]:
+    """The tensor names a quantized layer stores and ``decode(name, tensors) ->
+    QuantizedWeight`` for the checkpoint's ``quantization_config``."""
+    method = method_config.get("quant_method")
+    if method == QUANT_METHOD:
+        bits, group_size = method_config["bits"], method_config["group_size"]
+
+        def decode_own(name: str, tensors: dict[str, torch.Tensor]) -> QuantizedWeight:
+            return _own_weight(name, tensors, bits, group_size)
+
+        return _OWN_TENSORS, decode_own
+    from ascend_vlm.quantization.foreign_formats import (
+        decode_awq_gemm,
+        decode_gptq,
+        read_quantization_config,
+    )
+
+    foreign = read_quantization_config(method_config)
+
+    def decode_foreign(name: str, tensors: dict[str, torch.Tensor]) -> QuantizedWeight:
+        need = ("qweight", "qzeros", "scales")
+        for part in need:
+            if part not in tensors:
+                raise ValueError(f"{name}.{part}: missing from the checkpoint")
+        if foreign.method == "awq":
+            return decode_awq_gemm(
+                tensors["qweight"],
+                tensors["qzeros"],
+                tensors["scales"],
+                foreign.group_size,
+                name=name,
+            )
+        return decode_gptq(
+            tensors["qweight"],
+            tensors["qzeros"],
+            tensors["scales"],
+            tensors.get("g_idx"),
+            foreign.bits,
+            foreign.group_size,
+            foreign.checkpoint_format,
+            name=name,
+        )
+
+    return _FOREIGN_TENSORS, decode_foreign
+
+
+def _own_weight(
+    name: str, tensors: dict[str, torch.Tensor], bits: int, group_size: int
+) -> QuantizedWeight:
+    for part in ("qweight", "scale"):
+        if part not in tensors:
+            raise ValueError(f"{name}.{part}: missing from the checkpoint")
+    qweight, scale = tensors["qweight"], tensors["scale"]
+    storage = torch.int8 if bits == 8 else torch.uint8
+    if qweight.dtype != storage or qweight.dim() != 2:
+        raise ValueError(
+            f"{name}.qweight: expected a 2-D {storage} tensor for {bits} bits, got "
+            f"{qweight.dtype} of shape {tuple(qweight.shape)}"
+        )
+    if scale.dim() != 2 or scale.shape[1] != qweight.shape[0]:
+        raise ValueError(
+            f"{name}.scale: expected shape (groups, {qweight.shape[0]}), got {tuple(scale.shape)}"
+        )
+    offset = tensors.get("offset")
+    if offset is not None and offset.shape != scale.shape:
+        raise ValueError(
+            f"{name}.offset: expected the scale's shape {tuple(scale.shape)}, got "
+            f"{tuple(offset.shape)}"
+        )
+    return QuantizedWeight(qweight, scale, offset, bits, group_size, in_features=-1)
+
+
+def load_quantized(
+    path: str | os.PathLike, *, model_class: type | None = None, **from_pretrained_kwargs: Any
+) -> nn.Module:
+    """The quantized model saved in the folder ``path`` (see the module docstring).
+
+    ``model_class``: the transformers class to build (default: the config's architecture);
+    other keyword arguments go to its ``from_pretrained`` (e.g. ``dtype``). Raises ValueError
+    naming the folder when it has no config.json or no ``quantization_config``, and naming the
+    tensor for a checkpoint that is truncated or does not match the model.
+    """
+    from transformers import AutoConfig
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"path: expected a checkpoint folder with config.json, got {folder}")
+    method_config = json.loads((folder / "config.json").read_text()).get("quantization_config")
+    if not isinstance(method_config, dict):
+        raise ValueError(
+            f"path: {folder}/config.json has no quantization_config; load it with from_pretrained"
+        )
+    tensor_names, decode = _decoder(method_config)
+    config = AutoConfig.from_pretrained(folder)
+    with contextlib.suppress(AttributeError):
+        del config.quantization_config
+    cls = model_class or _model_class(config)
+    with _quiet_transformers():
+        model, info = cls.from_pretrained(
+            folder, config=config, output_loading_info=True, **from_pretrained_kwargs
+        )
+
+    layers: dict[str, dict[str, str]] = {}
+    for key in _checkpoint_keys(folder):
+        prefix, _, part = key.rpartition(".")
+        if part in tensor_names:
+            layers.setdefault(prefix, {})[part] = key
+    modules = {}
+    for prefix in layers:
+        name = module_name_in(model, prefix)
+        if name is None or not isinstance(model.get_submodule(name), nn.Linear):
+            raise ValueError(
+                f"{prefix}.qweight: the checkpoint quantizes a layer the model has no linear "
+                f"layer for ({type(model).__name__})"
+            )
+        modules[name] = prefix
+    expected_missing = {f"{name}.weight" for name in modules}
+    stray = sorted(set(info["missing_keys"]) - expected_missing)
+    if stray:
+        raise ValueError(f"{stray[0]}: missing from the checkpoint ({len(stray)} tensors missing)")
+    # transformers reports unused tensors under the names it moved them to (if any).
+    quantized_keys = {key for parts in layers.values() for key in parts.values()} | {
+        f"{name}.{part}" for name, prefix in modules.items() for part in layers[prefix]
+    }
+    unused = sorted(set(info["unexpected_keys"]) - quantized_keys)
+    if unused:
+        raise ValueError(f"{unused[0]}: in the checkpoint but not in {type(model).__name__}")
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        raise ValueError(f"{mismatched[0][0]}: shape in the checkpoint does not match the model")
+
+    wanted = {key for prefix in modules.values() for key in layers[prefix].values()}
+    tensors = _read_tensors(folder, wanted)
+    for name, prefix in modules.items():
+        linear = model.get_submodule(name)
+        parts = {part: tensors[key] for part, key in layers[prefix].items()}
+        weight = decode(prefix, parts)
+        weight = _fitted(prefix, weight, linear)
+        bias = linear.bias.detach() if linear.bias is not None else None
+        replace_module(model, name, QuantLinear.from_quantized(weight, bias))
+    model.config.quantization_config = method_config
+    return model
+
+
+def _fitted(prefix: str, weight: QuantizedWeight, linear: nn.Linear) -> QuantizedWeight:
+    """``weight`` checked against the layer it replaces, its scales in the layer's dtype."""
+    in_features = weight.in_features if weight.in_features > 0 else linear.in_features
+    fitted = QuantizedWeight(
+        weight.qweight,
+        weight.scale.to(linear.weight.dtype),
+        None if weight.offset is None else weight.offset.to(linear.weight.dtype),
+        weight.bits,
+        weight.group_size,
+        in_features,
+    )
+    width = in_features if weight.bits == 8 else (in_features + 1) // 2
+    groups = -(-in_features // weight.group_size) if weight.group_size else 1
+    expected = {
+        "qweight": (linear.out_features, width),
+        "scale": (groups, linear.out_features),
+    }
+    got = {"qweight": tuple(weight.qweight.shape), "scale": tuple(weight.scale.shape)}
+    for part, shape in expected.items():
+        if got[part] != shape:
+            raise ValueError(
+                f"{prefix}: decoded {part} of shape {got[part]} does not fit a "
+                f"{linear.in_features} -> {linear.out_features} linear layer (expected {shape})"
+            )
+    return fitted
