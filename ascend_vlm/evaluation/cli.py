@@ -240,7 +240,7 @@ class EvalCommand:
             _say(f"loading {configuration.model} ...")
             model, processor = load_checkpoint(configuration.model)
             try:
-                options = self.registry.apply(model, configuration.args)
+                options = self.registry.apply(model, configuration.args, processor)
             except ValueError as error:  # the loaded model refuses a feature's flags
                 self.parser.error(f"{configuration.label}: {error}")
             for name, applied in options.items():

@@ -15,6 +15,10 @@ from ascend_vlm.evaluation.pruning_option import (
     apply_pruning,
     finish_pruning,
 )
+from ascend_vlm.evaluation.quantization_option import (
+    add_quantization_arguments,
+    apply_quantization,
+)
 from ascend_vlm.evaluation.vision_cache_option import (
     add_vision_cache_arguments,
     apply_vision_cache,
@@ -43,6 +47,10 @@ def _apply_patch(model: Any, args: argparse.Namespace) -> dict[str, Any]:
     summary = f"patched: {swapped} modules swapped, {left_alone} left alone"
     return {"summary": summary, "patched": True, "report": report}
 
+
+# First: AWQ calibrates on, and RTN rounds, the weights as loaded; patching then routes the
+# quantized linear layers' neighbours through the fused ops.
+register_option("quantize", add_quantization_arguments, apply_quantization, needs_processor=True)
 
 register_option(
     "patch",

@@ -34,6 +34,7 @@ class EvalOption:
     apply: Callable[[Any, argparse.Namespace], dict[str, Any]]
     presets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     finish: Callable[[Any, argparse.Namespace], dict[str, Any]] | None = None
+    needs_processor: bool = False
 
 
 class OptionRegistry:
@@ -50,6 +51,7 @@ class OptionRegistry:
         *,
         presets: Mapping[str, Any] | None = None,
         finish: Callable[[Any, argparse.Namespace], dict[str, Any]] | None = None,
+        needs_processor: bool = False,
     ) -> EvalOption:
         """Register the feature option ``name`` (lowercase words joined by ``-``).
 
@@ -62,8 +64,10 @@ class OptionRegistry:
         status 2). ``presets`` maps a ``--compare`` configuration name to the flags it stands for
         (e.g. ``{"unpatched": ["--no-patch"]}``). ``finish(model, args)``, when given, runs once
         the model has answered every sample and returns entries (e.g. the feature's counters,
-        a fuller ``"summary"``) that update the dict ``apply`` returned. Raises ``ValueError`` for a malformed name or
-        a name or preset already registered.
+        a fuller ``"summary"``) that update the dict ``apply`` returned. With
+        ``needs_processor`` ``apply`` is called as ``apply(model, args, processor)`` with the
+        model's processor (e.g. to encode calibration data). Raises ``ValueError`` for a
+        malformed name or a name or preset already registered.
         """
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ValueError(f"name: expected lowercase words joined by '-', got {name!r}")
@@ -73,7 +77,7 @@ class OptionRegistry:
         taken = set(presets) & set(self.presets())
         if taken:
             raise ValueError(f"presets: {sorted(taken)} already registered by another option")
-        option = EvalOption(name, add_arguments, apply, presets, finish)
+        option = EvalOption(name, add_arguments, apply, presets, finish, needs_processor)
         self._options[name] = option
         return option
 
@@ -92,15 +96,19 @@ class OptionRegistry:
         for option in self._options.values():
             option.add_arguments(parser.add_argument_group(f"{option.name} option"))
 
-    def apply(self, model: Any, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-        """Apply every option to ``model`` in registration order; returns name -> its dict.
+    def apply(
+        self, model: Any, args: argparse.Namespace, processor: Any = None
+    ) -> dict[str, dict[str, Any]]:
+        """Apply every option to ``model`` in registration order (``processor`` reaches the
+        options that need it); returns name -> its dict.
 
         Raises ``TypeError`` naming the option when its ``apply`` returns no dict with a string
         ``"summary"``.
         """
         applied = {}
         for option in self._options.values():
-            result = option.apply(model, args)
+            extra = (processor,) if option.needs_processor else ()
+            result = option.apply(model, args, *extra)
             if not isinstance(result, dict) or not isinstance(result.get("summary"), str):
                 raise TypeError(
                     f"option {option.name!r}: apply must return a dict with a 'summary' string, "
@@ -133,7 +141,15 @@ def register_option(
     *,
     presets: Mapping[str, Any] | None = None,
     finish: Callable[[Any, argparse.Namespace], dict[str, Any]] | None = None,
+    needs_processor: bool = False,
 ) -> EvalOption:
     """Register a feature option of ``python -m ascend_vlm eval`` (:meth:`OptionRegistry.register`
     on ``REGISTRY``)."""
-    return REGISTRY.register(name, add_arguments, apply, presets=presets, finish=finish)
+    return REGISTRY.register(
+        name,
+        add_arguments,
+        apply,
+        presets=presets,
+        finish=finish,
+        needs_processor=needs_processor,
+    )

@@ -47,8 +47,29 @@ def test_apply_requires_a_summary():
         registry.apply(object(), argparse.Namespace())
 
 
+def test_options_that_need_the_processor_receive_it():
+    registry = OptionRegistry()
+    seen = []
+    registry.register(
+        "plain", _no_arguments, lambda model, args: seen.append("plain") or _summary(model, args)
+    )
+    registry.register(
+        "calibrated",
+        _no_arguments,
+        lambda model, args, processor: seen.append(processor) or _summary(model, args),
+        needs_processor=True,
+    )
+    registry.apply(object(), argparse.Namespace(), "the processor")
+    assert seen == ["plain", "the processor"]
+
+
 def test_the_built_in_options_are_registered_in_order():
-    assert [option.name for option in REGISTRY.options()] == ["patch", "prune", "vision-cache"]
+    assert [option.name for option in REGISTRY.options()] == [
+        "quantize",
+        "patch",
+        "prune",
+        "vision-cache",
+    ]
     assert REGISTRY.presets() == {"patched": ("--patch",), "unpatched": ("--no-patch",)}
 
 
