@@ -128,6 +128,13 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         help="comma-separated modules trained in full and saved with the adapter ('' for none)",
     )
     add("--full-finetune", action="store_true", help="train every weight instead of LoRA")
+    add(
+        "--quantize",
+        type=int,
+        choices=(4, 8),
+        help="train LoRA on a base whose language-model linears are weight-only quantized "
+        "(4: W4 g128, 8: W8 per channel; QLoRA-style)",
+    )
     add("--dtype", choices=tuple(DTYPES), help="weight dtype to load, train and save in")
     add(
         "--save-merged",

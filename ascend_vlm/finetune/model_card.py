@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
+
 if TYPE_CHECKING:
     from ascend_vlm.finetune.train import TrainConfig, TrainResult
 
@@ -47,6 +49,13 @@ def _trained_line(config: TrainConfig) -> str:
         + " and ".join(parts)
         + "."
     )
+    if config.quantize is not None:
+        group_size = DEFAULT_GROUP_SIZE[config.quantize]
+        group = f"g{group_size}" if group_size else "per channel"
+        line += (
+            f" The base's language-model linears were weight-only quantized (W{config.quantize} "
+            f"{group}, RTN) and frozen (QLoRA-style)."
+        )
     if config.modules_to_save:
         line += f" Trained in full and saved with the adapter: {', '.join(config.modules_to_save)}."
     return line
@@ -86,8 +95,13 @@ def model_card(
             "from transformers import AutoModelForImageTextToText",
             "",
             f'base = AutoModelForImageTextToText.from_pretrained("{base_path}")',
-            f'model = PeftModel.from_pretrained(base, "{folder}")',
         ]
+        if config.quantize is not None:
+            # The adapter was trained on the quantized base: it is loaded onto the same.
+            bits = config.quantize
+            load[1:1] = ["from ascend_vlm.quantization import quantize"]
+            load.append(f"quantize(base, bits={bits}, group_size={DEFAULT_GROUP_SIZE[bits]})")
+        load.append(f'model = PeftModel.from_pretrained(base, "{folder}")')
     lines = [
         *header,
         "",

@@ -68,6 +68,7 @@ from ascend_vlm.finetune.model_card import model_card
 from ascend_vlm.finetune.resume import CONFIG_FILE, ResumeError, check_resume
 from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA, check_question_types
 from ascend_vlm.models.parts import model_part
+from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ class TrainConfig:
     lora_projector: bool = False
     modules_to_save: Sequence[str] = ("lm_head",)
     full_finetune: bool = False
+    quantize: int | None = None
     dtype: str = "fp32"
     save_merged: str | None = None
     save_every: int = 200
@@ -153,6 +155,18 @@ class TrainConfig:
                 "save_merged: expected only with LoRA (a full fine-tune saves the whole model "
                 f"in <output_dir>/{FINAL_MODEL} already), got full_finetune=True"
             )
+        if self.quantize is not None:
+            if self.quantize not in DEFAULT_GROUP_SIZE:
+                raise ValueError(
+                    f"quantize: expected one of {tuple(DEFAULT_GROUP_SIZE)} bits, got "
+                    f"{self.quantize!r}"
+                )
+            if self.full_finetune or self.save_merged is not None:
+                raise ValueError(
+                    "quantize: expected LoRA without save_merged (quantized base weights are "
+                    "frozen and cannot take a merged adapter), got "
+                    f"full_finetune={self.full_finetune}, save_merged={self.save_merged!r}"
+                )
         if self.comm_hook not in COMM_HOOKS:
             raise ValueError(f"comm_hook: expected one of {COMM_HOOKS}, got {self.comm_hook!r}")
         if not self.learning_rate > 0:
@@ -643,6 +657,11 @@ def _train(config: TrainConfig) -> TrainResult:
         )
     base_path = config.model_path
     model, processor = load_base_model(base_path, placement.device, DTYPES[config.dtype])
+    if config.quantize is not None:
+        from ascend_vlm.quantization import quantize
+
+        bits = config.quantize
+        quantize(model, bits=bits, group_size=DEFAULT_GROUP_SIZE[bits], progress=False)
     patch_note = apply_ascend_patch(model, config.patch)
     model, lora_targets = _with_trainable_weights(model, config)
     train_samples, eval_samples = build_samples(config)

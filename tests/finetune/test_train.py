@@ -21,6 +21,7 @@ from ascend_vlm.finetune.data import BadRecordError, EncodedDataset, collate, pa
 from ascend_vlm.finetune.resume import ResumeError
 from ascend_vlm.finetune.shapes_vqa import ShapesVQA
 from ascend_vlm.finetune.train import (
+    FINAL_ADAPTER,
     LANGUAGE_PROJECTIONS,
     CommCounter,
     TrainConfig,
@@ -265,11 +266,35 @@ def test_lora_targets_split_language_vision_and_projector(processor):
         ("dtype", "fp16", "dtype: expected one of \\('fp32', 'bf16'\\), got 'fp16'"),
         ("eval_question_types", ("up",), "eval_question_types: expected distinct names"),
         ("report_question_types", ("up",), "report_question_types: expected distinct names"),
+        ("quantize", 3, r"quantize: expected one of \(8, 4\) bits, got 3"),
     ],
 )
 def test_bad_config_values_are_named(field, value, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**{field: value})
+
+
+def test_a_quantized_base_trains_lora_and_its_card_loads_it_onto_the_same(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    from ascend_vlm.quantization import QuantLinear, quantize
+
+    config = _tiny_config(tmp_path / "qlora", quantize=4, patch=True, max_steps=2)
+    result = train(config)
+    assert [record["step"] for record in _step_records(tmp_path / "qlora")] == [1, 2]
+    assert math.isfinite(result.last_loss)
+    adapter = tmp_path / "qlora" / FINAL_ADAPTER
+    card = (adapter / "README.md").read_text()
+    assert "weight-only quantized (W4 g128, RTN) and frozen" in card
+    assert "quantize(base, bits=4, group_size=128)" in card
+    base = AutoModelForImageTextToText.from_pretrained(default_model_path())
+    quantize(base, bits=4, group_size=128, progress=False)
+    model = PeftModel.from_pretrained(base, adapter)
+    adapted = [m for m in model.modules() if hasattr(m, "lora_A")]
+    assert adapted and all(isinstance(m.base_layer, QuantLinear) for m in adapted)
+    with pytest.raises(ValueError, match="quantize: expected LoRA without save_merged"):
+        TrainConfig(quantize=4, full_finetune=True)
 
 
 def test_a_merged_copy_needs_lora():
