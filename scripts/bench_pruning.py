@@ -43,6 +43,7 @@ import torch
 import ascend_vlm
 from ascend_vlm import pruning
 from ascend_vlm.evaluation.memory import peak_tensor_bytes
+from ascend_vlm.evaluation.report import difference_cells
 
 TEXT_TOKENS = 32
 TOKENS_PER_IMAGE_MAX = 1024  # larger prompts take several images (ViT attention is per image)
@@ -309,12 +310,8 @@ def _accuracy_table(rows: list, samples: int) -> str:
         if row["method"] == "unpruned":
             lines.append(f"| unpruned | 1 | {row['accuracy']:.3f} | | |")
             continue
-        low, high = row["interval"]
-        lines.append(
-            f"| {row['method']} | {row['keep']:g} | {row['accuracy']:.3f} "
-            f"| {100 * row['difference']:+.1f} pts [{100 * low:+.1f}, {100 * high:+.1f}] "
-            f"| {row['mcnemar_p']:.3g} |"
-        )
+        cells = difference_cells(row["difference"], row["interval"], row["mcnemar_p"])
+        lines.append(f"| {row['method']} | {row['keep']:g} | {row['accuracy']:.3f} | {cells} |")
     return "\n".join(lines)
 
 

@@ -148,6 +148,13 @@ def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
     atomic_write_text(Path(path), json.dumps(report, indent=1) + "\n")
 
 
+def difference_cells(difference: float, interval: tuple[float, float], mcnemar_p: float) -> str:
+    """Two Markdown table cells of a paired comparison (:func:`paired_accuracies`):
+    ``+d pts [low, high] | p``, accuracies in percentage points."""
+    low, high = interval
+    return f"{100 * difference:+.1f} pts [{100 * low:+.1f}, {100 * high:+.1f}] | {mcnemar_p:.3g}"
+
+
 def _interval(low: float, high: float, signed: bool = False) -> str:
     spec = "+.3f" if signed else ".3f"
     return f"[{low:{spec}}, {high:{spec}}]"
