@@ -14,8 +14,9 @@ features run its image features).
 The key of an image is its method, its pixels (or named key) and grid, and the arguments that
 choose features (LLaVA's ``vision_feature_layer`` / strategy, resolved from the config when
 None); the entry also carries a fingerprint of everything else that changes the features:
-every vision parameter's identity, storage and in-place write counter, PEFT's active adapters,
-whether adapters are disabled and their scaling, and the autocast state. ``load_state_dict``,
+every vision parameter's and buffer's (quantized weights) identity, storage and in-place write
+counter, PEFT's active adapters, whether adapters are disabled and their scaling, and the
+autocast state. ``load_state_dict``,
 an optimizer step, ``p.data = ...``, a LoRA switch, ``model.to(...)`` or autocast therefore
 miss. Writes through ``p.data.copy_(...)`` bypass torch's write counter: call ``cache.clear()``
 after them.
@@ -77,10 +78,11 @@ FAMILIES: dict[str, tuple[_Method, ...]] = {
 
 
 def _weights_fingerprint(towers: list[nn.Module], device_type: str) -> tuple:
+    # Buffers too: a quantized linear layer holds its weights in buffers.
     parameters = tuple(
         (id(p), p.data_ptr(), tensor_version(p), p.dtype, p.device)
         for tower in towers
-        for p in tower.parameters()
+        for p in (*tower.parameters(), *tower.buffers())
     )
     # PEFT's tuner layers: switching or disabling adapters, or rescaling them, changes no
     # parameter.

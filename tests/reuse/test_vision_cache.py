@@ -93,6 +93,22 @@ def test_only_the_missing_images_are_encoded():
     assert seen == [torch.Size([2 * patches, three["pixel_values"].shape[1]])]
 
 
+def test_a_changed_quantized_vision_weight_misses():
+    from ascend_vlm.quantization import QuantLinear, quantize
+
+    model = _model()
+    quantize(model, bits=8, include=("vision",), progress=False)
+    cache = VisionCache(max_bytes=1 << 20)
+    enable_vision_cache(model, cache)
+    inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
+    before = _logits(model, inputs)
+    layer = next(m for m in model.model.visual.modules() if isinstance(m, QuantLinear))
+    with torch.no_grad():
+        layer.scale.mul_(2)  # the quantized weights live in buffers
+    after = _logits(model, inputs)
+    assert cache.stats().hits == 0 and not torch.equal(before, after)
+
+
 @pytest.mark.parametrize("change", ["load_state_dict", "optimizer_step", "dtype"])
 def test_changed_vision_weights_miss_and_give_the_new_result(change):
     model = _model()
