@@ -28,9 +28,9 @@ reference instead:
   matmul on the device): converting per call would repack the whole weight on every token.
 
 CPU: ``torch._weight_int8pack_mm`` (int8 weight (N, K), per-channel scales (N,), no offset, K a
-multiple of 32) where it is fast: bf16 activations (micro benchmark at K = N = 2048, M = 1:
-~0.12 ms against ~1.1 ms for dequantize-and-matmul; its fp32/fp16 paths are no faster than
-dequantize-and-matmul) and no gradient needed (it has no derivative). Everything else
+multiple of 32) where it beats dequantize-and-matmul: bf16 activations (its fp32 and fp16 paths
+do not; scripts/bench_quant.py measures the bf16 one) and no gradient needed (it has no
+derivative). Everything else
 dequantizes in x's dtype and runs one matmul: torch's CPU int4 kernel
 (``_weight_int4pack_mm_for_cpu``) needs its own blocked packing of the weight, i.e. a repack per
 call from the library layout.
@@ -68,9 +68,9 @@ _NPU_X_DTYPES = (torch.float16, torch.bfloat16)
 _NPU_MAX_DIM = 65535  # K and N
 _A2_A3_SOC_PREFIXES = ("Ascend910B", "Ascend910_93")
 _INFERENCE_CARD_SOC_PREFIX = "Ascend310P"
-# torch._weight_int8pack_mm (CPU, bf16) reads K in blocks: measured on torch 2.13, K = 8, 24, 33
-# or 100 give nan/inf and K = 1 crashes, while multiples of 16 are exact; multiples of 32 (every
-# model's hidden sizes) keep a margin. It also wants x contiguous along K.
+# torch._weight_int8pack_mm (CPU, bf16) reads K in blocks: on torch 2.13 a K that is not a
+# multiple of 16 gives nan/inf or crashes; multiples of 32 (every model's hidden sizes) keep a
+# margin. It also wants x contiguous along K.
 _INT8PACK_K_MULTIPLE = 32
 
 

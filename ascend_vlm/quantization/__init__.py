@@ -9,6 +9,8 @@ checkpoints.
 
 from __future__ import annotations
 
+# Lets transformers' from_pretrained load this library's checkpoints (module docstring there).
+from ascend_vlm.quantization import transformers_quantizer  # noqa: F401
 from ascend_vlm.quantization.quant_linear import QuantLinear
 from ascend_vlm.quantization.quantize import QuantizationReport, quantize
 from ascend_vlm.quantization.quantized_checkpoint import load_quantized

@@ -29,7 +29,7 @@ Groups, per block, by module path (AutoAWQ's table for LLaMA-style decoders):
   so dividing ``up``'s rows divides ``down``'s input), ``self_attn.v_proj -> self_attn.o_proj``
   only when ``v_proj``'s outputs are ``o_proj``'s inputs channel for channel (no grouped-query
   sharing: ``v_proj.out_features == o_proj.in_features``);
-* with ``include_vision``, blocks of the vision tower: ``norm1 -> attn.qkv``, ``norm2 ->
+* when ``layers`` names vision linears, blocks of the vision tower: ``norm1 -> attn.qkv``, ``norm2 ->
   mlp.{fc1 | linear_fc1 | gate_proj, up_proj}`` (Qwen-VL towers), ``layer_norm1 ->
   self_attn.{q,k,v}_proj``, ``layer_norm2 -> mlp.fc1`` (CLIP / SigLIP towers), and the same
   ``up -> down`` and ``v -> o`` (``out_proj``) folds.
@@ -52,7 +52,7 @@ own dtype (``s`` rounded to it first, so a producer and its consumers use the sa
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -208,9 +208,11 @@ def _match(block_name: str, block: nn.Module, rule: _Rule, language: bool) -> _G
     )
 
 
-def _find_groups(root: nn.Module, include_vision: bool) -> list[_Group]:
-    """The groups of every block in model order. ValueError when the language model has no
-    decoder layer."""
+def _find_groups(root: nn.Module, layers: Collection[str] | None) -> list[_Group]:
+    """The groups of every block in model order (of the language model, and of the vision
+    tower when ``layers`` names a vision linear), only those whose consumers are all in
+    ``layers`` when given. ValueError when the language model has no decoder layer."""
+    include_vision = layers is not None and any(model_part(name) == "vision" for name in layers)
     groups: list[_Group] = []
     decoder_layers = 0
     for name, block in root.named_modules():
@@ -227,7 +229,9 @@ def _find_groups(root: nn.Module, include_vision: bool) -> list[_Group]:
             continue
         for rule in rules:
             group = _match(name, block, rule, language=part == "language")
-            if group is not None:
+            if group is not None and (
+                layers is None or all(consumer in layers for consumer in group.consumer_names)
+            ):
                 groups.append(group)
     if not decoder_layers:
         model_type = getattr(getattr(root, "config", None), "model_type", None)
@@ -393,7 +397,7 @@ def apply_awq_scales(
     group_size: int,
     *,
     symmetric: bool | None = None,
-    include_vision: bool = False,
+    layers: Collection[str] | None = None,
     progress: bool = True,
 ) -> AWQReport:
     """Search and apply AWQ scales to ``model``'s float weights in place (see the module
@@ -403,7 +407,10 @@ def apply_awq_scales(
     mappings (e.g. processor outputs), each run as ``model(**batch)`` once. ``bits``,
     ``group_size``, ``symmetric``: the RTN grid the weights will be rounded to (``symmetric``
     None: :func:`~ascend_vlm.quantization.rtn.quantize_rtn`'s default for ``bits``).
-    ``include_vision``: scale the vision tower's blocks too. ``progress``: tqdm bars.
+    ``layers``: the names of the linears that will be quantized; a group is scaled only when
+    all its consumers are among them (rescaling a layer kept in float would re-round it for
+    nothing), and vision blocks only when some are. None: every language-model group.
+    ``progress``: tqdm bars.
 
     Raises TypeError / ValueError naming the argument for a bad scheme, a non-module model,
     an empty calibration, a batch that is not a mapping, and a model whose language model has
@@ -411,7 +418,7 @@ def apply_awq_scales(
     """
     check_scheme(bits, group_size)
     root = base_model(model)
-    groups = _find_groups(root, include_vision)
+    groups = _find_groups(root, None if layers is None else frozenset(layers))
     _calibrate(root, groups, calibration, progress)
     results, skipped = [], []
     for group in _progress(groups, "awq: search", "group", progress):

@@ -48,9 +48,10 @@ from typing import Any
 import torch
 
 from ascend_vlm.ops.int4_layout import pack_int4
+from ascend_vlm.quantization.quantize import QUANT_METHOD
 from ascend_vlm.quantization.quantized_weight import BITS, GROUP_SIZES, QuantizedWeight
 
-METHODS = ("awq", "gptq")
+FOREIGN_METHODS = ("awq", "gptq")
 AWQ_VERSIONS = ("gemm",)
 GPTQ_FORMATS = ("gptq", "gptq_v2")
 PER_CHANNEL = -1  # the formats' group_size for one group spanning all of K
@@ -65,24 +66,15 @@ class ForeignQuantConfig:
     """A checkpoint's ``quantization_config``, as far as decoding its layers needs.
 
     ``method``: "awq" or "gptq"; ``bits``: 4 or 8 (AWQ: 4); ``group_size``: the format's own
-    value, a member of ``GROUP_SIZES`` or -1 for per channel (see :attr:`library_group_size`);
-    ``checkpoint_format``: "gemm" for AWQ, "gptq" (v1, zero points stored minus 1) or "gptq_v2";
-    ``zero_point``: whether zero points are free (AWQ ``zero_point``, GPTQ ``not sym``) — the
-    decoders read the stored zero points either way; ``modules_to_not_convert``: name fragments
-    of layers the checkpoint left unquantized.
+    value, a member of ``GROUP_SIZES`` or -1 for per channel; ``checkpoint_format``: "gemm" for
+    AWQ, "gptq" (v1, zero points stored minus 1) or "gptq_v2". Which layers are quantized is
+    read from the checkpoint's tensors, whatever ``modules_to_not_convert`` says.
     """
 
     method: str
     bits: int
     group_size: int
     checkpoint_format: str
-    zero_point: bool
-    modules_to_not_convert: tuple[str, ...] = ()
-
-    @property
-    def library_group_size(self) -> int:
-        """The group size in :class:`QuantizedWeight` terms (0 per channel)."""
-        return _library_group_size(self.group_size)
 
 
 def _library_group_size(group_size: int) -> int:
@@ -355,19 +347,9 @@ def read_quantization_config(config: Mapping[str, Any]) -> ForeignQuantConfig:
     if method == "gptq":
         return _gptq_config(config)
     raise ValueError(
-        f"quantization_config.quant_method: expected one of {METHODS}, got "
-        f"{config.get('quant_method')!r}"
+        f"quantization_config.quant_method: expected one of {FOREIGN_METHODS} (or "
+        f"{QUANT_METHOD!r}, this library's own), got {config.get('quant_method')!r}"
     )
-
-
-def _modules_to_not_convert(config: Mapping[str, Any]) -> tuple[str, ...]:
-    modules = config.get("modules_to_not_convert") or ()
-    if isinstance(modules, str) or not all(isinstance(module, str) for module in modules):
-        raise ValueError(
-            f"quantization_config.modules_to_not_convert: expected a list of module names, got "
-            f"{modules!r}"
-        )
-    return tuple(modules)
 
 
 def _group_size(config: Mapping[str, Any]) -> int:
@@ -404,8 +386,6 @@ def _awq_config(config: Mapping[str, Any]) -> ForeignQuantConfig:
         bits=4,
         group_size=_group_size(config),
         checkpoint_format=version,
-        zero_point=True,
-        modules_to_not_convert=_modules_to_not_convert(config),
     )
 
 
@@ -446,6 +426,4 @@ def _gptq_config(config: Mapping[str, Any]) -> ForeignQuantConfig:
         bits=bits,
         group_size=_group_size(config),
         checkpoint_format=checkpoint_format,
-        zero_point=not config.get("sym", True),
-        modules_to_not_convert=_modules_to_not_convert(config),
     )

@@ -5,14 +5,17 @@
 NPU). The module subclasses ``nn.Linear`` so that code selecting linear layers by type (PEFT's
 LoRA, the fine-tune script's target lists) takes it as one, but it holds no float weight: its
 state is the buffers ``qweight``, ``scale``, ``offset`` (absent when symmetric) and a frozen
-``bias``. ``weight`` is an empty placeholder (shape ``(0,)``, not saved) that carries the
-module's float dtype and device for code that reads them (PEFT places adapters by it); any
-arithmetic with it fails on the shape (merging an adapter into the base weights: PEFT's
-``merge_and_unload`` raises). :meth:`dequantize` gives the float weight.
+``bias``. ``weight`` is a read-only property giving an empty placeholder (shape ``(0,)``) in
+the module's float dtype, on its device, for code that reads them (PEFT places adapters by
+it); any arithmetic with it fails on the shape (merging an adapter into the base weights:
+PEFT's ``merge_and_unload`` raises). :meth:`dequantize` gives the float weight.
 
 On the NPU kernel path 4-bit weights are converted once to torch_npu's int4 packing
-(``ops.prepack_int4_for_npu``) and kept beside the module's own layout, converted again only
-when ``qweight`` is replaced or written.
+(``ops.prepack_int4_for_npu``) and kept beside the module's own layout (which saving and the
+other paths read), converted again only when ``qweight`` is replaced or written: a 4-bit layer
+on the NPU therefore holds its integers twice. The packing is forward only (a call whose input
+needs a gradient, as under LoRA training, dequantizes instead), and deciding to use it is
+Python that ``torch.compile(fullgraph=True)`` does not trace on the NPU path.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import nn
 
 from ascend_vlm._compat import tensor_version
 from ascend_vlm.kernel_backend import use_npu_kernels
-from ascend_vlm.quantization.quantized_weight import QuantizedWeight
+from ascend_vlm.quantization.quantized_weight import QuantizedWeight, group_count, storage_of
 from ascend_vlm.quantization.rtn import check_scheme
 
 
@@ -48,9 +51,8 @@ class QuantLinear(nn.Linear):
         self.out_features = out_features
         self.bits = bits
         self.group_size = group_size
-        groups = -(-in_features // group_size) if group_size else 1
-        width = in_features if bits == 8 else (in_features + 1) // 2
-        storage = torch.int8 if bits == 8 else torch.uint8
+        groups = group_count(in_features, group_size)
+        storage, width = storage_of(bits, in_features)
         self.register_buffer(
             "qweight", torch.zeros(out_features, width, dtype=storage, device=device)
         )
@@ -64,8 +66,7 @@ class QuantLinear(nn.Linear):
             if bias
             else None
         )
-        self.register_buffer("weight", torch.empty(0, dtype=dtype, device=device), persistent=False)
-        self._npu_weight: tuple[tuple, torch.Tensor] | None = None
+        self._npu_weight: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     @classmethod
     def from_quantized(cls, weight: QuantizedWeight, bias: torch.Tensor | None) -> QuantLinear:
@@ -83,10 +84,15 @@ class QuantLinear(nn.Linear):
         layer.qweight = weight.qweight
         layer.scale = weight.scale
         layer.offset = weight.offset
-        layer.weight = torch.empty(0, dtype=weight.scale.dtype, device=weight.scale.device)
         if bias is not None:
             layer.bias = nn.Parameter(bias.detach().to(weight.scale.dtype), requires_grad=False)
         return layer
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """An empty placeholder in the scales' dtype, on their device (see the module
+        docstring)."""
+        return self.scale.new_empty(0)
 
     def quantized_weight(self) -> QuantizedWeight:
         """The layer's weight as a :class:`QuantizedWeight` (sharing the buffers)."""
@@ -120,10 +126,19 @@ class QuantLinear(nn.Linear):
         if not npu_int4_kernel_takes(x, self.out_features):
             return self.qweight
 
-        key = (self.qweight.data_ptr(), tensor_version(self.qweight), self.qweight.device)
-        if self._npu_weight is None or self._npu_weight[0] != key:
-            self._npu_weight = (key, prepack_int4_for_npu(self.qweight, self.in_features))
-        return self._npu_weight[1]
+        # Keyed on the tensor itself (held, so its memory is never another tensor's) and its
+        # in-place write counter.
+        cached = self._npu_weight
+        version = tensor_version(self.qweight)
+        if cached is None or cached[0] is not self.qweight or cached[1] != version:
+            packed = prepack_int4_for_npu(self.qweight, self.in_features)
+            self._npu_weight = cached = (self.qweight, version, packed)
+        return cached[2]
+
+    def _apply(self, fn, recurse: bool = True):
+        # Moving or casting the module makes new buffers; the packing follows on the next call.
+        self._npu_weight = None
+        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         kind = "symmetric" if self.offset is None else "asymmetric"

@@ -29,7 +29,7 @@ from torch import nn
 from ascend_vlm._base_model import base_model
 from ascend_vlm.models.parts import PARTS, model_part
 from ascend_vlm.quantization.quant_linear import QuantLinear
-from ascend_vlm.quantization.rtn import check_scheme, quantize_rtn
+from ascend_vlm.quantization.rtn import check_scheme, quantize_rtn, resolve_symmetric
 
 METHODS = ("rtn", "awq")
 QUANT_METHOD = "ascend_vlm"
@@ -106,6 +106,20 @@ def _refuse_prepared(model: nn.Module) -> None:
             )
 
 
+def _refuse_tied_head(model: nn.Module, targets: list[tuple[str, nn.Linear]]) -> None:
+    root = base_model(model)
+    head = root.get_output_embeddings() if hasattr(root, "get_output_embeddings") else None
+    embeddings = root.get_input_embeddings() if hasattr(root, "get_input_embeddings") else None
+    if head is None or embeddings is None or head.weight is not embeddings.weight:
+        return
+    if any(module is head for _, module in targets):
+        raise ValueError(
+            "include: the output head shares its weight with the input embeddings "
+            "(tie_word_embeddings), which stay in float: quantizing it would keep both copies; "
+            "leave lm_head out"
+        )
+
+
 def replace_module(root: nn.Module, name: str, module: nn.Module) -> None:
     """Put ``module`` at the dotted ``name`` under ``root``."""
     parent_name, _, child = name.rpartition(".")
@@ -141,8 +155,7 @@ def quantize(
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
     include = _check_names("include", include, parts_allowed=True)
     exclude = _check_names("exclude", exclude, parts_allowed=False)
-    if symmetric is None:
-        symmetric = bits == 8
+    symmetric = resolve_symmetric(bits, symmetric)
     _refuse_prepared(model)
     targets = selected_linears(model, include, exclude)
     if not targets:
@@ -150,6 +163,7 @@ def quantize(
             f"include: {list(include)} (exclude {list(exclude)}) selects no nn.Linear of "
             f"{type(base_model(model)).__name__}"
         )
+    _refuse_tied_head(model, targets)
     awq_report = None
     if method == "awq":
         from ascend_vlm.quantization.awq import apply_awq_scales
@@ -169,7 +183,7 @@ def quantize(
             bits,
             group_size,
             symmetric=symmetric,
-            include_vision=any(model_part(name) == "vision" for name, _ in targets),
+            layers=[name for name, _ in targets],
             progress=progress,
         )
     from tqdm.auto import tqdm

@@ -33,7 +33,7 @@ from torch import nn
 
 from ascend_vlm.quantization.quant_linear import QuantLinear
 from ascend_vlm.quantization.quantize import QUANT_METHOD, replace_module
-from ascend_vlm.quantization.quantized_weight import QuantizedWeight
+from ascend_vlm.quantization.quantized_weight import QuantizedWeight, group_count, storage_of
 
 # Checkpoint-name prefixes of the layouts before transformers 5, and where those modules live
 # now (the moves transformers' own conversion mapping applies when it loads such checkpoints).
@@ -131,8 +131,14 @@ def _decoder(method_config: dict) -> tuple[tuple[str, ...], Any]:
     method = method_config.get("quant_method")
     if method == QUANT_METHOD:
         bits, group_size = method_config["bits"], method_config["group_size"]
+        symmetric = method_config["symmetric"]
 
         def decode_own(name: str, tensors: dict[str, torch.Tensor]) -> QuantizedWeight:
+            if not symmetric and "offset" not in tensors:
+                raise ValueError(
+                    f"{name}.offset: missing from the checkpoint (quantization_config says "
+                    "symmetric: false)"
+                )
             return _own_weight(name, tensors, bits, group_size)
 
         return _OWN_TENSORS, decode_own
@@ -178,7 +184,7 @@ def _own_weight(
         if part not in tensors:
             raise ValueError(f"{name}.{part}: missing from the checkpoint")
     qweight, scale = tensors["qweight"], tensors["scale"]
-    storage = torch.int8 if bits == 8 else torch.uint8
+    storage, _ = storage_of(bits, 0)
     if qweight.dtype != storage or qweight.dim() != 2:
         raise ValueError(
             f"{name}.qweight: expected a 2-D {storage} tensor for {bits} bits, got "
@@ -227,11 +233,17 @@ def load_quantized(
             folder, config=config, output_loading_info=True, **from_pretrained_kwargs
         )
 
+    keys = _checkpoint_keys(folder)
     layers: dict[str, dict[str, str]] = {}
-    for key in _checkpoint_keys(folder):
+    for key in keys:
         prefix, _, part = key.rpartition(".")
         if part in tensor_names:
             layers.setdefault(prefix, {})[part] = key
+    # A quantized layer's bias: AutoGPTQ stores one (zeros) for every layer, biased or not.
+    for key in keys:
+        prefix, _, part = key.rpartition(".")
+        if part == "bias" and prefix in layers:
+            layers[prefix]["bias"] = key
     modules = {}
     for prefix in layers:
         name = module_name_in(model, prefix)
@@ -241,6 +253,16 @@ def load_quantized(
                 f"layer for ({type(model).__name__})"
             )
         modules[name] = prefix
+    listed = method_config.get("modules")
+    if listed is not None and set(listed) != set(modules):
+        absent = sorted(set(listed) - set(modules))
+        if absent:
+            raise ValueError(
+                f"{absent[0]}.qweight: missing from the checkpoint (quantization_config lists "
+                f"{len(listed)} quantized layers, the checkpoint holds {len(modules)})"
+            )
+        extra = sorted(set(modules) - set(listed))[0]
+        raise ValueError(f"{extra}.qweight: in the checkpoint but not in quantization_config")
     expected_missing = {f"{name}.weight" for name in modules}
     stray = sorted(set(info["missing_keys"]) - expected_missing)
     if stray:
@@ -261,30 +283,33 @@ def load_quantized(
     for name, prefix in modules.items():
         linear = model.get_submodule(name)
         parts = {part: tensors[key] for part, key in layers[prefix].items()}
-        weight = decode(prefix, parts)
-        weight = _fitted(prefix, weight, linear)
+        stored_bias = parts.pop("bias", None)
+        weight = _fitted(prefix, decode(prefix, parts), linear)
         bias = linear.bias.detach() if linear.bias is not None else None
+        if bias is None and stored_bias is not None and stored_bias.any():
+            bias = stored_bias.to(weight.scale)
         replace_module(model, name, QuantLinear.from_quantized(weight, bias))
     model.config.quantization_config = method_config
     return model
 
 
 def _fitted(prefix: str, weight: QuantizedWeight, linear: nn.Linear) -> QuantizedWeight:
-    """``weight`` checked against the layer it replaces, its scales in the layer's dtype."""
+    """``weight`` checked against the layer it replaces, on its device, its scales in its
+    dtype."""
     in_features = weight.in_features if weight.in_features > 0 else linear.in_features
+    place = {"device": linear.weight.device, "dtype": linear.weight.dtype}
     fitted = QuantizedWeight(
-        weight.qweight,
-        weight.scale.to(linear.weight.dtype),
-        None if weight.offset is None else weight.offset.to(linear.weight.dtype),
+        weight.qweight.to(linear.weight.device),
+        weight.scale.to(**place),
+        None if weight.offset is None else weight.offset.to(**place),
         weight.bits,
         weight.group_size,
         in_features,
     )
-    width = in_features if weight.bits == 8 else (in_features + 1) // 2
-    groups = -(-in_features // weight.group_size) if weight.group_size else 1
+    _, width = storage_of(weight.bits, in_features)
     expected = {
         "qweight": (linear.out_features, width),
-        "scale": (groups, linear.out_features),
+        "scale": (group_count(in_features, weight.group_size), linear.out_features),
     }
     got = {"qweight": tuple(weight.qweight.shape), "scale": tuple(weight.scale.shape)}
     for part, shape in expected.items():

@@ -19,9 +19,21 @@ from dataclasses import dataclass
 import torch
 
 from ascend_vlm.ops.int4_layout import unpack_int4
+from ascend_vlm.ops.weight_quant_matmul import GROUP_SIZE_MAX, GROUP_SIZE_STEP
 
 BITS = (4, 8)
-GROUP_SIZES = (0, 32, 64, 96, 128, 160, 192, 224, 256)
+# 0 (per channel) and the op's per-group sizes.
+GROUP_SIZES = (0, *range(GROUP_SIZE_STEP, GROUP_SIZE_MAX + 1, GROUP_SIZE_STEP))
+
+
+def group_count(in_features: int, group_size: int) -> int:
+    """Scale rows of a weight of ``in_features`` columns: ``ceil(K / G)``, 1 per channel."""
+    return -(-in_features // group_size) if group_size else 1
+
+
+def storage_of(bits: int, in_features: int) -> tuple[torch.dtype, int]:
+    """``(dtype, columns)`` of ``qweight`` for ``bits``: int8 ``K``, or uint8 ``ceil(K/2)``."""
+    return (torch.int8, in_features) if bits == 8 else (torch.uint8, (in_features + 1) // 2)
 
 
 @dataclass(frozen=True)

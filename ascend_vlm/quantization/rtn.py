@@ -4,13 +4,16 @@ Per group of ``G`` input columns of each output row (the whole row when ``group_
 
 * symmetric: ``scale = max|W| / (2^(b-1) - 1)``, ``q = clamp(round(W / scale), -2^(b-1),
   2^(b-1) - 1)``, no offset;
-* asymmetric: ``scale = (max W - min W) / (2^b - 1)``, zero point ``z = round(-min W / scale)``,
-  unsigned ``u = clamp(round(W / scale) + z, 0, 2^b - 1)``, stored signed as ``q = u - 2^(b-1)``
-  with ``offset = 2^(b-1) - z``, so ``(q + offset) * scale = (u - z) * scale``.
+* asymmetric: the range ``[lo, hi] = [min(min W, 0), max(max W, 0)]`` (widened to hold 0, as
+  GPTQ does, so the zero point is a grid point), ``scale = (hi - lo) / (2^b - 1)``, zero point
+  ``z = round(-lo / scale)`` in ``[0, 2^b - 1]``, unsigned ``u = clamp(round(W / scale) + z, 0,
+  2^b - 1)``, stored signed as ``q = u - 2^(b-1)`` with ``offset = 2^(b-1) - z`` (an integer
+  of magnitude <= 2^(b-1), exact in fp16 and bf16), so ``(q + offset) * scale = (u - z) *
+  scale``.
 
-A group of one repeated value ``c`` reproduces it (up to float rounding): its range is taken
-as ``|c|`` (scale 1 when ``c`` is 0). Scales and offsets are kept in float32 unless ``dtype``
-says otherwise.
+The scale is rounded up to ``dtype`` (the scales' and offsets' dtype, float32 by default)
+before ``q`` is chosen, so every weight lies within half a step of the grid it is stored on. A
+group of zeros gets scale 1.
 """
 
 from __future__ import annotations
@@ -32,9 +35,15 @@ def check_scheme(bits: object, group_size: object) -> None:
         raise TypeError(f"group_size: expected an int, got {type(group_size).__name__}")
     if group_size not in GROUP_SIZES:
         raise ValueError(
-            f"group_size: expected 0 (per channel) or a multiple of 32 from 32 to 256, got "
-            f"{group_size}"
+            f"group_size: expected 0 (per channel) or a multiple of {GROUP_SIZES[1]} from "
+            f"{GROUP_SIZES[1]} to {GROUP_SIZES[-1]}, got {group_size}"
         )
+
+
+def resolve_symmetric(bits: int, symmetric: bool | None) -> bool:
+    """``symmetric``, or its default for ``bits``: symmetric 8 bits (no offset: the int8
+    kernels' fast case), asymmetric 4 bits."""
+    return bits == 8 if symmetric is None else symmetric
 
 
 def _grouped(weight: torch.Tensor, group: int) -> torch.Tensor:
@@ -45,6 +54,14 @@ def _grouped(weight: torch.Tensor, group: int) -> torch.Tensor:
     if pad:
         weight = torch.cat((weight, weight[:, -1:].expand(rows, pad)), dim=1)
     return weight.reshape(rows, -1, group)
+
+
+def _stored(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``scale`` as it is stored in ``dtype`` (back in float32), 1 where it is 0. Rounded up,
+    never down: a smaller step would push the group's extremes past the grid's ends."""
+    widened = scale * (1 + torch.finfo(dtype).eps) if dtype != torch.float32 else scale
+    stored = widened.to(dtype).to(torch.float32)
+    return torch.where(stored > 0, stored, torch.ones_like(stored))
 
 
 def quantize_rtn(
@@ -65,24 +82,19 @@ def quantize_rtn(
             f"weight: expected a 2-D floating (N, K) tensor, got {weight.dtype} of shape "
             f"{tuple(weight.shape)}"
         )
-    if symmetric is None:
-        symmetric = bits == 8
+    symmetric = resolve_symmetric(bits, symmetric)
     columns = weight.shape[1]
     grouped = _grouped(weight.detach().to(torch.float32), group_size or columns)
     half = 2 ** (bits - 1)
     if symmetric:
-        scale = grouped.abs().amax(dim=-1, keepdim=True) / (half - 1)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        scale = _stored(grouped.abs().amax(dim=-1, keepdim=True) / (half - 1), dtype)
         q = torch.clamp(torch.round(grouped / scale), -half, half - 1)
         offset = None
     else:
-        low = grouped.amin(dim=-1, keepdim=True)
-        high = grouped.amax(dim=-1, keepdim=True)
-        span = high - low
-        span = torch.where(span > 0, span, torch.maximum(low.abs(), high.abs()))
-        scale = span / (2 * half - 1)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        zero = torch.round(-low / scale)
+        low = grouped.amin(dim=-1, keepdim=True).clamp(max=0)
+        high = grouped.amax(dim=-1, keepdim=True).clamp(min=0)
+        scale = _stored((high - low) / (2 * half - 1), dtype)
+        zero = torch.clamp(torch.round(-low / scale), 0, 2 * half - 1)
         unsigned = torch.clamp(torch.round(grouped / scale) + zero, 0, 2 * half - 1)
         q = unsigned - half
         offset = (half - zero).squeeze(-1).t().contiguous().to(dtype)

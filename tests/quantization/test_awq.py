@@ -50,7 +50,8 @@ def test_scaled_model_computes_the_same_function(name):
     expected = [_logits(model, calibration[0]), _logits(model, held_out)]
     before = _snapshot(model)
 
-    report = apply_awq_scales(model, calibration, 4, 32, include_vision=True, progress=False)
+    linears = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
+    report = apply_awq_scales(model, calibration, 4, 32, layers=linears, progress=False)
 
     for inputs, reference in zip((calibration[0], held_out), expected, strict=True):
         torch.testing.assert_close(_logits(model, inputs), reference, rtol=1e-5, atol=1e-5)

@@ -349,23 +349,23 @@ def test_unknown_gptq_checkpoint_format_is_refused():
                 "version": "gemm",
                 "modules_to_not_convert": ["visual"],
             },
-            ForeignQuantConfig("awq", 4, 128, "gemm", True, ("visual",)),
+            ForeignQuantConfig("awq", 4, 128, "gemm"),
         ),
         (  # transformers 5 writes format beside the legacy version
             {"quant_method": "awq", "bits": 4, "group_size": 64, "format": "gemm", "version": "GEMM"},
-            ForeignQuantConfig("awq", 4, 64, "gemm", True),
+            ForeignQuantConfig("awq", 4, 64, "gemm"),
         ),
         (
             {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
-            ForeignQuantConfig("gptq", 4, 128, "gptq", False),
+            ForeignQuantConfig("gptq", 4, 128, "gptq"),
         ),
         (
             {"quant_method": "gptq", "bits": 8, "group_size": -1, "sym": False, "format": "gptq_v2"},
-            ForeignQuantConfig("gptq", 8, -1, "gptq_v2", True),
+            ForeignQuantConfig("gptq", 8, -1, "gptq_v2"),
         ),
         (  # the legacy checkpoint_format wins over format
             {"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_v2", "format": "gptq", "pack_dtype": "int32"},
-            ForeignQuantConfig("gptq", 4, 128, "gptq_v2", False),
+            ForeignQuantConfig("gptq", 4, 128, "gptq_v2"),
         ),
     ],
 )  # fmt: skip
@@ -373,17 +373,11 @@ def test_read_quantization_config(config, expected):
     assert read_quantization_config(config) == expected
 
 
-def test_per_channel_group_size_maps_to_zero():
-    config = read_quantization_config({"quant_method": "gptq", "bits": 8, "group_size": -1})
-    assert config.library_group_size == 0
-    assert read_quantization_config({"quant_method": "awq"}).library_group_size == 128
-
-
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"quant_method": "bitsandbytes"}, "quant_method: expected one of ('awq', 'gptq'), got 'bitsandbytes'"),
-        ({"bits": 4}, "quant_method: expected one of ('awq', 'gptq'), got None"),
+        ({"quant_method": "bitsandbytes"}, "quant_method: expected one of ('awq', 'gptq') (or 'ascend_vlm', this library's own), got 'bitsandbytes'"),
+        ({"bits": 4}, "quant_method: expected one of ('awq', 'gptq') (or 'ascend_vlm', this library's own), got None"),
         ({"quant_method": "awq", "version": "gemv"}, "version: expected one of ('gemm',) (AutoAWQ GEMM), got 'gemv'"),
         ({"quant_method": "awq", "version": "marlin"}, "version: expected one of ('gemm',) (AutoAWQ GEMM), got 'marlin'"),
         ({"quant_method": "awq", "version": "exllama"}, "version: expected one of ('gemm',) (AutoAWQ GEMM), got 'exllama'"),

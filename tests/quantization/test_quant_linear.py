@@ -74,6 +74,13 @@ def test_int4_weights_are_converted_for_the_npu_kernel_once(mock_npu, monkeypatc
         layer.qweight.copy_(torch.zeros_like(layer.qweight))  # an in-place write re-converts
     layer(x)
     assert len(calls) == 2
+    layer.to(torch.bfloat16)  # new buffers: converted again on the next call
+    assert layer._npu_weight is None
+    layer(x.to(torch.bfloat16))
+    assert len(calls) == 3
+    x.requires_grad_(True)  # the packing is forward only: a training call dequantizes
+    layer.to(torch.float16)(x).sum().backward()
+    assert len(calls) == 3 and x.grad is not None
 
 
 def test_a_lora_adapter_trains_on_top_of_the_frozen_quantized_base():
@@ -98,3 +105,11 @@ def test_a_lora_adapter_trains_on_top_of_the_frozen_quantized_base():
     assert all(p.grad is not None for name, p in model.named_parameters() if "lora_B" in name)
     with pytest.raises(RuntimeError, match=r"size of tensor a \(0\)"):  # no float weight to merge
         model.merge_and_unload()
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_layer_compiles_without_graph_breaks_on_the_cpu_path(bits):
+    layer, _ = _layer(bits, 32, symmetric=bits == 8)
+    x = torch.randn(2, 3, 200)
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), layer(x))

@@ -166,3 +166,25 @@ def test_awq_calibrates_on_shapes_vqa_by_default_and_beats_rtn_there():
     assert report.method == "awq" and report.awq.groups
     assert report.awq.awq_loss <= report.awq.rtn_loss
     assert model.config.quantization_config["method"] == "awq"
+
+
+def test_awq_rescales_only_the_layers_it_quantizes():
+    model = _model("llava_clip")
+    inputs = tiny.make_inputs("llava_clip", model, n_images=1)
+    language = {n: p.detach().clone() for n, p in model.named_parameters() if "language_model" in n}
+    report = quantize(
+        model, bits=4, group_size=32, method="awq", calibration=[inputs], include=("vision",),
+        progress=False,
+    )  # fmt: skip
+    assert report.modules and all("vision_tower" in n for n in report.modules)
+    assert all(torch.equal(p, language[n]) for n, p in model.named_parameters() if n in language)
+    assert all("vision_tower" in group.name for group in report.awq.groups)
+
+
+def test_a_tied_output_head_is_refused():
+    model = _model()
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.get_input_embeddings().weight
+    with pytest.raises(ValueError, match=r"^include: the output head shares its weight"):
+        quantize(model, bits=8, include=("language", "lm_head"), progress=False)
+    assert not _quantized_names(model)

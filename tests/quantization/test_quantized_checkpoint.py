@@ -39,6 +39,25 @@ def test_save_then_load_gives_bit_identical_outputs(tmp_path, bits, group_size, 
     assert loaded.config.quantization_config["bits"] == bits
 
 
+@pytest.mark.parametrize(("bits", "group_size"), [(8, 0), (4, 32)])
+def test_transformers_from_pretrained_loads_the_quantized_layers(tmp_path, bits, group_size):
+    from transformers import AutoModelForImageTextToText
+
+    model, report, folder = _saved(tmp_path, bits, group_size)
+    loaded = AutoModelForImageTextToText.from_pretrained(folder, attn_implementation="sdpa")
+    names = {n for n, m in loaded.named_modules() if isinstance(m, QuantLinear)}
+    assert names == set(report.modules)
+    first, second = model.state_dict(), loaded.state_dict()
+    assert set(first) == set(second) and all(torch.equal(first[k], second[k]) for k in first)
+    resaved = tmp_path / "resaved"
+    loaded.save_pretrained(resaved)
+    config = json.loads((resaved / "config.json").read_text())["quantization_config"]
+    assert config["quant_method"] == "ascend_vlm" and config["modules"] == list(report.modules)
+    inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
+    with torch.no_grad():
+        assert torch.equal(load_quantized(resaved)(**inputs).logits, model(**inputs).logits)
+
+
 def _rewrite(folder, change) -> None:
     path = folder / "model.safetensors"
     tensors = load_file(path)
@@ -61,6 +80,32 @@ def test_a_missing_quantized_tensor_is_named(tmp_path):
 
     _rewrite(folder, drop_scale)
     with pytest.raises(ValueError, match=rf"^{removed[0][: -len('.scale')]}\.scale: missing"):
+        load_quantized(folder)
+
+
+def test_a_missing_offset_of_an_asymmetric_checkpoint_is_named(tmp_path):
+    _, _, folder = _saved(tmp_path, 4, 32)
+    removed = []
+
+    def drop_offset(tensors):
+        removed.append(_first_key(tensors, ".offset"))
+        del tensors[removed[0]]
+
+    _rewrite(folder, drop_offset)
+    with pytest.raises(ValueError, match=rf"^{removed[0]}: missing from the checkpoint"):
+        load_quantized(folder)
+
+
+def test_a_quantized_layer_missing_as_a_whole_is_named(tmp_path):
+    _, _, folder = _saved(tmp_path, 8, 0)
+
+    def drop_layer(tensors):
+        prefix = _first_key(tensors, ".qweight")[: -len(".qweight")]
+        for key in [k for k in tensors if k.startswith(prefix + ".")]:
+            del tensors[key]
+
+    _rewrite(folder, drop_layer)
+    with pytest.raises(ValueError, match=r"\.qweight: missing from the checkpoint \(quantization_"):
         load_quantized(folder)
 
 
@@ -184,6 +229,33 @@ def test_awq_and_gptq_checkpoints_load_into_quant_linears(tmp_path, method, chec
         torch.testing.assert_close(
             loaded(**inputs).logits, model(**inputs).logits, rtol=1e-4, atol=1e-5
         )
+
+
+def test_gptq_bias_tensors_of_unbiased_layers_are_taken(tmp_path):
+    # AutoGPTQ stores a bias for every quantized layer: zeros where the layer had none
+    model, folder, expected = _foreign_checkpoint(tmp_path, "gptq")
+    biased = []
+
+    def add_biases(tensors):
+        for key in [k for k in tensors if k.endswith(".qweight")]:
+            prefix = key[: -len(".qweight")]
+            rows = tensors[f"{prefix}.scales"].shape[1]
+            value = torch.zeros(rows, dtype=torch.float16)
+            if not biased and prefix.endswith("down_proj"):
+                value = torch.linspace(-1, 1, rows, dtype=torch.float16)
+                biased.append(prefix)
+            tensors[f"{prefix}.bias"] = value
+
+    _rewrite(folder, add_biases)
+    loaded = load_quantized(folder)
+    gained = []
+    for name in expected:
+        own_bias = model.get_submodule(name).bias is not None  # Qwen2's q/k/v have biases
+        if loaded.get_submodule(name).bias is not None and not own_bias:
+            gained.append(name)
+    assert len(gained) == 1 and gained[0].endswith(biased[0].split("model.")[-1])
+    bias = loaded.get_submodule(gained[0]).bias
+    torch.testing.assert_close(bias, torch.linspace(-1, 1, len(bias)), rtol=0, atol=1e-3)
 
 
 def test_a_truncated_awq_tensor_is_named(tmp_path):

@@ -48,9 +48,24 @@ def test_symmetric_grids_keep_zero_and_signs():
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("value", [0.3, -0.7, 0.0])
 def test_a_repeated_value_is_reproduced(bits, symmetric, value):
+    # the range [min(c, 0), max(c, 0)] has c at one end of the grid
     weight = torch.full((3, 70), value)
     dequantized = quantize_rtn(weight, bits, 32, symmetric=symmetric).dequantize()
     torch.testing.assert_close(dequantized, weight, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("bits", "symmetric"), [(8, True), (8, False), (4, False)])
+def test_half_precision_scales_keep_every_weight_within_half_a_step(dtype, bits, symmetric):
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(16, 256, generator=generator) + torch.linspace(-3, 5, 16)[:, None]
+    quantized = quantize_rtn(weight, bits, 64, symmetric=symmetric, dtype=dtype)
+    if quantized.offset is not None:  # integer offsets, exact in half precision
+        assert torch.equal(quantized.offset, quantized.offset.round())
+        assert quantized.offset.abs().max() <= 2 ** (bits - 1)
+    step = quantized.scale.double().repeat_interleave(64, dim=0).t()
+    error = (quantized.dequantize(torch.float64) - weight.double()).abs()
+    assert torch.all(error <= step / 2 * (1 + 1e-6))
 
 
 def test_scales_take_the_requested_dtype_and_int4_is_packed():
