@@ -31,66 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from PIL import Image
+from _bench_models import bench_processor, load_bench_model, random_images
 
-from ascend_vlm.default_model import default_model_path, load_processor, token_ids
 from ascend_vlm.reuse import ChatSession, VisionCache, disable_vision_cache, enable_vision_cache
 from ascend_vlm.reuse.vision_cache import content_key
 
 IMAGE_SIDE = 448
-
-
-def load_bench_model(folder: Path, processor):
-    """The benchmark model (see the module docstring) saved to ``folder`` and loaded back."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    reference = Qwen2VLConfig.from_pretrained(default_model_path())
-    text = reference.text_config.to_dict()
-    text.pop("layer_types", None)
-    text.update(
-        hidden_size=256,
-        intermediate_size=704,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [8, 12, 12],
-        },
-    )
-    vision = reference.vision_config.to_dict()
-    vision.update(depth=4, embed_dim=256, hidden_size=256, num_heads=4, mlp_ratio=4)
-    config = Qwen2VLConfig(
-        text_config=text,
-        vision_config=vision,
-        **token_ids(reference),
-    )
-    torch.manual_seed(0)
-    Qwen2VLForConditionalGeneration(config).save_pretrained(folder)
-    model = Qwen2VLForConditionalGeneration.from_pretrained(folder, attn_implementation="sdpa")
-    return model.eval()
-
-
-def bench_processor():
-    """The default model's processor, its images kept at 448x448."""
-    processor = load_processor(default_model_path())
-    pixels = IMAGE_SIDE * IMAGE_SIDE
-    processor.image_processor.size = {"shortest_edge": pixels, "longest_edge": pixels}
-    return processor
-
-
-def images(count: int, seed: int) -> list[Image.Image]:
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        Image.fromarray(
-            torch.randint(
-                0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), generator=generator, dtype=torch.uint8
-            ).numpy()
-        )
-        for _ in range(count)
-    ]
 
 
 def prompt_inputs(processor, conversation: list[dict], pictures: list) -> dict:
@@ -130,7 +76,7 @@ def _generate(model, inputs: dict, new_tokens: int):
 
 def bench_hash(processor, repeats: int = 50) -> float:
     """Median milliseconds of the cache key of one 448x448 image's pixels."""
-    inputs = prompt_inputs(processor, [user("x", 1)], images(1, 0))
+    inputs = prompt_inputs(processor, [user("x", 1)], random_images(1, IMAGE_SIDE, 0))
     pixels, grid = inputs["pixel_values"], tuple(inputs["image_grid_thw"][0].tolist())
     samples = []
     for _ in range(repeats):
@@ -142,7 +88,7 @@ def bench_hash(processor, repeats: int = 50) -> float:
 
 def bench_repeated_image(model, processor, rounds: int) -> dict[str, float]:
     """Time to first token of a second request showing the first request's image."""
-    picture = images(1, 1)
+    picture = random_images(1, IMAGE_SIDE, 1)
     first = prompt_inputs(processor, [user("What is in the picture?", 1)], picture)
     second = prompt_inputs(processor, [user("Which colour dominates?", 1)], picture)
     cache = VisionCache(max_bytes=256 << 20)
@@ -163,7 +109,7 @@ def bench_repeated_image(model, processor, rounds: int) -> dict[str, float]:
 def bench_second_turn(model, processor, count: int, new_tokens: int, rounds: int) -> dict:
     """Turn 2 of a chat about ``count`` images: first token and whole turn, session + cache vs
     stock generate over the whole conversation."""
-    pictures = images(count, 10 + count)
+    pictures = random_images(count, IMAGE_SIDE, 10 + count)
     first_question, second_question = "Describe the pictures.", "And what is in the corner?"
     cache = VisionCache(max_bytes=256 << 20)
     enable_vision_cache(model, cache)
@@ -208,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}: expected an int >= 1")
     torch.set_num_threads(args.threads)
-    processor = bench_processor()
+    processor = bench_processor(IMAGE_SIDE)
     report: dict = {"threads": args.threads, "repeats": args.repeats}
     report["hash_ms"] = bench_hash(processor)
     print(f"hash of one {IMAGE_SIDE}x{IMAGE_SIDE} image's pixels: {report['hash_ms']:.3f} ms")
     with tempfile.TemporaryDirectory() as folder:
-        model = load_bench_model(Path(folder), processor)
+        model = load_bench_model(Path(folder))
     repeated = bench_repeated_image(model, processor, args.repeats)
     report["repeated_image"] = repeated
     print(

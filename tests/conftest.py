@@ -1,17 +1,18 @@
 """Suite-wide pytest set-up: the mock NPU fixture/marker (ascend_vlm.testing.pytest_plugin),
-the command-line error check shared by the `python -m ascend_vlm` command tests, and the loader
+the small VLMs with processors (chat_vlms.py), the command-line error check shared by the `python -m ascend_vlm` command tests, and the loader
 of `scripts/` modules."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-pytest_plugins = ["ascend_vlm.testing.pytest_plugin"]
+pytest_plugins = ["ascend_vlm.testing.pytest_plugin", "chat_vlms"]
 
 
 @pytest.fixture
@@ -40,6 +41,11 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 @pytest.fixture(scope="session")
 def script_module() -> Callable[[str], ModuleType]:
     """``script_module(name)`` imports ``scripts/<name>.py`` (scripts are not a package)."""
+
+    # Scripts import their shared helpers (scripts/_bench_models.py) as top-level modules, as
+    # they do when run from the command line.
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
 
     def load(name: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")

@@ -12,94 +12,11 @@ import torch
 from PIL import Image
 
 from ascend_vlm.default_model import (
-    CHAT_TEMPLATE,
-    IMAGE_TOKEN,
     ImageTextProcessor,
-    default_model_path,
 )
 from ascend_vlm.reuse.chat_session import ChatSession
 
 MAX_NEW = 8
-
-
-@pytest.fixture(scope="module")
-def model_and_processor():
-    """The default model with a processor that loads on transformers 5.17 and 5.25 alike."""
-    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
-    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
-
-    path = default_model_path()
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
-    processor = ImageTextProcessor(AutoTokenizer.from_pretrained(path), image_processor)
-    model = Qwen2VLForConditionalGeneration.from_pretrained(path).eval()
-    return model, processor
-
-
-@pytest.fixture(scope="module")
-def saved_model_and_processor():
-    """The default model with its saved processor (transformers' own class)."""
-    from ascend_vlm.default_model import load_default_model
-
-    try:
-        return load_default_model()
-    except ImportError as error:  # before 5.25 the saved image processor needs torchvision
-        pytest.skip(f"the saved processor does not load here: {error}")
-
-
-@pytest.fixture(scope="module")
-def llava_and_processor():
-    """A tiny random LLaVA (CLIP tower, 16 tokens per image) with a real LlavaProcessor over the
-    default model's tokenizer, whose image token is <|image_pad|>."""
-    from transformers import (
-        AutoTokenizer,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-    )
-    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
-
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
-    image_processor = CLIPImageProcessorPil(
-        size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}
-    )
-    processor = LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=4,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        chat_template=CHAT_TEMPLATE,
-    )
-    ids = tokenizer.convert_tokens_to_ids
-    widths = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
-    config = LlavaConfig(
-        text_config={
-            "model_type": "llama",
-            **widths,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "vocab_size": len(tokenizer),
-            "max_position_embeddings": 1024,
-            "bos_token_id": ids("<|endoftext|>"),
-            "pad_token_id": ids("<|endoftext|>"),
-            "eos_token_id": ids("<|im_end|>"),
-        },
-        vision_config={
-            "model_type": "clip_vision_model",
-            **widths,
-            "num_attention_heads": 4,
-            "image_size": 16,
-            "patch_size": 4,
-            "projection_dim": 32,
-        },
-        image_token_id=ids(IMAGE_TOKEN),
-        projector_hidden_act="gelu",
-        vision_feature_select_strategy="default",
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlavaForConditionalGeneration(config).eval()
-    return model, processor
 
 
 def _image(colour: str, size: tuple[int, int]) -> Image.Image:
@@ -481,80 +398,6 @@ def test_images_changed_in_place_after_a_turn_do_not_reach_the_session(model_and
     assert session.messages[0]["content"][0]["image"].size == (112, 112)
     answer = session.ask("which colour is it", max_new_tokens=MAX_NEW)
     _assert_exact(model, processor, session, answer)
-
-
-@pytest.fixture(scope="module")
-def qwen2_5_vl_and_processor(model_and_processor):
-    """A random Qwen2.5-VL of the default model's widths, on the same processor."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    from ascend_vlm.default_model import token_ids
-
-    base, processor = model_and_processor
-    reference = base.config
-    vision = {
-        "depth": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 4,
-        "out_hidden_size": reference.text_config.hidden_size,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 56,
-        "fullatt_block_indexes": [1],
-    }
-    text = reference.text_config.to_dict()
-    config = Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config=vision,
-        **token_ids(reference),
-    )
-    torch.manual_seed(0)
-    return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
-
-
-@pytest.fixture(scope="module")
-def qwen3_vl_and_processor(model_and_processor):
-    """A random Qwen3-VL (interleaved M-RoPE, one deepstack layer) of the default model's
-    widths, with 14-pixel patches so the same processor serves it."""
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    from ascend_vlm.default_model import token_ids
-
-    base, processor = model_and_processor
-    reference = base.config
-    hidden = reference.text_config.hidden_size
-    text = {
-        "hidden_size": hidden,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": hidden // 4,
-        "intermediate_size": 2 * hidden,
-        "num_hidden_layers": 2,
-        "vocab_size": reference.text_config.vocab_size,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 1e4,
-            "mrope_section": [8, 4, 4],
-            "mrope_interleaved": True,
-        },
-    }
-    vision = {
-        "depth": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 4,
-        "out_hidden_size": hidden,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "num_position_embeddings": 64,
-        "deepstack_visual_indexes": [0],
-    }
-    config = Qwen3VLConfig(text_config=text, vision_config=vision, **token_ids(reference))
-    torch.manual_seed(0)
-    return Qwen3VLForConditionalGeneration(config).eval(), processor
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
