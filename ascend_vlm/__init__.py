@@ -3,7 +3,8 @@
 Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules :mod:`ops`,
 :mod:`runtime`, :mod:`distributed`, :mod:`kernel_backend` (which implementation the ops run),
 :mod:`pruning` (visual-token pruning and KV-cache compression at prefill),
-:mod:`quantization` and :func:`quantize` (weight-only W8/W4 linear layers), :mod:`reuse`
+:mod:`quantization` and :func:`quantize` (weight-only W8/W4 linear layers), :mod:`batching`
+(:class:`BatchGenerator`: continuous batching under budgets), :mod:`reuse`
 (:class:`ChatSession`: multi-turn chat keeping its KV cache; :class:`VisionCache`: vision
 features kept across calls and requests) and :mod:`testing` (the
 mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
@@ -12,8 +13,8 @@ Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schem
 fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-ed program or a
 compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
 :mod:`ops` (with :mod:`kernel_backend`); everything heavier (transformers through ``patch``,
-:mod:`distributed`, :mod:`pruning`, :mod:`quantization`, :mod:`reuse`, :mod:`testing`) loads on
-first access.
+:mod:`distributed`, :mod:`pruning`, :mod:`quantization`, :mod:`batching`, :mod:`reuse`,
+:mod:`testing`) loads on first access.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from ascend_vlm._version import __version__ as __version__
 
 __all__ = [
     "AclError",
+    "BatchGenerator",
     "ChatSession",
     "PatchError",
     "PatchReport",
     "VisionCache",
+    "batching",
     "distributed",
     "kernel_backend",
     "ops",
@@ -44,8 +47,17 @@ __all__ = [
     "unpatch",
 ]
 
-_LAZY_SUBMODULES = {"runtime", "distributed", "pruning", "quantization", "reuse", "testing"}
+_LAZY_SUBMODULES = {
+    "runtime",
+    "distributed",
+    "pruning",
+    "quantization",
+    "reuse",
+    "testing",
+    "batching",
+}
 _LAZY_ATTRIBUTES = {
+    "BatchGenerator": "ascend_vlm.batching",
     "patch": "ascend_vlm.patching",
     "unpatch": "ascend_vlm.patching",
     "PatchReport": "ascend_vlm.patching",
@@ -55,7 +67,8 @@ _LAZY_ATTRIBUTES = {
 }
 
 if TYPE_CHECKING:
-    from ascend_vlm import distributed, pruning, quantization, reuse, runtime, testing
+    from ascend_vlm import batching, distributed, pruning, quantization, reuse, runtime, testing
+    from ascend_vlm.batching import BatchGenerator
     from ascend_vlm.patching import PatchReport, patch, unpatch
     from ascend_vlm.quantization import quantize
     from ascend_vlm.reuse import ChatSession, VisionCache

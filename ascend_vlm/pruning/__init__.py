@@ -32,6 +32,7 @@ __all__ = [
     "SnapKVConfig",
     "disable_token_pruning",
     "enable_token_pruning",
+    "pruning_enabled",
     "pruning_stats",
 ]
 
@@ -98,6 +99,11 @@ def disable_token_pruning(model: nn.Module) -> None:
     pruner: TokenPruner | None = base_model(model).__dict__.pop(_PRUNER_KEY, None)
     if pruner is not None:
         pruner.remove()
+
+
+def pruning_enabled(model: nn.Module) -> bool:
+    """Whether token pruning is enabled on ``model``."""
+    return _PRUNER_KEY in base_model(model).__dict__
 
 
 def pruning_stats(model: nn.Module) -> PruningStats | None:

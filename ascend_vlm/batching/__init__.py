@@ -1,0 +1,25 @@
+"""Continuous batching of VLM generation under token, visual and memory budgets.
+
+``BatchGenerator(model, processor, max_batch_tokens=..., max_visual_tokens_per_step=...,
+max_kv_bytes=..., max_batch_size=...)`` takes :class:`GenerationRequest`s (``submit``), runs
+them continuously batched (``run`` yields tokens and results as they come) or all at once
+(``generate_many``, results in input order).
+"""
+
+from __future__ import annotations
+
+from ascend_vlm.batching.budgets import BatchBudgets, BudgetError, StepUsage
+from ascend_vlm.batching.generator import BatchGenerator, RequestHandle, RunStats
+from ascend_vlm.batching.request import GenerationRequest, RequestResult, TokenEvent
+
+__all__ = [
+    "BatchBudgets",
+    "BatchGenerator",
+    "BudgetError",
+    "GenerationRequest",
+    "RequestHandle",
+    "RequestResult",
+    "RunStats",
+    "StepUsage",
+    "TokenEvent",
+]

@@ -1,0 +1,90 @@
+"""What one scheduling step may spend, and what each step spent.
+
+A step admits waiting requests (each prefilled alone, its images encoded then) and runs one
+decode step for every sequence already running. Budgets per step:
+
+* ``max_batch_tokens``: tokens through the language model, prefill tokens of the admitted
+  requests plus one per running sequence;
+* ``max_visual_tokens_per_step``: image tokens encoded (the vision tower's work);
+* ``max_kv_bytes``: the KV cache the running sequences may grow to. Sequences share one cache
+  aligned on the right, so its size is (sequences) x (longest sequence); the projection takes
+  every running sequence at its longest (prompt + ``max_new_tokens``);
+* ``max_batch_size``: running sequences.
+
+A request that alone exceeds a budget can never run: it is refused when submitted, naming the
+budget and its size. Every other request runs once the batch ahead of it drains, so full
+budgets delay, never deadlock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class BudgetError(ValueError):
+    """A request that no batch could ever admit (it alone exceeds a budget)."""
+
+
+@dataclass(frozen=True)
+class BatchBudgets:
+    """Per-step limits (see the module docstring); None leaves one unbounded."""
+
+    max_batch_tokens: int | None = 4096
+    max_visual_tokens_per_step: int | None = 4096
+    max_kv_bytes: int | None = None
+    max_batch_size: int | None = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_visual_tokens_per_step", "max_kv_bytes",
+                     "max_batch_size"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"{name}: expected None or an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RequestSize:
+    """What admitting a request costs: its ``prompt_tokens`` (prefilled at once), its
+    ``visual_tokens`` (image tokens encoded) and ``longest`` (prompt + max_new_tokens)."""
+
+    prompt_tokens: int
+    visual_tokens: int
+    longest: int
+
+
+@dataclass(frozen=True)
+class StepUsage:
+    """What one step spent: ``prefill_tokens`` + ``decode_tokens`` (the batch tokens),
+    ``visual_tokens``, ``kv_bytes`` projected for the running sequences, ``batch_size``."""
+
+    prefill_tokens: int
+    decode_tokens: int
+    visual_tokens: int
+    kv_bytes: int
+    batch_size: int
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+
+def projected_kv_bytes(longest: list[int], bytes_per_token: int) -> int:
+    """KV bytes of a right-aligned cache of sequences growing to ``longest`` tokens each."""
+    return len(longest) * max(longest, default=0) * bytes_per_token
+
+
+def refusal(budgets: BatchBudgets, size: RequestSize, bytes_per_token: int) -> str | None:
+    """Why a request of ``size`` can never be admitted (None when it can)."""
+    alone_kv = projected_kv_bytes([size.longest], bytes_per_token)
+    checks = (
+        ("max_batch_tokens", size.prompt_tokens, "prompt tokens"),
+        ("max_visual_tokens_per_step", size.visual_tokens, "image tokens"),
+        ("max_kv_bytes", alone_kv, "KV bytes at its longest (prompt + max_new_tokens)"),
+    )
+    for name, need, what in checks:
+        limit = getattr(budgets, name)
+        if limit is not None and need > limit:
+            return f"{name}: the request needs {need} {what}, more than the budget of {limit}"
+    return None

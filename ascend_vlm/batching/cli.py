@@ -1,0 +1,187 @@
+"""``python -m ascend_vlm generate-batch``: answer a JSONL file of requests with continuous
+batching (:class:`~ascend_vlm.batching.BatchGenerator`) and write one JSONL result per request,
+in input order.
+
+A request line: ``{"id": "a", "prompt": "...", "images": ["cat.png"], "max_new_tokens": 32,
+"do_sample": false, "temperature": 1.0, "top_k": null, "top_p": null, "seed": 0, "stop": []}``
+(only ``prompt`` is required; image paths are relative to the JSONL file), or ``"messages"``
+in the chat format with ``{"type": "image", "image": "cat.png"}`` parts instead of
+``prompt`` / ``images``. A result line: ``id``, ``text``, ``tokens``, ``finish_reason``,
+``prompt_tokens``, ``time_to_first_token``, ``latency``, ``tokens_per_second`` (seconds from
+submission).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ascend_vlm.batching.request import GenerationRequest
+
+_SETTINGS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop")
+MIB = 1 << 20
+
+
+class RequestFileError(ValueError):
+    """A request line that cannot be read; the message names the line."""
+
+
+def _image(folder: Path, value: object, where: str) -> Any:
+    from PIL import Image
+
+    if not isinstance(value, str):
+        raise RequestFileError(f"{where}: expected an image path string, got {value!r}")
+    path = folder / value
+    if not path.is_file():
+        raise RequestFileError(f"{where}: expected an image file, got {path} (no such file)")
+    with Image.open(path) as image:
+        return image.convert("RGB")
+
+
+def _messages(folder: Path, record: dict, where: str) -> list[dict]:
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list):
+            raise RequestFileError(f"{where}: messages: expected a list, got {messages!r}")
+        loaded = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):
+                content = [
+                    {**part, "image": _image(folder, part.get("image"), where)}
+                    if isinstance(part, dict) and part.get("type") == "image"
+                    else part
+                    for part in content
+                ]
+                message = {**message, "content": content}
+            loaded.append(message)
+        return loaded
+    prompt = record.get("prompt")
+    if not isinstance(prompt, str):
+        raise RequestFileError(f'{where}: expected a "prompt" string or "messages", got {record!r}')
+    images = [_image(folder, value, where) for value in record.get("images", [])]
+    content = [{"type": "image", "image": image} for image in images]
+    return [{"role": "user", "content": [*content, {"type": "text", "text": prompt}]}]
+
+
+def read_requests(path: Path) -> list[GenerationRequest]:
+    """The requests of a JSONL file (see the module docstring). RequestFileError names the
+    line of any malformed record."""
+    requests = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise RequestFileError(f"{where}: {error}") from None
+        if not isinstance(record, dict):
+            raise RequestFileError(f"{where}: expected a JSON object, got {record!r}")
+        unknown = set(record) - {"id", "prompt", "images", "messages", *_SETTINGS}
+        if unknown:
+            raise RequestFileError(f"{where}: unknown fields {sorted(unknown)}")
+        settings = {key: record[key] for key in _SETTINGS if key in record}
+        if "stop" in settings and isinstance(settings["stop"], list):
+            settings["stop"] = tuple(settings["stop"])
+        messages = _messages(path.parent, record, where)
+        try:
+            requests.append(
+                GenerationRequest(
+                    messages=messages,
+                    request_id=str(record.get("id", f"line-{number}")),
+                    **settings,
+                )
+            )
+        except (TypeError, ValueError) as error:
+            raise RequestFileError(f"{where}: {error}") from None
+    if not requests:
+        raise RequestFileError(f"{path}: expected at least one request line, got none")
+    return requests
+
+
+def add_command(commands: Any) -> None:
+    """Register ``generate-batch`` on the ``python -m ascend_vlm`` sub-command parser."""
+    parser = commands.add_parser(
+        "generate-batch", help="answer a JSONL file of requests with continuous batching"
+    )
+    parser.add_argument("--model", required=True, help="local HF checkpoint folder")
+    parser.add_argument("--requests", required=True, type=Path, help="requests, JSONL")
+    parser.add_argument("--out", required=True, type=Path, help="results, JSONL")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out")
+    parser.add_argument("--max-batch-tokens", type=int, default=4096)
+    parser.add_argument("--max-visual-tokens", type=int, default=4096, help="per step")
+    parser.add_argument("--max-kv-mib", type=int, help="KV cache of the batch (default: none)")
+    parser.add_argument("--max-batch-size", type=int, default=16)
+    parser.add_argument("--no-patch", dest="patch", action="store_false", help="skip patch")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.set_defaults(handler=run_command, parser=parser)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``generate-batch``; argparse errors (status 2) name the bad option or line."""
+    from ascend_vlm.batching.budgets import BudgetError
+    from ascend_vlm.batching.generator import BatchGenerator
+    from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_checkpoint
+
+    parser = args.parser
+    for flag in ("max_batch_tokens", "max_visual_tokens", "max_kv_mib", "max_batch_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            parser.error(f"--{flag.replace('_', '-')}: expected an int >= 1, got {value}")
+    if args.out.exists() and not args.force:
+        parser.error(f"--out: {args.out} exists; pass --force to replace it")
+    if not args.requests.is_file():
+        parser.error(f"--requests: expected a JSONL file, got {args.requests} (no such file)")
+    try:
+        check_checkpoint(args.model, "--model")
+        requests = read_requests(args.requests)
+    except (FileNotFoundError, RequestFileError) as error:
+        parser.error(str(error))
+    model, processor = load_checkpoint(args.model, "--model")
+    if args.patch:
+        import ascend_vlm
+
+        ascend_vlm.patch(model)
+    try:
+        generator = BatchGenerator(
+            model,
+            processor,
+            max_batch_tokens=args.max_batch_tokens,
+            max_visual_tokens_per_step=args.max_visual_tokens,
+            max_kv_bytes=None if args.max_kv_mib is None else args.max_kv_mib * MIB,
+            max_batch_size=args.max_batch_size,
+        )
+        results = generator.generate_many(requests, progress=args.progress)
+    except BudgetError as error:
+        parser.error(str(error))
+    lines = [
+        json.dumps(
+            {
+                "id": result.request_id,
+                "text": result.text,
+                "tokens": list(result.tokens),
+                "finish_reason": result.finish_reason,
+                "prompt_tokens": result.prompt_tokens,
+                "time_to_first_token": result.time_to_first_token,
+                "latency": result.latency,
+                "tokens_per_second": result.tokens_per_second,
+            }
+        )
+        for result in results
+    ]
+    staging = args.out.with_name(f".{args.out.name}.partial")
+    staging.write_text("\n".join(lines) + "\n")
+    os.replace(staging, args.out)
+    stats = generator.stats()
+    used = ", ".join(f"{name} {share:.0%}" for name, share in stats.utilisation.items())
+    print(
+        f"[ascend_vlm] {stats.requests} requests, {stats.output_tokens} tokens in "
+        f"{stats.seconds:.2f} s ({stats.tokens_per_second:.1f} tokens/s), {stats.steps} steps; "
+        f"mean budget use: {used}; wrote {args.out}",
+        flush=True,
+    )
+    return 0

@@ -1,0 +1,416 @@
+"""`BatchGenerator`: continuous batching of Hugging Face VLM generation under budgets.
+
+Requests wait in arrival order. Each step (see :mod:`~ascend_vlm.batching.budgets`):
+
+1. running sequences that were cancelled leave;
+2. waiting requests are admitted, first come first served, while every budget holds for the
+   step (the first that does not fit waits, so none is overtaken for ever);
+3. one decode step runs for every sequence already running, batched: the shared cache
+   (:class:`~ascend_vlm.batching.row_cache.RowCache`) holds one right-aligned row per sequence,
+   the attention mask hides each row's left padding, and each row gets its own positions
+   (its length, plus its M-RoPE ``rope_deltas`` for Qwen-VL models);
+4. each admitted request is prefilled alone, exactly as ``generate`` prefills it (its images
+   encoded by the model's own forward, so a vision cache applies), its first token chosen, and
+   its cache joins the shared one.
+
+Sequences leave when they reach ``max_new_tokens``, the end-of-sequence token or a stop
+string; columns no sequence needs any more are trimmed. Greedy outputs equal a one-request
+``generate`` with the same settings (tested token for token); sampled ones depend only on the
+request's seed.
+
+Not supported: beams, models with token pruning enabled (their caches hold fewer positions in
+later layers than in the first), sliding-window caches, videos.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ascend_vlm._base_model import base_model
+from ascend_vlm.batching.budgets import (
+    BatchBudgets,
+    BudgetError,
+    RequestSize,
+    StepUsage,
+    projected_kv_bytes,
+    refusal,
+)
+from ascend_vlm.batching.request import GenerationRequest, RequestResult, TokenEvent
+from ascend_vlm.batching.row_cache import RowCache
+from ascend_vlm.batching.sampling import next_token, request_generator
+
+
+@dataclass
+class _Sequence:
+    """A request's state from submission to its result."""
+
+    request: GenerationRequest
+    inputs: dict[str, torch.Tensor]
+    size: RequestSize
+    submitted: float
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    first_token: float | None = None
+    rope_delta: int = 0
+    cancelled: bool = False
+    finish_reason: str | None = None
+
+
+class RequestHandle:
+    """A submitted request: its ``request_id`` and :meth:`cancel`."""
+
+    def __init__(self, sequence: _Sequence) -> None:
+        self._sequence = sequence
+        self.request_id = sequence.request.request_id
+
+    def cancel(self) -> None:
+        """Stop the request at the next step: it ends with ``finish_reason`` "cancelled" and
+        frees its batch row and budget."""
+        self._sequence.cancelled = True
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Counters since the generator was made: finished ``requests``, ``output_tokens``,
+    ``steps``, ``seconds`` spent in :meth:`BatchGenerator.run`, and the mean share of each
+    bounded budget used per step (``utilisation``, name -> fraction)."""
+
+    requests: int
+    output_tokens: int
+    steps: int
+    seconds: float
+    utilisation: dict[str, float]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds else 0.0
+
+
+class BatchGenerator:
+    """Continuous batching for ``model`` (a transformers VLM, optionally patched, PEFT-wrapped
+    or with a vision cache) with its ``processor`` (chat template and image processor).
+
+    Budgets are :class:`~ascend_vlm.batching.budgets.BatchBudgets` fields, given as keywords
+    (``max_batch_tokens``, ``max_visual_tokens_per_step``, ``max_kv_bytes``,
+    ``max_batch_size``). Not thread-safe: submit, run and cancel from one thread.
+    """
+
+    def __init__(self, model: nn.Module, processor: Any, **budgets: Any) -> None:
+        if not isinstance(model, nn.Module) or not callable(getattr(model, "generate", None)):
+            raise TypeError(
+                f"model: expected a transformers model with generate(), got {type(model).__name__}"
+            )
+        if not callable(processor) or not hasattr(processor, "apply_chat_template"):
+            raise TypeError(
+                f"processor: expected a callable processor with a chat template, got "
+                f"{type(processor).__name__}"
+            )
+        from ascend_vlm import pruning
+
+        if pruning.pruning_enabled(model):
+            raise ValueError(
+                "model: token pruning is enabled; its caches hold fewer positions in later "
+                "layers, which rows of a shared cache cannot; disable_token_pruning(model) first"
+            )
+        self.model = model
+        self.processor = processor
+        self.budgets = BatchBudgets(**budgets)
+        self._base = base_model(model)
+        config = self._base.config
+        self._image_token = getattr(config, "image_token_id", None)
+        self._rope_index = getattr(getattr(self._base, "model", None), "get_rope_index", None)
+        forward = inspect.signature(self._base.forward).parameters
+        self._cache_keyword = "cache" if "cache" in forward else "past_key_values"
+        self._keeps_last_logits = "logits_to_keep" in forward
+        eos = self._base.generation_config.eos_token_id
+        self._eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        self._kv_bytes_per_token = _kv_bytes_per_token(self._base)
+        self._device = next(self._base.parameters()).device
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._rows = RowCache()
+        self._clock = time.perf_counter()
+        self.step_usage: list[StepUsage] = []
+        self._finished = 0
+        self._output_tokens = 0
+        self._run_seconds = 0.0
+
+    # ------------------------------------------------------------------ submission
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue ``request``; its prompt is encoded now. Raises BudgetError naming the budget
+        when the request alone exceeds one, TypeError for a non-request."""
+        if not isinstance(request, GenerationRequest):
+            raise TypeError(f"request: expected a GenerationRequest, got {type(request).__name__}")
+        prompt = self.processor.apply_chat_template(
+            list(request.messages), tokenize=False, add_generation_prompt=True
+        )
+        images = request.images()
+        encoded = self.processor(text=[prompt], images=images or None, return_tensors="pt")
+        inputs = {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor)}
+        prompt_tokens = int(inputs["input_ids"].shape[1])
+        visual = 0
+        if self._image_token is not None:
+            visual = int((inputs["input_ids"] == self._image_token).sum())
+        size = RequestSize(prompt_tokens, visual, prompt_tokens + request.max_new_tokens)
+        why = refusal(self.budgets, size, self._kv_bytes_per_token)
+        if why is not None:
+            raise BudgetError(f"{why} (request {request.request_id!r})")
+        sequence = _Sequence(
+            request=request,
+            inputs=inputs,
+            size=size,
+            submitted=self._now(),
+            generator=request_generator(request),
+        )
+        self._waiting.append(sequence)
+        return RequestHandle(sequence)
+
+    # ------------------------------------------------------------------ running
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting or running."""
+        return len(self._waiting) + len(self._running)
+
+    def run(self) -> Iterator[TokenEvent | RequestResult]:
+        """Step until no request waits or runs, yielding each new token (:class:`TokenEvent`)
+        and each finished request (:class:`RequestResult`) as they happen. Requests submitted
+        meanwhile join."""
+        while self.pending:
+            start = time.perf_counter()
+            events = self._step()
+            self._run_seconds += time.perf_counter() - start
+            yield from events
+
+    def generate_many(
+        self, requests: Iterable[GenerationRequest], progress: bool = False
+    ) -> list[RequestResult]:
+        """Submit ``requests``, run them and return their results in input order
+        (``progress``: a tqdm bar of finished requests). A request refused at submission
+        raises before any of them runs, and none of them stays queued."""
+        handles: list[RequestHandle] = []
+        try:
+            for request in requests:
+                handles.append(self.submit(request))
+        except BaseException:
+            # All or nothing: the requests already queued by this call leave the queue.
+            queued = {id(handle._sequence) for handle in handles}
+            self._waiting = deque(s for s in self._waiting if id(s) not in queued)
+            raise
+        results: dict[str, RequestResult] = {}
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(handles), desc="generate", unit="request", disable=not progress) as bar:
+            for event in self.run():
+                if isinstance(event, RequestResult):
+                    results[event.request_id] = event
+                    bar.update(1)
+        return [results[handle.request_id] for handle in handles]
+
+    def stats(self) -> RunStats:
+        """The counters now."""
+        limits = {
+            "max_batch_tokens": lambda usage: usage.batch_tokens,
+            "max_visual_tokens_per_step": lambda usage: usage.visual_tokens,
+            "max_kv_bytes": lambda usage: usage.kv_bytes,
+            "max_batch_size": lambda usage: usage.batch_size,
+        }
+        utilisation = {}
+        for name, used in limits.items():
+            limit = getattr(self.budgets, name)
+            if limit is not None and self.step_usage:
+                shares = [used(usage) / limit for usage in self.step_usage]
+                utilisation[name] = sum(shares) / len(shares)
+        return RunStats(
+            requests=self._finished,
+            output_tokens=self._output_tokens,
+            steps=len(self.step_usage),
+            seconds=self._run_seconds,
+            utilisation=utilisation,
+        )
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self) -> list[TokenEvent | RequestResult]:
+        events: list[TokenEvent | RequestResult] = []
+        cancelled = [row for row, sequence in enumerate(self._running) if sequence.cancelled]
+        for row in cancelled:
+            events.append(self._finish(self._running[row], "cancelled"))
+        self._leave(cancelled)
+        admitted = self._admit(events)
+        decode_tokens = len(self._running)
+        if self._running:
+            self._decode(events)
+        prefill_tokens = sum(sequence.size.prompt_tokens for sequence in admitted)
+        visual = sum(sequence.size.visual_tokens for sequence in admitted)
+        for sequence in admitted:
+            self._prefill(sequence, events)
+        longest = [sequence.size.longest for sequence in self._running]
+        self.step_usage.append(
+            StepUsage(
+                prefill_tokens=prefill_tokens,
+                decode_tokens=decode_tokens,
+                visual_tokens=visual,
+                kv_bytes=projected_kv_bytes(longest, self._kv_bytes_per_token),
+                batch_size=len(self._running),
+            )
+        )
+        return events
+
+    def _admit(self, events: list) -> list[_Sequence]:
+        """Waiting requests that fit this step's budgets, first come first served."""
+        budgets = self.budgets
+        admitted: list[_Sequence] = []
+        tokens = len(self._running)
+        visual = 0
+        longest = [sequence.size.longest for sequence in self._running]
+        while self._waiting:
+            sequence = self._waiting[0]
+            if sequence.cancelled:
+                self._waiting.popleft()
+                events.append(self._finish(sequence, "cancelled"))
+                continue
+            size = sequence.size
+            fits = (
+                (budgets.max_batch_size is None
+                 or len(self._running) + len(admitted) < budgets.max_batch_size)
+                and (budgets.max_batch_tokens is None
+                     or tokens + size.prompt_tokens <= budgets.max_batch_tokens)
+                and (budgets.max_visual_tokens_per_step is None
+                     or visual + size.visual_tokens <= budgets.max_visual_tokens_per_step)
+                and (budgets.max_kv_bytes is None
+                     or projected_kv_bytes([*longest, size.longest], self._kv_bytes_per_token)
+                     <= budgets.max_kv_bytes)
+            )  # fmt: skip
+            if not fits:
+                break
+            self._waiting.popleft()
+            admitted.append(sequence)
+            tokens += size.prompt_tokens
+            visual += size.visual_tokens
+            longest.append(size.longest)
+        return admitted
+
+    def _prefill(self, sequence: _Sequence, events: list) -> None:
+        """Prefill ``sequence`` alone, as ``generate`` does (padding a batch of prompts to the
+        longest would cost more than the batching saves, and change the arithmetic), and add
+        it to the running batch unless it finished at its first token."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self._base.config)
+        inputs = {key: value.to(self._device) for key, value in sequence.inputs.items()}
+        extra = {"logits_to_keep": 1} if self._keeps_last_logits else {}
+        with torch.no_grad():
+            output = self.model(**inputs, **{self._cache_keyword: cache}, use_cache=True, **extra)
+        if self._rope_index is not None:
+            sequence.rope_delta = self._prompt_rope_delta(inputs)
+        sequence.first_token = self._now()
+        if self._take(sequence, output.logits[0, -1], events):
+            return
+        self._rows.add(cache, [sequence.size.prompt_tokens])
+        self._running.append(sequence)
+
+    def _prompt_rope_delta(self, inputs: dict[str, torch.Tensor]) -> int:
+        """``rope_deltas`` of a prompt: its decode positions run ``length + delta``."""
+        keywords = {
+            name: inputs[name]
+            for name in ("mm_token_type_ids", "image_grid_thw", "attention_mask")
+            if name in inputs
+        }
+        _, deltas = self._rope_index(inputs["input_ids"], **keywords)
+        return int(deltas.reshape(-1)[0])
+
+    def _decode(self, events: list) -> None:
+        rows = self._rows
+        last = torch.tensor([[sequence.tokens[-1]] for sequence in self._running])
+        lengths = torch.tensor(rows.lengths)
+        if self._rope_index is not None:
+            deltas = torch.tensor([sequence.rope_delta for sequence in self._running])
+            positions = (lengths + deltas)[None, :, None].expand(3, -1, -1)
+        else:
+            positions = lengths[:, None]
+        width = rows.width
+        with torch.no_grad():
+            output = self.model(
+                input_ids=last.to(self._device),
+                attention_mask=rows.attention_mask(extra=1).to(self._device),
+                position_ids=positions.to(self._device),
+                cache_position=torch.tensor([width], device=self._device),
+                use_cache=True,
+                **{self._cache_keyword: rows.cache},
+            )
+        rows.grow()
+        done = [
+            row
+            for row, sequence in enumerate(self._running)
+            if self._take(sequence, output.logits[row, -1], events)
+        ]
+        self._leave(done)
+
+    def _take(self, sequence: _Sequence, logits: torch.Tensor, events: list) -> bool:
+        """Choose and record the sequence's next token; True when the sequence finished (its
+        result is in ``events``)."""
+        token = next_token(logits, sequence.request, sequence.generator)
+        sequence.tokens.append(token)
+        text = self.processor.tokenizer.decode(sequence.tokens, skip_special_tokens=True)
+        stops = [text.find(stop) for stop in sequence.request.stop if stop in text]
+        added = text[len(sequence.text) :] if text.startswith(sequence.text) else text
+        events.append(TokenEvent(sequence.request.request_id, token, added))
+        sequence.text = text
+        reason = None
+        if stops:
+            sequence.text = text[: min(stops)]
+            reason = "stop"
+        elif token in self._eos:
+            reason = "eos"
+        elif len(sequence.tokens) >= sequence.request.max_new_tokens:
+            reason = "length"
+        if reason is None:
+            return False
+        events.append(self._finish(sequence, reason))
+        return True
+
+    def _leave(self, rows: list[int]) -> None:
+        if not rows:
+            return
+        self._rows.remove(rows)
+        leaving = set(rows)
+        self._running = [s for row, s in enumerate(self._running) if row not in leaving]
+
+    def _finish(self, sequence: _Sequence, reason: str) -> RequestResult:
+        self._finished += 1
+        self._output_tokens += len(sequence.tokens)
+        return RequestResult(
+            request_id=sequence.request.request_id,
+            tokens=tuple(sequence.tokens),
+            text=sequence.text,
+            finish_reason=reason,
+            prompt_tokens=sequence.size.prompt_tokens,
+            submitted=sequence.submitted,
+            first_token=sequence.first_token,
+            finished=self._now(),
+        )
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._clock
+
+
+def _kv_bytes_per_token(model: nn.Module) -> int:
+    """Bytes of keys and values one token adds to the cache, over every decoder layer."""
+    config = model.config
+    text = getattr(config, "text_config", None) or config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    element = next(model.parameters()).element_size()
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * element
