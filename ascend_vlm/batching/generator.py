@@ -18,8 +18,13 @@ string; columns no sequence needs any more are trimmed. Greedy outputs equal a o
 ``generate`` with the same settings (tested token for token); sampled ones depend only on the
 request's seed.
 
-Not supported: beams, models with token pruning enabled (their caches hold fewer positions in
-later layers than in the first), sliding-window caches, videos.
+Token pruning (:mod:`ascend_vlm.pruning`): a pruned prompt's cache holds fewer positions in the
+layers past the pruning layer than before it, so it cannot be a row of the shared cache; with
+pruning enabled every sequence keeps its own cache and decodes in its own forward (the pruner
+re-indexes each one's mask as in ``generate``), and its KV bytes are counted from its pruned
+cache once prefilled (before that, at the unpruned size).
+
+Not supported: beams, sliding-window caches, videos.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class _Sequence:
     rope_delta: int = 0
     cancelled: bool = False
     finish_reason: str | None = None
+    # Its own cache and the KV bytes it will reach, when sequences cannot share one (pruning).
+    cache: Any = None
+    kv_bytes: int = 0
 
 
 class RequestHandle:
@@ -116,12 +124,8 @@ class BatchGenerator:
             )
         from ascend_vlm import pruning
 
-        if pruning.pruning_enabled(model):
-            raise ValueError(
-                "model: token pruning is enabled; its caches hold fewer positions in later "
-                "layers, which rows of a shared cache cannot; disable_token_pruning(model) first"
-            )
         self.model = model
+        self._own_caches = pruning.pruning_enabled(model)
         self.processor = processor
         self.budgets = BatchBudgets(**budgets)
         self._base = base_model(model)
@@ -171,6 +175,7 @@ class BatchGenerator:
             size=size,
             submitted=self._now(),
             generator=request_generator(request),
+            kv_bytes=size.longest * self._kv_bytes_per_token,
         )
         self._waiting.append(sequence)
         return RequestHandle(sequence)
@@ -255,13 +260,12 @@ class BatchGenerator:
         visual = sum(sequence.size.visual_tokens for sequence in admitted)
         for sequence in admitted:
             self._prefill(sequence, events)
-        longest = [sequence.size.longest for sequence in self._running]
         self.step_usage.append(
             StepUsage(
                 prefill_tokens=prefill_tokens,
                 decode_tokens=decode_tokens,
                 visual_tokens=visual,
-                kv_bytes=projected_kv_bytes(longest, self._kv_bytes_per_token),
+                kv_bytes=self._projected_kv(self._running),
                 batch_size=len(self._running),
             )
         )
@@ -273,7 +277,6 @@ class BatchGenerator:
         admitted: list[_Sequence] = []
         tokens = len(self._running)
         visual = 0
-        longest = [sequence.size.longest for sequence in self._running]
         while self._waiting:
             sequence = self._waiting[0]
             if sequence.cancelled:
@@ -289,7 +292,7 @@ class BatchGenerator:
                 and (budgets.max_visual_tokens_per_step is None
                      or visual + size.visual_tokens <= budgets.max_visual_tokens_per_step)
                 and (budgets.max_kv_bytes is None
-                     or projected_kv_bytes([*longest, size.longest], self._kv_bytes_per_token)
+                     or self._projected_kv([*self._running, *admitted, sequence])
                      <= budgets.max_kv_bytes)
             )  # fmt: skip
             if not fits:
@@ -298,8 +301,15 @@ class BatchGenerator:
             admitted.append(sequence)
             tokens += size.prompt_tokens
             visual += size.visual_tokens
-            longest.append(size.longest)
         return admitted
+
+    def _projected_kv(self, sequences: list[_Sequence]) -> int:
+        """KV bytes ``sequences`` reach at their longest: of the shared right-aligned cache, or
+        the sum of their own caches'."""
+        if self._own_caches:
+            return sum(sequence.kv_bytes for sequence in sequences)
+        longest = [sequence.size.longest for sequence in sequences]
+        return projected_kv_bytes(longest, self._kv_bytes_per_token)
 
     def _prefill(self, sequence: _Sequence, events: list) -> None:
         """Prefill ``sequence`` alone, as ``generate`` does (padding a batch of prompts to the
@@ -317,7 +327,13 @@ class BatchGenerator:
         sequence.first_token = self._now()
         if self._take(sequence, output.logits[0, -1], events):
             return
-        self._rows.add(cache, [sequence.size.prompt_tokens])
+        if self._own_caches:
+            sequence.cache = cache
+            held = sum(t.numel() * t.element_size() for t in _cached_tensors(cache))
+            remaining = sequence.request.max_new_tokens - 1
+            sequence.kv_bytes = held + remaining * self._kv_bytes_per_token
+        else:
+            self._rows.add(cache, [sequence.size.prompt_tokens])
         self._running.append(sequence)
 
     def _prompt_rope_delta(self, inputs: dict[str, torch.Tensor]) -> int:
@@ -331,6 +347,9 @@ class BatchGenerator:
         return int(deltas.reshape(-1)[0])
 
     def _decode(self, events: list) -> None:
+        if self._own_caches:
+            self._decode_each(events)
+            return
         rows = self._rows
         last = torch.tensor([[sequence.tokens[-1]] for sequence in self._running])
         lengths = torch.tensor(rows.lengths)
@@ -355,6 +374,28 @@ class BatchGenerator:
             for row, sequence in enumerate(self._running)
             if self._take(sequence, output.logits[row, -1], events)
         ]
+        self._leave(done)
+
+    def _decode_each(self, events: list) -> None:
+        """One decode step of every running sequence in its own cache (see the module
+        docstring)."""
+        done = []
+        for row, sequence in enumerate(self._running):
+            length = sequence.size.prompt_tokens + len(sequence.tokens) - 1
+            position = torch.tensor([[length + sequence.rope_delta]])
+            if self._rope_index is not None:
+                position = position[None].expand(3, -1, -1)
+            with torch.no_grad():
+                output = self.model(
+                    input_ids=torch.tensor([[sequence.tokens[-1]]], device=self._device),
+                    attention_mask=torch.ones(1, length + 1, dtype=torch.long, device=self._device),
+                    position_ids=position.to(self._device),
+                    cache_position=torch.tensor([length], device=self._device),
+                    use_cache=True,
+                    **{self._cache_keyword: sequence.cache},
+                )
+            if self._take(sequence, output.logits[0, -1], events):
+                done.append(row)
         self._leave(done)
 
     def _take(self, sequence: _Sequence, logits: torch.Tensor, events: list) -> bool:
@@ -383,7 +424,8 @@ class BatchGenerator:
     def _leave(self, rows: list[int]) -> None:
         if not rows:
             return
-        self._rows.remove(rows)
+        if not self._own_caches:
+            self._rows.remove(rows)
         leaving = set(rows)
         self._running = [s for row, s in enumerate(self._running) if row not in leaving]
 
@@ -403,6 +445,10 @@ class BatchGenerator:
 
     def _now(self) -> float:
         return time.perf_counter() - self._clock
+
+
+def _cached_tensors(cache: Any) -> list[torch.Tensor]:
+    return [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
 
 
 def _kv_bytes_per_token(model: nn.Module) -> int:
