@@ -23,6 +23,13 @@ from ascend_vlm.batching.request import GenerationRequest
 
 _SETTINGS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop")
 MIB = 1 << 20
+# The flag that sets each budget (errors name the flag the user typed).
+BUDGET_FLAGS = {
+    "max_batch_tokens": "--max-batch-tokens",
+    "max_visual_tokens_per_step": "--max-visual-tokens",
+    "max_kv_bytes": "--max-kv-mib",
+    "max_batch_size": "--max-batch-size",
+}
 
 
 class RequestFileError(ValueError):
@@ -157,7 +164,8 @@ def run_command(args: argparse.Namespace) -> int:
         )
         results = generator.generate_many(requests, progress=args.progress)
     except BudgetError as error:
-        parser.error(str(error))
+        budget, _, why = str(error).partition(": ")
+        parser.error(f"{BUDGET_FLAGS.get(budget, budget)}: {why}")
     lines = [
         json.dumps(
             {

@@ -50,7 +50,7 @@ from ascend_vlm.batching.budgets import (
 )
 from ascend_vlm.batching.request import GenerationRequest, RequestResult, TokenEvent
 from ascend_vlm.batching.row_cache import RowCache
-from ascend_vlm.batching.sampling import next_token, request_generator
+from ascend_vlm.batching.sampling import generation_rules, next_token, request_generator
 
 
 @dataclass
@@ -64,8 +64,10 @@ class _Sequence:
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)
     text: str = ""
+    admitted: float | None = None
     first_token: float | None = None
     rope_delta: int = 0
+    emitted: int = 0  # characters of text already streamed
     cancelled: bool = False
     finish_reason: str | None = None
     # Its own cache and the KV bytes it will reach, when sequences cannot share one (pruning).
@@ -89,7 +91,8 @@ class RequestHandle:
 @dataclass(frozen=True)
 class RunStats:
     """Counters since the generator was made: finished ``requests``, ``output_tokens``,
-    ``steps``, ``seconds`` spent in :meth:`BatchGenerator.run`, and the mean share of each
+    ``steps``, ``seconds`` spent in :meth:`BatchGenerator.submit` (encoding prompts and images)
+    and :meth:`BatchGenerator.run`, and the mean share of each
     bounded budget used per step (``utilisation``, name -> fraction)."""
 
     requests: int
@@ -135,18 +138,23 @@ class BatchGenerator:
         forward = inspect.signature(self._base.forward).parameters
         self._cache_keyword = "cache" if "cache" in forward else "past_key_values"
         self._keeps_last_logits = "logits_to_keep" in forward
-        eos = self._base.generation_config.eos_token_id
+        generation_config = self._base.generation_config
+        eos = generation_config.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        self._rules = generation_rules(generation_config, sorted(self._eos))
         self._kv_bytes_per_token = _kv_bytes_per_token(self._base)
         self._device = next(self._base.parameters()).device
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._rows = RowCache()
         self._clock = time.perf_counter()
+        # Events made by a step and not yet yielded (run() may be left between two).
+        self._events: deque[TokenEvent | RequestResult] = deque()
         self.step_usage: list[StepUsage] = []
         self._finished = 0
         self._output_tokens = 0
         self._run_seconds = 0.0
+        self._submit_seconds = 0.0
 
     # ------------------------------------------------------------------ submission
 
@@ -155,6 +163,12 @@ class BatchGenerator:
         when the request alone exceeds one, TypeError for a non-request."""
         if not isinstance(request, GenerationRequest):
             raise TypeError(f"request: expected a GenerationRequest, got {type(request).__name__}")
+        if any(s.request.request_id == request.request_id for s in self._pending_sequences()):
+            raise ValueError(
+                f"request: request_id {request.request_id!r} is already waiting or running; "
+                "give each pending request its own id"
+            )
+        start = time.perf_counter()
         prompt = self.processor.apply_chat_template(
             list(request.messages), tokenize=False, add_generation_prompt=True
         )
@@ -178,7 +192,11 @@ class BatchGenerator:
             kv_bytes=size.longest * self._kv_bytes_per_token,
         )
         self._waiting.append(sequence)
+        self._submit_seconds += time.perf_counter() - start
         return RequestHandle(sequence)
+
+    def _pending_sequences(self) -> list[_Sequence]:
+        return [*self._waiting, *self._running]
 
     # ------------------------------------------------------------------ running
 
@@ -191,18 +209,28 @@ class BatchGenerator:
         """Step until no request waits or runs, yielding each new token (:class:`TokenEvent`)
         and each finished request (:class:`RequestResult`) as they happen. Requests submitted
         meanwhile join."""
-        while self.pending:
-            start = time.perf_counter()
-            events = self._step()
-            self._run_seconds += time.perf_counter() - start
-            yield from events
+        while self.pending or self._events:
+            if not self._events:
+                self._check_cache_mode()
+                start = time.perf_counter()
+                try:
+                    self._step()
+                finally:
+                    self._run_seconds += time.perf_counter() - start
+            yield self._events.popleft()
 
     def generate_many(
         self, requests: Iterable[GenerationRequest], progress: bool = False
     ) -> list[RequestResult]:
         """Submit ``requests``, run them and return their results in input order
         (``progress``: a tqdm bar of finished requests). A request refused at submission
-        raises before any of them runs, and none of them stays queued."""
+        raises before any of them runs, and none of them stays queued; RuntimeError while
+        requests submitted earlier are pending (their results would be someone else's)."""
+        if self.pending or self._events:
+            raise RuntimeError(
+                f"generate_many: {self.pending} requests submitted earlier are still pending; "
+                "collect them with run() first"
+            )
         handles: list[RequestHandle] = []
         try:
             for request in requests:
@@ -240,14 +268,23 @@ class BatchGenerator:
             requests=self._finished,
             output_tokens=self._output_tokens,
             steps=len(self.step_usage),
-            seconds=self._run_seconds,
+            seconds=self._run_seconds + self._submit_seconds,
             utilisation=utilisation,
         )
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self) -> list[TokenEvent | RequestResult]:
-        events: list[TokenEvent | RequestResult] = []
+    def _check_cache_mode(self) -> None:
+        from ascend_vlm import pruning
+
+        if pruning.pruning_enabled(self.model) != self._own_caches:
+            raise ValueError(
+                "model: token pruning was enabled or disabled after this BatchGenerator was "
+                "made; its running sequences' caches follow the old setting: make a new one"
+            )
+
+    def _step(self) -> None:
+        events = self._events
         cancelled = [row for row, sequence in enumerate(self._running) if sequence.cancelled]
         for row in cancelled:
             events.append(self._finish(self._running[row], "cancelled"))
@@ -255,11 +292,25 @@ class BatchGenerator:
         admitted = self._admit(events)
         decode_tokens = len(self._running)
         if self._running:
-            self._decode(events)
+            try:
+                self._decode(events)
+            except BaseException:
+                # The shared cache may hold part of the step: the running sequences end here.
+                for sequence in self._running:
+                    events.append(self._finish(sequence, "error"))
+                self._running, self._rows = [], RowCache()
+                raise
         prefill_tokens = sum(sequence.size.prompt_tokens for sequence in admitted)
         visual = sum(sequence.size.visual_tokens for sequence in admitted)
-        for sequence in admitted:
-            self._prefill(sequence, events)
+        for index, sequence in enumerate(admitted):
+            try:
+                self._prefill(sequence, events)
+            except BaseException:
+                # Not started: they wait again, first in line, for the next run().
+                for waiting in reversed(admitted[index:]):
+                    waiting.tokens, waiting.text, waiting.emitted = [], "", 0
+                    self._waiting.appendleft(waiting)
+                raise
         self.step_usage.append(
             StepUsage(
                 prefill_tokens=prefill_tokens,
@@ -269,9 +320,8 @@ class BatchGenerator:
                 batch_size=len(self._running),
             )
         )
-        return events
 
-    def _admit(self, events: list) -> list[_Sequence]:
+    def _admit(self, events: Any) -> list[_Sequence]:
         """Waiting requests that fit this step's budgets, first come first served."""
         budgets = self.budgets
         admitted: list[_Sequence] = []
@@ -311,7 +361,7 @@ class BatchGenerator:
         longest = [sequence.size.longest for sequence in sequences]
         return projected_kv_bytes(longest, self._kv_bytes_per_token)
 
-    def _prefill(self, sequence: _Sequence, events: list) -> None:
+    def _prefill(self, sequence: _Sequence, events: Any) -> None:
         """Prefill ``sequence`` alone, as ``generate`` does (padding a batch of prompts to the
         longest would cost more than the batching saves, and change the arithmetic), and add
         it to the running batch unless it finished at its first token."""
@@ -320,6 +370,7 @@ class BatchGenerator:
         cache = DynamicCache(config=self._base.config)
         inputs = {key: value.to(self._device) for key, value in sequence.inputs.items()}
         extra = {"logits_to_keep": 1} if self._keeps_last_logits else {}
+        sequence.admitted = self._now()
         with torch.no_grad():
             output = self.model(**inputs, **{self._cache_keyword: cache}, use_cache=True, **extra)
         if self._rope_index is not None:
@@ -346,7 +397,7 @@ class BatchGenerator:
         _, deltas = self._rope_index(inputs["input_ids"], **keywords)
         return int(deltas.reshape(-1)[0])
 
-    def _decode(self, events: list) -> None:
+    def _decode(self, events: Any) -> None:
         if self._own_caches:
             self._decode_each(events)
             return
@@ -376,7 +427,7 @@ class BatchGenerator:
         ]
         self._leave(done)
 
-    def _decode_each(self, events: list) -> None:
+    def _decode_each(self, events: Any) -> None:
         """One decode step of every running sequence in its own cache (see the module
         docstring)."""
         done = []
@@ -398,24 +449,35 @@ class BatchGenerator:
                 done.append(row)
         self._leave(done)
 
-    def _take(self, sequence: _Sequence, logits: torch.Tensor, events: list) -> bool:
+    def _take(self, sequence: _Sequence, logits: torch.Tensor, events: Any) -> bool:
         """Choose and record the sequence's next token; True when the sequence finished (its
-        result is in ``events``)."""
+        result is in ``events``). The model's generation-config processors (repetition
+        penalty, minimum length) see the prompt and the tokens so far, as in ``generate``."""
+        logits = self._rules.apply(sequence.inputs["input_ids"][0], sequence.tokens, logits)
         token = next_token(logits, sequence.request, sequence.generator)
         sequence.tokens.append(token)
         text = self.processor.tokenizer.decode(sequence.tokens, skip_special_tokens=True)
         stops = [text.find(stop) for stop in sequence.request.stop if stop in text]
-        added = text[len(sequence.text) :] if text.startswith(sequence.text) else text
-        events.append(TokenEvent(sequence.request.request_id, token, added))
-        sequence.text = text
         reason = None
         if stops:
-            sequence.text = text[: min(stops)]
-            reason = "stop"
+            text, reason = text[: min(stops)], "stop"
         elif token in self._eos:
             reason = "eos"
         elif len(sequence.tokens) >= sequence.request.max_new_tokens:
             reason = "length"
+        sequence.text = text
+        if reason is None:
+            # Hold back an unfinished character (a multi-token one decodes to U+FFFD until its
+            # last token) and what could still become a stop string.
+            ready = len(text.rstrip("\ufffd"))
+            ready -= max((len(stop) - 1 for stop in sequence.request.stop), default=0)
+            ready = max(ready, sequence.emitted)
+        else:
+            ready = len(text)
+        events.append(
+            TokenEvent(sequence.request.request_id, token, text[sequence.emitted : ready])
+        )
+        sequence.emitted = ready
         if reason is None:
             return False
         events.append(self._finish(sequence, reason))
@@ -439,6 +501,7 @@ class BatchGenerator:
             finish_reason=reason,
             prompt_tokens=sequence.size.prompt_tokens,
             submitted=sequence.submitted,
+            admitted=sequence.admitted,
             first_token=sequence.first_token,
             finished=self._now(),
         )
@@ -458,5 +521,5 @@ def _kv_bytes_per_token(model: nn.Module) -> int:
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    element = next(model.parameters()).element_size()
+    element = model.get_input_embeddings().weight.element_size()  # the language model's dtype
     return 2 * text.num_hidden_layers * kv_heads * head_dim * element

@@ -49,8 +49,8 @@ class GenerationRequest:
              "a number > 0"),
             ("top_k", self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 1),
              "None or an int >= 1"),
-            ("top_p", self.top_p is None or (isinstance(self.top_p, float) and 0 < self.top_p <= 1),
-             "None or a float in (0, 1]"),
+            ("top_p", self.top_p is None or (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1),
+             "None or a number in (0, 1]"),
             ("seed", isinstance(self.seed, int), "an int"),
             ("stop", not isinstance(self.stop, str) and all(isinstance(s, str) and s for s in self.stop),
              "a sequence of non-empty strings"),
@@ -75,8 +75,10 @@ class GenerationRequest:
 @dataclass(frozen=True)
 class RequestResult:
     """A finished request: its ``tokens`` and ``text``, why it ended (``finish_reason``:
-    "length", "eos", "stop" or "cancelled"), the prompt length and times in seconds since the
-    generator started: ``submitted``, ``first_token`` (None if none came) and ``finished``."""
+    "length", "eos", "stop", "cancelled" or "error" (the step it was running in raised)), the
+    prompt length and times in seconds since the generator started: ``submitted``,
+    ``admitted`` (its prefill began; None if it never did), ``first_token`` (None if none
+    came) and ``finished``."""
 
     request_id: str
     tokens: tuple[int, ...]
@@ -84,8 +86,14 @@ class RequestResult:
     finish_reason: str
     prompt_tokens: int
     submitted: float
+    admitted: float | None
     first_token: float | None
     finished: float
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds waiting for admission (None if never admitted)."""
+        return None if self.admitted is None else self.admitted - self.submitted
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -153,8 +153,45 @@ def test_stop_strings_end_the_text_and_tokens_stream_it(model_and_processor):
     (result,) = [e for e in events if isinstance(e, RequestResult)]
     assert result.finish_reason == "stop" and result.text == full.text[: full.text.find(stop)]
     streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
-    assert streamed.startswith(result.text) and stop in streamed
+    assert streamed == result.text  # the stop string itself is never streamed
     assert list(result.tokens) == list(full.tokens[: len(result.tokens)])
+
+
+def test_streamed_text_never_splits_a_character(model_and_processor):
+    model, processor = model_and_processor
+    tokenizer = processor.tokenizer
+    word = "héllo 你好世界 🙂"
+    tokens = tokenizer(word, add_special_tokens=False)["input_ids"]
+    generator = BatchGenerator(model, processor)
+    sequence = generator.submit(GenerationRequest.from_prompt("x", max_new_tokens=len(tokens)))
+    sequence = sequence._sequence
+    events = []
+    for token in tokens:
+        logits = torch.full((len(tokenizer),), -1e9)
+        logits[token] = 0.0
+        generator._take(sequence, logits, events)
+    pieces = [e.text for e in events if isinstance(e, TokenEvent)]
+    assert "".join(pieces) == word and not any("\ufffd" in piece for piece in pieces)
+
+
+def test_generation_config_rules_apply_as_in_generate(model_and_processor):
+    base, processor = model_and_processor
+    model = copy.deepcopy(base)
+    model.generation_config.repetition_penalty = 1.3
+    model.generation_config.min_new_tokens = 5
+    first = _generate_alone(base, processor, _mixed_requests()[0])
+    model.generation_config.eos_token_id = [first[0], first[1]]  # would end at token 1 or 2
+    requests = _mixed_requests()
+    results = BatchGenerator(model, processor, max_batch_size=3).generate_many(requests)
+    for result, query in zip(results, requests, strict=True):
+        assert list(result.tokens) == _generate_alone(model, processor, query), query.request_id
+    assert any(r.finish_reason == "eos" for r in results)
+    assert all(
+        len(r.tokens) >= min(5, q.max_new_tokens) for r, q in zip(results, requests, strict=True)
+    )
+    model.generation_config.no_repeat_ngram_size = 3
+    with pytest.raises(ValueError, match=r"^model: generation_config.no_repeat_ngram_size=3 is"):
+        BatchGenerator(model, processor)
 
 
 def _random_workload(rng: random.Random, count: int) -> list[GenerationRequest]:
@@ -268,12 +305,41 @@ def test_cancelling_frees_the_row_and_leaves_the_others_exact(model_and_processo
         assert list(results[handle.request_id].tokens) == _generate_alone(model, processor, query)
 
 
+def test_events_survive_leaving_run_and_ids_stay_unique(model_and_processor):
+    model, processor = model_and_processor
+    generator = BatchGenerator(model, processor)
+    requests = _mixed_requests()[:3]
+    for query in requests:
+        generator.submit(query)
+    with pytest.raises(ValueError, match=r"^request: request_id 'request-\d+' is already"):
+        generator.submit(requests[0])
+    with pytest.raises(RuntimeError, match=r"^generate_many: 3 requests submitted earlier"):
+        generator.generate_many([GenerationRequest.from_prompt("later")])
+    first = next(iter(generator.run()))  # leave run() after one event
+    rest = list(generator.run())
+    results = [e for e in [first, *rest] if isinstance(e, RequestResult)]
+    assert sorted(r.request_id for r in results) == sorted(q.request_id for q in requests)
+    assert generator.pending == 0
+
+
+def test_toggling_pruning_under_a_generator_is_refused(model_and_processor):
+    from ascend_vlm import pruning
+
+    base, processor = model_and_processor
+    model = copy.deepcopy(base)
+    generator = BatchGenerator(model, processor)
+    generator.submit(GenerationRequest.from_prompt("hello", max_new_tokens=3))
+    pruning.enable_token_pruning(model, pruning.PruneConfig(method="fastv", layer=1, keep=0.5))
+    with pytest.raises(ValueError, match=r"^model: token pruning was enabled or disabled after"):
+        list(generator.run())
+
+
 def test_results_carry_timings_and_the_run_its_counters(model_and_processor):
     model, processor = model_and_processor
     generator = BatchGenerator(model, processor, max_batch_size=2)
     results = generator.generate_many(_mixed_requests()[:3])
     for result in results:
-        assert 0 <= result.time_to_first_token <= result.latency
+        assert 0 <= result.queue_time <= result.time_to_first_token <= result.latency
         assert result.tokens_per_second is None or result.tokens_per_second > 0
     stats = generator.stats()
     assert stats.requests == 3 and stats.output_tokens == sum(len(r.tokens) for r in results)

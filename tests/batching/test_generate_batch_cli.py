@@ -103,6 +103,6 @@ def test_a_request_over_a_budget_is_a_usage_error_naming_it(tmp_path, capsys):
         main(["generate-batch", *argv])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.splitlines()[-1]
-    assert error.startswith(EVAL_ERROR + "max_batch_tokens: the request needs"), error
+    assert error.startswith(EVAL_ERROR + "--max-batch-tokens: the request needs"), error
     assert error.endswith("more than the budget of 5 (request 'text')")
     assert not (tmp_path / "o").exists()
