@@ -15,6 +15,7 @@ def bench(script_module):
 def test_the_three_methods_are_measured_and_continuous_answers_are_exact(bench, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--requests", "6", "--batch-size", "3", "--max-new", "6", "--layers", "1"]
+    argv += ["--repeats", "2"]
     assert bench.main([*argv, "--threads", "1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [row["method"] for row in report["rows"]] == [
