@@ -43,7 +43,7 @@ import torch
 import ascend_vlm
 from ascend_vlm import pruning
 from ascend_vlm.evaluation.memory import peak_tensor_bytes
-from ascend_vlm.evaluation.report import difference_cells
+from ascend_vlm.evaluation.report import accuracy_cells
 
 TEXT_TOKENS = 32
 TOKENS_PER_IMAGE_MAX = 1024  # larger prompts take several images (ViT attention is per image)
@@ -306,12 +306,7 @@ def _accuracy_table(rows: list, samples: int) -> str:
         f"| method | keep | accuracy ({samples} samples) | vs unpruned, 95% paired CI | McNemar p |",
         "|---|---|---|---|---|",
     ]
-    for row in rows:
-        if row["method"] == "unpruned":
-            lines.append(f"| unpruned | 1 | {row['accuracy']:.3f} | | |")
-            continue
-        cells = difference_cells(row["difference"], row["interval"], row["mcnemar_p"])
-        lines.append(f"| {row['method']} | {row['keep']:g} | {row['accuracy']:.3f} | {cells} |")
+    lines += [f"| {row['method']} | {row['keep']:g} | {accuracy_cells(row)} |" for row in rows]
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 import ascend_vlm
-from ascend_vlm.evaluation.report import difference_cells
+from ascend_vlm.evaluation.report import accuracy_cells
 from ascend_vlm.quantization import quantize
 
 SCHEMES = {
@@ -211,12 +211,7 @@ def _accuracy_table(rows: list[dict], samples: int) -> str:
         f"| scheme | accuracy ({samples} samples) | vs fp32, 95% paired CI | McNemar p |",
         "|---|---|---|---|",
     ]
-    for row in rows:
-        if row["scheme"] == "fp32":
-            lines.append(f"| fp32 | {row['accuracy']:.3f} | | |")
-            continue
-        cells = difference_cells(row["difference"], row["interval"], row["mcnemar_p"])
-        lines.append(f"| {row['scheme']} | {row['accuracy']:.3f} | {cells} |")
+    lines += [f"| {row['scheme']} | {accuracy_cells(row)} |" for row in rows]
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from ascend_vlm._compat import tensor_version
 from ascend_vlm.kernel_backend import use_npu_kernels
+from ascend_vlm.ops import npu_int4_kernel_takes, prepack_int4_for_npu, weight_quant_matmul
 from ascend_vlm.quantization.quantized_weight import QuantizedWeight, group_count, storage_of
 from ascend_vlm.quantization.rtn import check_scheme
 
@@ -110,8 +111,6 @@ class QuantLinear(nn.Linear):
         return self.quantized_weight().dequantize(dtype or self.scale.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from ascend_vlm.ops import weight_quant_matmul
-
         return weight_quant_matmul(
             x, self._kernel_weight(x), self.scale, self.offset, self.bias, self.group_size
         )
@@ -121,8 +120,6 @@ class QuantLinear(nn.Linear):
         (made once, cached)."""
         if self.bits == 8 or not use_npu_kernels(x):
             return self.qweight
-        from ascend_vlm.ops import npu_int4_kernel_takes, prepack_int4_for_npu
-
         if not npu_int4_kernel_takes(x, self.out_features):
             return self.qweight
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ascend_vlm.ops import dequantize_weight
 from ascend_vlm.ops.int4_layout import unpack_int4
 from ascend_vlm.ops.weight_quant_matmul import GROUP_SIZE_MAX, GROUP_SIZE_STEP
 
@@ -62,8 +63,6 @@ class QuantizedWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``W`` as ``(N, K)``, computed in ``dtype`` by the math above
         (:func:`ascend_vlm.ops.dequantize_weight`)."""
-        from ascend_vlm.ops import dequantize_weight
-
         return dequantize_weight(
             self.qweight, self.scale, self.offset, self.group_size, self.in_features, dtype
         )

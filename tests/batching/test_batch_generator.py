@@ -228,9 +228,9 @@ def test_random_workloads_never_exceed_a_budget(model_and_processor, seed):
     }  # fmt: skip
     generator = BatchGenerator(model, processor, **budgets)
     results = generator.generate_many(requests)
-    assert [len(r.tokens) for r in results] == [q.max_new_tokens for q in requests] or all(
-        r.finish_reason in ("length", "eos") for r in results
-    )
+    for result, query in zip(results, requests, strict=True):
+        assert result.finish_reason in ("length", "eos")
+        assert len(result.tokens) == query.max_new_tokens or result.finish_reason == "eos"
     for usage in generator.step_usage:
         assert usage.batch_tokens <= budgets["max_batch_tokens"]
         assert usage.visual_tokens <= budgets["max_visual_tokens_per_step"]

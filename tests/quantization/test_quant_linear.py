@@ -55,14 +55,14 @@ def test_casting_the_module_casts_scales_and_bias_not_integers():
 
 
 def test_int4_weights_are_converted_for_the_npu_kernel_once(mock_npu, monkeypatch):
-    import ascend_vlm.ops as ops
+    import ascend_vlm.quantization.quant_linear as quant_linear
 
     layer, quantized = _layer(4, 128, symmetric=False, seed=1)
     layer = layer.to(torch.float16)
     calls = []
-    prepack = ops.prepack_int4_for_npu
+    prepack = quant_linear.prepack_int4_for_npu
     monkeypatch.setattr(
-        ops, "prepack_int4_for_npu", lambda *args: calls.append(1) or prepack(*args)
+        quant_linear, "prepack_int4_for_npu", lambda *args: calls.append(1) or prepack(*args)
     )
     x = torch.randn(4, 200, dtype=torch.float16)
     first = layer(x)
