@@ -97,6 +97,7 @@ setup(
     ],
     extras_require={
         "npu": ["torch-npu"],
+        "plots": ["matplotlib>=3.7"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
     },
     zip_safe=False,

@@ -4,7 +4,8 @@ Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules
 :mod:`runtime`, :mod:`distributed`, :mod:`kernel_backend` (which implementation the ops run),
 :mod:`pruning` (visual-token pruning and KV-cache compression at prefill),
 :mod:`quantization` and :func:`quantize` (weight-only W8/W4 linear layers), :mod:`batching`
-(:class:`BatchGenerator`: continuous batching under budgets), :mod:`reuse`
+(:class:`BatchGenerator`: continuous batching under budgets), :mod:`observability` and
+:func:`trace` (stage timelines, attention maps, anomalous-token reports), :mod:`reuse`
 (:class:`ChatSession`: multi-turn chat keeping its KV cache; :class:`VisionCache`: vision
 features kept across calls and requests) and :mod:`testing` (the
 mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
@@ -13,8 +14,8 @@ Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schem
 fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-ed program or a
 compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
 :mod:`ops` (with :mod:`kernel_backend`); everything heavier (transformers through ``patch``,
-:mod:`distributed`, :mod:`pruning`, :mod:`quantization`, :mod:`batching`, :mod:`reuse`,
-:mod:`testing`) loads on first access.
+:mod:`distributed`, :mod:`pruning`, :mod:`quantization`, :mod:`batching`,
+:mod:`observability`, :mod:`reuse`, :mod:`testing`) loads on first access.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "batching",
     "distributed",
     "kernel_backend",
+    "observability",
     "ops",
     "patch",
     "pruning",
@@ -44,6 +46,7 @@ __all__ = [
     "reuse",
     "runtime",
     "testing",
+    "trace",
     "unpatch",
 ]
 
@@ -55,6 +58,7 @@ _LAZY_SUBMODULES = {
     "reuse",
     "testing",
     "batching",
+    "observability",
 }
 _LAZY_ATTRIBUTES = {
     "BatchGenerator": "ascend_vlm.batching",
@@ -64,11 +68,22 @@ _LAZY_ATTRIBUTES = {
     "quantize": "ascend_vlm.quantization",
     "ChatSession": "ascend_vlm.reuse",
     "VisionCache": "ascend_vlm.reuse",
+    "trace": "ascend_vlm.observability",
 }
 
 if TYPE_CHECKING:
-    from ascend_vlm import batching, distributed, pruning, quantization, reuse, runtime, testing
+    from ascend_vlm import (
+        batching,
+        distributed,
+        observability,
+        pruning,
+        quantization,
+        reuse,
+        runtime,
+        testing,
+    )
     from ascend_vlm.batching import BatchGenerator
+    from ascend_vlm.observability import trace
     from ascend_vlm.patching import PatchReport, patch, unpatch
     from ascend_vlm.quantization import quantize
     from ascend_vlm.reuse import ChatSession, VisionCache

@@ -33,7 +33,7 @@ import inspect
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -51,6 +51,7 @@ from ascend_vlm.batching.budgets import (
 from ascend_vlm.batching.request import GenerationRequest, RequestResult, TokenEvent
 from ascend_vlm.batching.row_cache import RowCache
 from ascend_vlm.batching.sampling import generation_rules, next_token, request_generator
+from ascend_vlm.observability import events as trace_events
 
 
 @dataclass
@@ -311,15 +312,16 @@ class BatchGenerator:
                     waiting.tokens, waiting.text, waiting.emitted = [], "", 0
                     self._waiting.appendleft(waiting)
                 raise
-        self.step_usage.append(
-            StepUsage(
-                prefill_tokens=prefill_tokens,
-                decode_tokens=decode_tokens,
-                visual_tokens=visual,
-                kv_bytes=self._projected_kv(self._running),
-                batch_size=len(self._running),
-            )
+        usage = StepUsage(
+            prefill_tokens=prefill_tokens,
+            decode_tokens=decode_tokens,
+            visual_tokens=visual,
+            kv_bytes=self._projected_kv(self._running),
+            batch_size=len(self._running),
         )
+        self.step_usage.append(usage)
+        if trace_events.listening():
+            trace_events.emit("batching_step", self._base, **asdict(usage))
 
     def _admit(self, events: Any) -> list[_Sequence]:
         """Waiting requests that fit this step's budgets, first come first served."""
@@ -371,6 +373,7 @@ class BatchGenerator:
         inputs = {key: value.to(self._device) for key, value in sequence.inputs.items()}
         extra = {"logits_to_keep": 1} if self._keeps_last_logits else {}
         sequence.admitted = self._now()
+        trace_events.emit("batching_admit", self._base, request_id=sequence.request.request_id)
         with torch.no_grad():
             output = self.model(**inputs, **{self._cache_keyword: cache}, use_cache=True, **extra)
         if self._rope_index is not None:
@@ -494,6 +497,9 @@ class BatchGenerator:
     def _finish(self, sequence: _Sequence, reason: str) -> RequestResult:
         self._finished += 1
         self._output_tokens += len(sequence.tokens)
+        trace_events.emit(
+            "batching_finish", self._base, request_id=sequence.request.request_id, reason=reason
+        )
         return RequestResult(
             request_id=sequence.request.request_id,
             tokens=tuple(sequence.tokens),

@@ -10,6 +10,8 @@ from __future__ import annotations
 VISION_MARKERS = ("visual", "vision_tower", "vision_model", "vision_encoder")
 PROJECTOR_MARKERS = ("merger", "multi_modal_projector", "connector", "mm_projector")
 OUTPUT_HEADS = ("lm_head",)
+# Attributes of a multimodal model that hold its language model (decoder layers and all).
+LANGUAGE_MODEL_ATTRIBUTES = ("language_model", "text_model")
 PARTS = ("language", "vision", "projector", "lm_head")
 
 

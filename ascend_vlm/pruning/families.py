@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from ascend_vlm.models.parts import LANGUAGE_MODEL_ATTRIBUTES
+
 # Decoder-only language models behind a vision tower whose prompt attends causally.
 SUPPORTED_MODEL_TYPES = (
     "idefics3",
@@ -24,7 +26,6 @@ REFUSED_MODEL_TYPES = {
     "paligemma": "its image and prefix tokens attend bidirectionally",
 }
 _VISUAL_TOKEN_ATTRIBUTES = ("image_token_id", "image_token_index", "video_token_id")
-_LANGUAGE_MODEL_ATTRIBUTES = ("language_model", "text_model")
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class PruningTarget:
 
 
 def _language_model(multimodal: nn.Module) -> nn.Module | None:
-    for name in _LANGUAGE_MODEL_ATTRIBUTES:
+    for name in LANGUAGE_MODEL_ATTRIBUTES:
         module = getattr(multimodal, name, None)
         if isinstance(getattr(module, "layers", None), nn.ModuleList):
             return module
@@ -69,7 +70,7 @@ def pruning_target(base: nn.Module) -> PruningTarget:
     language = _language_model(multimodal) if isinstance(multimodal, nn.Module) else None
     if language is None:
         raise ValueError(
-            f"model: expected {type(base).__name__}.model.{{{'|'.join(_LANGUAGE_MODEL_ATTRIBUTES)}}}"
+            f"model: expected {type(base).__name__}.model.{{{'|'.join(LANGUAGE_MODEL_ATTRIBUTES)}}}"
             f".layers (the language model's decoder layers), not found"
         )
     ids = tuple(

@@ -11,15 +11,13 @@ tokens carry their original rotary angles, and generated tokens continue from th
 length, exactly as without pruning.
 
 Scores that need attention (FastV, SnapKV) come from the attention call itself: for the prefill
-only, the scored layer's attention module reads a private config copy naming
-``SCORED_ATTENTION``, a wrapper that runs the module's own implementation (sdpa, eager, ours)
-and computes the few probability rows it needs with ``ops.attention_probabilities``.
+only, the scored layer's attention module is tapped (:mod:`ascend_vlm.attention_tap`) and the
+tap computes the few probability rows it needs with ``ops.attention_probabilities``.
 """
 
 from __future__ import annotations
 
 import contextvars
-import copy
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,13 +28,12 @@ from torch import nn
 from ascend_vlm import ops
 from ascend_vlm._compat import (
     ATTENTION_NAME,
-    attention_function,
     cache_argument,
     cache_layer_kind,
-    register_attention_function,
     replace_cached_states,
-    set_attention_implementation,
 )
+from ascend_vlm.attention_tap import tap_attention, untap_attention
+from ascend_vlm.observability import events
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig, kept_count
 from ascend_vlm.pruning.families import PruningTarget
 from ascend_vlm.pruning.layer_view import (
@@ -57,10 +54,6 @@ from ascend_vlm.pruning.selection import (
 )
 from ascend_vlm.pruning.stats import PruningStats, prefill_stats
 
-SCORED_ATTENTION = "ascend_vlm_scored"
-# The scored config copy carries the implementation it wraps and the config it replaced.
-_INNER_ATTENTION = "_ascend_vlm_inner_attention"
-_INNER_CONFIG = "_ascend_vlm_inner_config"
 # Implementations whose masks the layer views re-index (4-D bool / additive float, or None).
 MASKED_ATTENTION = ("eager", "sdpa", ATTENTION_NAME)
 _ACTIVE: contextvars.ContextVar[_Forward | None] = contextvars.ContextVar(
@@ -77,22 +70,17 @@ def recorded_views(cache: Any) -> dict[int, LayerView] | None:
     return _CACHE_VIEWS.get(cache)
 
 
-def scored_attention(
+def _take_scores(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
-    value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Attention-interface function of the scored layers: the module's own implementation (named
-    on its config copy), plus the probability rows the active prefill asked this layer for."""
-    inner = attention_function(module, module.config.__dict__[_INNER_ATTENTION])
-    result = inner(module, query, key, value, attention_mask, **kwargs)
+    scaling: float | None,
+) -> None:
+    """Tap of the scored layers: the probability rows the active prefill asks them for."""
     forward = _ACTIVE.get()
     if forward is not None:
-        forward.take_scores(module.layer_idx, query, key, attention_mask, kwargs.get("scaling"))
-    return result
+        forward.take_scores(module.layer_idx, query, key, attention_mask, scaling)
 
 
 def _hidden_states(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -188,7 +176,6 @@ class TokenPruner:
     # ------------------------------------------------------------------ installation
 
     def install(self, base: nn.Module) -> None:
-        register_attention_function(SCORED_ATTENTION, scored_attention)
         multimodal = self.target.multimodal
         self.handles.append(base.register_forward_pre_hook(self._refuse_labels, with_kwargs=True))
         self.handles.append(multimodal.register_forward_pre_hook(self._begin, with_kwargs=True))
@@ -209,7 +196,7 @@ class TokenPruner:
             handle.remove()
         self.handles.clear()
         for layer in self.target.layers:
-            _restore_config(layer.self_attn)
+            untap_attention(layer.self_attn)
         active = _ACTIVE.get()
         if active is not None and active.pruner is self:
             _ACTIVE.set(active.previous)
@@ -234,7 +221,7 @@ class TokenPruner:
         if previous is not None and previous.pruner is self:
             # a forward of this model cannot run inside itself: that one was interrupted
             for attention in previous.swapped.values():
-                _restore_config(attention)
+                untap_attention(attention)
             previous = previous.previous
         cache = cache_argument(kwargs)
         forward = _Forward(self, cache, previous)
@@ -317,7 +304,17 @@ class TokenPruner:
                 views[index] = view
         if forward.cache is not None and views:
             _CACHE_VIEWS[forward.cache] = views
-        self.last_stats = prefill_stats(self.target.layers, prefill, views, self.token_layer)
+        stats = prefill_stats(self.target.layers, prefill, views, self.token_layer)
+        self.last_stats = stats
+        if events.listening():
+            events.emit(
+                "pruning",
+                self.target.multimodal,
+                visual_tokens=list(stats.visual_tokens),
+                kept_visual_tokens=list(stats.kept_visual_tokens),
+                kv_ratio=stats.kv_ratio,
+                flops_ratio=stats.flops_ratio,
+            )
 
     # ------------------------------------------------------------------ the decoder layers
 
@@ -373,7 +370,7 @@ class TokenPruner:
                 return
             attention = forward.swapped.pop(index, None)
             if attention is not None:
-                _restore_config(attention)
+                untap_attention(attention)
             prefill = forward.prefill
             if prefill is not None and index in prefill.windows and output is not None:
                 self._compress(forward, index)
@@ -381,14 +378,8 @@ class TokenPruner:
         return hook
 
     def _score_layer(self, forward: _Forward, index: int, layer: nn.Module) -> None:
-        attention = layer.self_attn
-        config = attention.config.__dict__.get(_INNER_CONFIG, attention.config)
-        scored = copy.copy(config)
-        set_attention_implementation(scored, SCORED_ATTENTION)
-        scored.__dict__[_INNER_ATTENTION] = config._attn_implementation
-        scored.__dict__[_INNER_CONFIG] = config
-        attention.__dict__["config"] = scored
-        forward.swapped[index] = attention
+        tap_attention(layer.self_attn, _take_scores)
+        forward.swapped[index] = layer.self_attn
 
     def _cut(self, forward: _Forward, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """At the first pruned layer: choose the kept positions, cut the hidden states."""
@@ -485,10 +476,3 @@ class TokenPruner:
         keys = cached.keys[:, :, :slots].gather(2, gather)
         values = cached.values[:, :, :slots].gather(2, gather)
         replace_cached_states(forward.cache, index, keys, values)
-
-
-def _restore_config(attention: nn.Module) -> None:
-    """Give ``attention`` back the config a scored copy replaced (no-op when not swapped)."""
-    inner = attention.config.__dict__.get(_INNER_CONFIG)
-    if inner is not None:
-        attention.__dict__["config"] = inner

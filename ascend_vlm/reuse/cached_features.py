@@ -36,6 +36,7 @@ from torch import nn
 
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import tensor_version
+from ascend_vlm.observability import events
 from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
 
 _CACHE_STATE_KEY = "_ascend_vlm_vision_cache"
@@ -183,6 +184,7 @@ def _cached_method(
         # Host-tier hits copy back while the misses are encoded; they are waited for below.
         values = cache.lookup(owner_number, fingerprint, keys, wait=False)
         missing = [index for index, value in enumerate(values) if value is None]
+        events.emit("vision_cache", owner, hits=len(values) - len(missing), misses=len(missing))
         if missing:
             pixels = torch.cat([items[index][0] for index in missing])
             grids = () if grid is None else (grid[missing],)

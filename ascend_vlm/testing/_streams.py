@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 
 def _native_runtime() -> Any | None:
     """``ascend_vlm.runtime`` if it exposes native Stream and Event, else None."""
@@ -40,6 +42,8 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
     live_streams: weakref.WeakSet = weakref.WeakSet()  # what synchronize() waits for
 
     def _device_index(device: Any) -> int:
+        if isinstance(device, torch.device):
+            device = str(device)
         if isinstance(device, str):
             kind, _, index = device.partition(":")
             if kind != "npu" or (index and not index.isdigit()):

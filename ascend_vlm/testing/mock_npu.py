@@ -5,7 +5,7 @@
 ``npu_weight_quant_batchmatmul``, ``npu_convert_weight_to_int4pack`` and an ``npu`` submodule)
 and sets ``torch.npu`` to that submodule (``is_available``, ``device_count``, ``current_device``,
 ``set_device``, ``synchronize``, ``Stream``, ``Event``, ``current_stream``, ``stream``,
-``get_device_name``, which reports an Atlas A2 SoC, :data:`MOCK_SOC_NAME`), and selects the
+``mstx`` (profiler ranges), ``get_device_name``, which reports an Atlas A2 SoC, :data:`MOCK_SOC_NAME`), and selects the
 ``"mock"`` kernel backend (:mod:`ascend_vlm.kernel_backend`).
 ``uninstall_mock_npu()`` restores exactly what was there before, the backend selection included.
 
@@ -682,6 +682,38 @@ def get_device_name(device: Any = None) -> str:
     return MOCK_SOC_NAME
 
 
+MSTX_MAX_MESSAGE_BYTES = 255
+
+
+def _make_mstx(npu: types.ModuleType) -> types.ModuleType:
+    """Stand-in for ``torch_npu.npu.mstx``'s range API: ``range_start(msg, stream=None) -> int``
+    (a non-zero range id; ``stream`` None marks the host only, else a ``torch.npu`` stream)
+    and ``range_end(range_id)``. Strict where the docs are: ``msg`` a string of at most 255
+    bytes, ``range_id`` one that ``range_start`` returned and not yet ended. ``ranges`` lists
+    ``(msg, stream, ended)`` per started range, for tests."""
+    mstx = types.ModuleType("torch_npu.npu.mstx", "mock mstx ranges")
+    mstx.ranges = []
+
+    def range_start(msg: str, stream: Any = None) -> int:
+        if not isinstance(msg, str) or len(msg.encode()) > MSTX_MAX_MESSAGE_BYTES:
+            raise _bad("msg", f"a string of at most {MSTX_MAX_MESSAGE_BYTES} bytes", msg)
+        if stream is not None and not isinstance(stream, npu.Stream):
+            raise _bad("stream", "None or a torch.npu.Stream", stream)
+        mstx.ranges.append([msg, stream, False])
+        return len(mstx.ranges)
+
+    def range_end(range_id: int) -> None:
+        if not isinstance(range_id, int) or not 1 <= range_id <= len(mstx.ranges):
+            raise _bad("range_id", "an id range_start returned", range_id)
+        if mstx.ranges[range_id - 1][2]:
+            raise _bad("range_id", "a range not yet ended", range_id)
+        mstx.ranges[range_id - 1][2] = True
+
+    mstx.range_start = range_start
+    mstx.range_end = range_end
+    return mstx
+
+
 # --- install / uninstall --------------------------------------------------------------------
 
 _ABSENT = object()
@@ -708,6 +740,7 @@ def _build_modules(device_count: int) -> tuple[types.ModuleType, types.ModuleTyp
     for name, value in make_stream_api(device_count).items():
         setattr(npu, name, value)
     npu.get_device_name = get_device_name
+    npu.mstx = _make_mstx(npu)
     mock.npu = npu
     return mock, npu
 

@@ -11,9 +11,10 @@ from _pruning_models import greedy, tiny_model
 
 import ascend_vlm
 from ascend_vlm import pruning
+from ascend_vlm.attention_tap import TAPPED_ATTENTION
 from ascend_vlm.models import tiny
 from ascend_vlm.pruning import PruneConfig, SnapKVConfig
-from ascend_vlm.pruning.pruner import SCORED_ATTENTION, recorded_views
+from ascend_vlm.pruning.pruner import recorded_views
 
 
 def _layers(model):
@@ -227,7 +228,7 @@ def test_attention_implementations_without_4d_masks_are_refused(pruned):
     refused = r"^attn_implementation: .* got 'flex_attention'"
     with torch.no_grad(), pytest.raises(ValueError, match=refused):
         model(**inputs)
-    assert SCORED_ATTENTION not in str(_layers(model)[1].self_attn.config._attn_implementation)
+    assert TAPPED_ATTENTION not in str(_layers(model)[1].self_attn.config._attn_implementation)
 
 
 def test_stats_count_flops_and_bytes_layer_by_layer(pruned):

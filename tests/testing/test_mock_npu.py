@@ -503,6 +503,26 @@ def test_device_name_is_an_atlas_a2_soc() -> None:
         assert torch.npu.get_device_name(0) == "Ascend910B1"
 
 
+def test_mstx_ranges_follow_the_documented_contract() -> None:
+    with mock_npu() as torch_npu:
+        mstx = torch_npu.npu.mstx
+        stream = torch.npu.current_stream()
+        first = mstx.range_start("stage", stream)
+        second = mstx.range_start("host only")
+        assert first != 0 and second not in (0, first)
+        mstx.range_end(second)
+        mstx.range_end(first)
+        assert mstx.ranges == [["stage", stream, True], ["host only", None, True]]
+        with _raises(ValueError, "range_id: expected a range not yet ended"):
+            mstx.range_end(first)
+        with _raises(ValueError, "range_id: expected an id range_start returned"):
+            mstx.range_end(99)
+        with _raises(ValueError, "msg: expected a string of at most 255 bytes"):
+            mstx.range_start("x" * 256)
+        with _raises(ValueError, "stream: expected None or a torch.npu.Stream"):
+            mstx.range_start("stage", stream=3)
+
+
 # --- install / uninstall ----------------------------------------------------------------------
 
 
