@@ -6,8 +6,8 @@ One concern per module:
 * :mod:`~ascend_vlm.evaluation.checkpoints`: which checkpoint ``--model`` names, and loading it;
 * :mod:`~ascend_vlm.evaluation.options`: the registration point of feature options (flags that
   transform the model), with :mod:`~ascend_vlm.evaluation.features` holding the registrations;
-* :mod:`~ascend_vlm.evaluation.stages`: per-stage latency of one generation (shared with
-  ``python -m ascend_vlm demo``); :mod:`~ascend_vlm.evaluation.memory`: peak host memory;
+* :mod:`~ascend_vlm.evaluation.stages`: per-stage latency of one generation, from
+  :func:`ascend_vlm.trace`; :mod:`~ascend_vlm.evaluation.memory`: peak host memory;
 * :mod:`~ascend_vlm.evaluation.runner`: batched greedy answering;
 * :mod:`~ascend_vlm.evaluation.metrics` and :mod:`~ascend_vlm.evaluation.statistics`: right or
   wrong per sample, intervals and the paired test;

@@ -3,7 +3,7 @@ two configurations.
 
 Report layout (``FORMAT``)::
 
-    {"format": "ascend_vlm.eval/1",
+    {"format": "ascend_vlm.eval/2",
      "dataset": {"name": "shapes_vqa" | "jsonl", ..., "samples": N},
      "settings": {"batch_size": B, "max_new_tokens": T},
      "configurations": [
@@ -42,7 +42,9 @@ from ascend_vlm.evaluation.metrics import METRICS, score
 from ascend_vlm.evaluation.runner import RunResult
 from ascend_vlm.evaluation.statistics import latency_summary, paired_accuracies, wilson_interval
 
-FORMAT = "ascend_vlm.eval/1"
+# /2: latency from ascend_vlm.trace; "vision_encode" holds the projector and "prefill" no longer
+# holds the vision stages (in /1 it did).
+FORMAT = "ascend_vlm.eval/2"
 
 
 # (first right, second right) -> the cell of the paired 2x2 table.
@@ -200,7 +202,7 @@ def _configuration_lines(entry: dict[str, Any]) -> list[str]:
     ]
     stages = (
         ("vision encode", "vision_encode"),
-        ("prefill (incl. vision)", "prefill"),
+        ("prefill (language)", "prefill"),
         ("decode per token", "decode_per_token"),
     )
     for name, key in stages:

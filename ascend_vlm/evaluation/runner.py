@@ -13,7 +13,6 @@ from ascend_vlm.evaluation.memory import PeakRSS
 from ascend_vlm.evaluation.stages import (
     StageTimes,
     generate_with_stage_times,
-    vision_encode_seconds,
 )
 
 
@@ -61,8 +60,8 @@ def generate_answers(
 
     Prompts are the processor's chat template over the question and image (as the fine-tune
     script trains), left-padded so every answer starts right after its prompt. Before the first
-    batch is timed, its vision encode and a one-token generation run once untimed (first-call
-    set-up is not latency). A tqdm bar on stderr counts samples unless ``progress`` is False.
+    batch is timed, a two-token generation of it (a prefill and a decode step) runs once
+    untimed (first-call set-up is not latency). A tqdm bar on stderr counts samples unless ``progress`` is False.
     """
     from tqdm import tqdm
 
@@ -86,8 +85,13 @@ def generate_answers(
             samples = [dataset[index] for index in indices]
             inputs = _batch_inputs(processor, samples, device)
             if start == 0:
-                vision_encode_seconds(model, inputs)
-                model.generate(**inputs, max_new_tokens=1, do_sample=False, pad_token_id=pad_id)
+                model.generate(
+                    **inputs,
+                    max_new_tokens=2,
+                    min_new_tokens=2,
+                    do_sample=False,
+                    pad_token_id=pad_id,
+                )
             output, times = generate_with_stage_times(
                 model, inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id
             )

@@ -36,6 +36,8 @@ LLAVA_IMAGE_MARKER = "<image>"
 # Keys of a processor's output that run along the token axis and are padded per sample; all
 # other tensor keys (pixel values, grids) are concatenated along dim 0.
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+# What the sequence keys besides input_ids hold at tokens appended after a prompt (an answer).
+APPENDED_TOKEN_VALUES = {"attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
 
 
 @dataclass(frozen=True)
@@ -224,13 +226,24 @@ def encode_sample(processor: Any, sample: VQASample, with_answer: bool = True) -
         )["input_ids"],
         dtype=prompt_ids.dtype,
     )
-    encoded["input_ids"] = torch.cat([prompt_ids, answer_ids])
+    encoded = with_appended_tokens(encoded, answer_ids)
     encoded["labels"] = torch.cat([torch.full_like(prompt_ids, IGNORE_INDEX), answer_ids])
-    fill = {"attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
-    for key, value in fill.items():
-        if key in encoded:
-            encoded[key] = torch.cat([encoded[key], torch.full_like(answer_ids, value)])
     return encoded
+
+
+def with_appended_tokens(encoded: Any, token_ids: torch.Tensor) -> dict[str, Any]:
+    """A copy of ``encoded`` (a processor's output for one prompt, sequence keys along the
+    last axis: ``[S]`` or ``[1, S]``) with ``token_ids`` (same leading shape, ``[T]`` or
+    ``[1, T]``) appended to ``input_ids`` and the other sequence keys extended by
+    :data:`APPENDED_TOKEN_VALUES`; other keys (pixels, grids) as they are."""
+    extended = dict(encoded)
+    prompt_ids = encoded["input_ids"]
+    extended["input_ids"] = torch.cat([prompt_ids, token_ids.to(prompt_ids)], dim=-1)
+    for key, value in APPENDED_TOKEN_VALUES.items():
+        if key in encoded:
+            tail = torch.full(token_ids.shape, value, dtype=encoded[key].dtype)
+            extended[key] = torch.cat([encoded[key], tail.to(encoded[key].device)], dim=-1)
+    return extended
 
 
 def collate(

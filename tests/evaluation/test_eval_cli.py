@@ -68,7 +68,7 @@ def _check_cell(cell, outcomes):
 def test_json_report_has_every_field(single_run, tiny_model_path):
     _, report = single_run
     assert set(report) == {"format", "dataset", "settings", "configurations", "comparison"}
-    assert report["format"] == "ascend_vlm.eval/1"
+    assert report["format"] == "ascend_vlm.eval/2"
     assert report["dataset"] == {
         "name": "shapes_vqa",
         "split": "eval",
@@ -165,7 +165,7 @@ def test_text_report_lists_types_stages_and_memory(single_run, tiny_model_path):
     assert f"{overall['accuracy']:.3f}  [{overall['ci95'][0]:.3f}, " in table[-1]
     stages = lines[start + 17 : start + 21]
     assert stages[0].startswith("stage                   mean ms    p95 ms  (per batch, over 3)")
-    names = ["vision encode", "prefill (incl. vision)", "decode per token"]
+    names = ["vision encode", "prefill (language)", "decode per token"]
     for name, row in zip(names, stages[1:], strict=True):
         assert re.fullmatch(rf"{re.escape(name)} +\d+\.\d\d +\d+\.\d\d", row), row
     assert re.fullmatch(r"peak memory  \+\d+\.\d MiB  \(host RSS peak .*\)", lines[start + 21])

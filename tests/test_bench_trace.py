@@ -1,0 +1,34 @@
+"""scripts/bench_trace.py end to end on a 1-layer model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bench(script_module):
+    return script_module("bench_trace")
+
+
+def test_both_workloads_are_measured_on_off_and_off_again(bench, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["--rounds", "1", "--calls", "1", "--new-tokens", "2", "--layers", "1"]
+    assert bench.main([*argv, "--threads", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["workload"] for row in rows] == [
+        "forward (prompt with 1 image)",
+        "generate 2 tokens",
+    ]
+    for row in rows:
+        assert row["off_ms"] > 0 and row["on_ms"] > 0 and row["off_again_ms"] > 0
+        assert row["on_over_off"] == pytest.approx(row["on_ms"] / row["off_ms"])
+    assert "| generate 2 tokens |" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_refused(bench, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--rounds", "0"])
+    assert exit_info.value.code == 2
+    assert "--rounds: expected an int >= 1" in capsys.readouterr().err
