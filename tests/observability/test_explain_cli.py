@@ -41,7 +41,10 @@ def _stock_answer(image_file, question, max_new_tokens):
     return processor.decode(new, skip_special_tokens=True), len(new)
 
 
-def test_explain_writes_overlays_trace_and_report(image_file, tmp_path, capsys):
+def test_explain_writes_overlays_trace_and_report(
+    saved_model_and_processor, image_file, tmp_path, capsys
+):
+    # saved_model_and_processor: skips where the checkpoint's saved processor does not load
     out = tmp_path / "explained"
     argv = ["explain", "--model", str(default_model_path()), "--image", str(image_file)]
     argv += ["--question", "What colour is the square?", "--out", str(out)]
@@ -90,7 +93,9 @@ def test_bad_options_are_named(command_error, image_file, tmp_path, extra, messa
     assert message in command_error(argv)
 
 
-def test_layers_beyond_the_model_are_named_after_loading(image_file, tmp_path, capsys):
+def test_layers_beyond_the_model_are_named_after_loading(
+    saved_model_and_processor, image_file, tmp_path, capsys
+):
     argv = ["explain", "--model", str(default_model_path()), "--image", str(image_file)]
     argv += ["--question", "q", "--out", str(tmp_path / "out"), "--layers", "5"]
     with pytest.raises(SystemExit) as exit_info:

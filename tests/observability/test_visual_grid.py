@@ -49,8 +49,8 @@ def _one_hot(cells: ImageCells, k: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def qwen(saved_model_and_processor):
-    model, processor = saved_model_and_processor
+def qwen(model_and_processor):
+    model, processor = model_and_processor
     return model.config, processor
 
 
@@ -348,10 +348,10 @@ def test_llava_bottom_right_batch_padding_moves_nothing():
     assert (tall.boxes[5::6, 0] == tall.boxes[5::6, 2]).all()
 
 
-def test_llava_cells_count_the_image_tokens_of_input_ids(saved_model_and_processor):
+def test_llava_cells_count_the_image_tokens_of_input_ids(model_and_processor):
     from transformers import LlavaProcessor
 
-    tokenizer = saved_model_and_processor[1].tokenizer
+    tokenizer = model_and_processor[1].tokenizer
     image_processor = _clip_processor()
     processor = LlavaProcessor(
         image_processor=image_processor,
