@@ -5,7 +5,8 @@ Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules
 :mod:`pruning` (visual-token pruning and KV-cache compression at prefill),
 :mod:`quantization` and :func:`quantize` (weight-only W8/W4 linear layers), :mod:`batching`
 (:class:`BatchGenerator`: continuous batching under budgets), :mod:`observability` and
-:func:`trace` (stage timelines, attention maps, anomalous-token reports), :mod:`reuse`
+:func:`trace` (stage timelines, attention maps, anomalous-token reports), :mod:`adapters`
+and :class:`AdapterSet` (many LoRA adapters over one base, new visual tokens), :mod:`reuse`
 (:class:`ChatSession`: multi-turn chat keeping its KV cache; :class:`VisionCache`: vision
 features kept across calls and requests) and :mod:`testing` (the
 mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
@@ -15,7 +16,7 @@ fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-
 compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
 :mod:`ops` (with :mod:`kernel_backend`); everything heavier (transformers through ``patch``,
 :mod:`distributed`, :mod:`pruning`, :mod:`quantization`, :mod:`batching`,
-:mod:`observability`, :mod:`reuse`, :mod:`testing`) loads on first access.
+:mod:`observability`, :mod:`adapters`, :mod:`reuse`, :mod:`testing`) loads on first access.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ from ascend_vlm._version import __version__ as __version__
 
 __all__ = [
     "AclError",
+    "AdapterSet",
     "BatchGenerator",
     "ChatSession",
     "PatchError",
     "PatchReport",
     "VisionCache",
+    "adapters",
     "batching",
     "distributed",
     "kernel_backend",
@@ -59,8 +62,10 @@ _LAZY_SUBMODULES = {
     "testing",
     "batching",
     "observability",
+    "adapters",
 }
 _LAZY_ATTRIBUTES = {
+    "AdapterSet": "ascend_vlm.adapters",
     "BatchGenerator": "ascend_vlm.batching",
     "patch": "ascend_vlm.patching",
     "unpatch": "ascend_vlm.patching",
@@ -73,6 +78,7 @@ _LAZY_ATTRIBUTES = {
 
 if TYPE_CHECKING:
     from ascend_vlm import (
+        adapters,
         batching,
         distributed,
         observability,
@@ -82,6 +88,7 @@ if TYPE_CHECKING:
         runtime,
         testing,
     )
+    from ascend_vlm.adapters import AdapterSet
     from ascend_vlm.batching import BatchGenerator
     from ascend_vlm.observability import trace
     from ascend_vlm.patching import PatchReport, patch, unpatch
