@@ -12,7 +12,20 @@ def bench(script_module):
     return script_module("bench_trace")
 
 
-def test_both_workloads_are_measured_on_off_and_off_again(bench, tmp_path, capsys):
+def test_both_workloads_are_measured_on_off_and_off_again(bench, tmp_path, capsys, monkeypatch):
+    import contextlib
+
+    from ascend_vlm.observability import trace
+
+    timelines = []
+
+    @contextlib.contextmanager
+    def recording_trace(model):
+        with trace(model) as timeline:
+            yield timeline
+        timelines.append(timeline)
+
+    monkeypatch.setattr(bench.ascend_vlm, "trace", recording_trace)
     out = tmp_path / "bench.json"
     argv = ["--rounds", "1", "--calls", "1", "--new-tokens", "2", "--layers", "1"]
     assert bench.main([*argv, "--threads", "1", "--json", str(out)]) == 0
@@ -25,6 +38,9 @@ def test_both_workloads_are_measured_on_off_and_off_again(bench, tmp_path, capsy
         assert row["off_ms"] > 0 and row["on_ms"] > 0 and row["off_again_ms"] > 0
         assert row["on_over_off"] == pytest.approx(row["on_ms"] / row["off_ms"])
     assert "| generate 2 tokens |" in capsys.readouterr().out
+    # "on" really traced: one timed call per workload (1 round x 1 call), each a full request
+    assert [[r.kind for r in t.requests] for t in timelines] == [["forward"], ["generate"]]
+    assert [len(t.spans) for t in timelines] == [3, 4]  # vision, projector, prefill (+ decode 1)
 
 
 def test_bad_arguments_are_refused(bench, capsys):

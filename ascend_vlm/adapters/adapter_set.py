@@ -110,12 +110,12 @@ class AdapterSet:
             raise ValueError(
                 f"path: expected a LoRA adapter, got peft_type {config.get('peft_type')!r}"
             )
-        self._check_shapes(path)
+        self._check_shapes(_adapter_shapes(path))
 
-    def _check_shapes(self, path: Path) -> None:
+    def _check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
         """ValueError naming the first LoRA tensor that does not fit a linear of the base."""
         modules = dict(self._base.named_modules())
-        for key, shape in _adapter_shapes(path).items():
+        for key, shape in shapes.items():
             located = _module_of(key)
             if located is None:
                 continue
@@ -294,8 +294,8 @@ class AdapterSet:
             raise ValueError(f"name: {BASE_ADAPTER!r} has no weights to swap")
         if not (path / _WEIGHTS).is_file():
             raise ValueError(f"path: expected the adapter's weights in {_WEIGHTS}, got {path}")
-        self._check_shapes(path)
         shapes = _adapter_shapes(path)
+        self._check_shapes(shapes)
         targets = {located[0] for key in shapes if (located := _module_of(key)) is not None}
         slot = set(self._targets(name))
         if targets != slot:
