@@ -12,14 +12,20 @@ from the scene description alone:
 * ``vertical``: "Is the {colour} shape at the top or the bottom?" -> ``top`` / ``bottom``.
 
 All answers are one lowercase word, which a tiny model can emit in a token or two.
+
+The four base kinds are :data:`KINDS`. :data:`NEW_SHAPE_KINDS` are four more kinds that the
+reference checkpoint never saw; a dataset drawing them (``ShapesVQA(kinds=...)``) can name
+them by other words (``kind_names``), e.g. new tokens such as ``<star>`` that a fine-tune run
+teaches (``scripts/finetune_lora.py --shapes-new-kinds --new-tokens ...``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
@@ -34,6 +40,8 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "purple": (150, 60, 190),
 }
 KINDS: tuple[str, ...] = ("circle", "square", "triangle", "diamond")
+NEW_SHAPE_KINDS: tuple[str, ...] = ("star", "cross", "hexagon", "ring")
+DRAWABLE_KINDS: tuple[str, ...] = KINDS + NEW_SHAPE_KINDS
 QUESTION_TYPES: tuple[str, ...] = ("colour", "shape", "count", "horizontal", "vertical")
 BACKGROUND: tuple[int, int, int] = (235, 235, 235)
 MIN_IMAGE_SIZE = 32
@@ -66,8 +74,8 @@ class Shape:
         return "top" if self.cy < self.canvas // 2 else "bottom"
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r}")
+        if self.kind not in DRAWABLE_KINDS:
+            raise ValueError(f"kind: expected one of {DRAWABLE_KINDS}, got {self.kind!r}")
         if self.colour not in COLOURS:
             raise ValueError(f"colour: expected one of {tuple(COLOURS)}, got {self.colour!r}")
 
@@ -77,10 +85,13 @@ def _check_image_size(size: int, name: str = "size") -> None:
         raise ValueError(f"{name}: expected an int >= {MIN_IMAGE_SIZE} pixels, got {size!r}")
 
 
-def describe_scene(seed: int, size: int = 112, count: int | None = None) -> list[Shape]:
+def describe_scene(
+    seed: int, size: int = 112, count: int | None = None, kinds: Sequence[str] = KINDS
+) -> list[Shape]:
     """The shapes of scene ``seed`` on a ``size`` x ``size`` canvas (no drawing).
 
-    ``count`` distinct quadrants (default: one to four, drawn from the seed) are chosen; each holds one shape of a distinct kind and
+    ``count`` distinct quadrants (default: one to ``min(4, len(kinds))``, drawn from the seed)
+    are chosen; each holds one shape of a distinct kind out of ``kinds`` and a distinct
     colour. With ``q = size // 4`` (half a quadrant), a shape's centre sits ``q // 3`` pixels
     from its quadrant's centre towards the canvas corner, and its ``radius`` is drawn from
     ``[3/4 r_max, r_max]`` with ``r_max = q - q // 3 - 1``, so it stays inside its quadrant.
@@ -92,16 +103,18 @@ def describe_scene(seed: int, size: int = 112, count: int | None = None) -> list
     arbitrary offsets left it at the answer priors; this layout reached 99.5% in 3000 steps.
     """
     _check_image_size(size)
-    if count is not None and count not in range(1, len(KINDS) + 1):
-        raise ValueError(f"count: expected None or 1..{len(KINDS)} shapes, got {count!r}")
+    kinds = check_kinds(kinds)
+    most = min(4, len(kinds))
+    if count is not None and count not in range(1, most + 1):
+        raise ValueError(f"count: expected None or 1..{most} shapes, got {count!r}")
     rng = random.Random(seed)
     half, quarter = size // 2, size // 4
     offset = quarter // 3
     max_radius = quarter - offset - 1
-    drawn_count = rng.randint(1, len(KINDS))
+    drawn_count = rng.randint(1, most)
     count = drawn_count if count is None else count
     quadrants = rng.sample(range(4), count)
-    kinds = rng.sample(KINDS, count)
+    kinds = rng.sample(kinds, count)
     colours = rng.sample(tuple(COLOURS), count)
     shapes = []
     for quadrant, kind, colour in zip(quadrants, kinds, colours, strict=True):
@@ -127,22 +140,53 @@ def draw_scene(shapes: list[Shape], size: int = 112) -> Image.Image:
             draw.rectangle((x - r, y - r, x + r, y + r), fill=fill)
         elif shape.kind == "triangle":
             draw.polygon([(x, y - r), (x + r, y + r), (x - r, y + r)], fill=fill)
-        else:  # diamond
+        elif shape.kind == "diamond":
             draw.polygon([(x, y - r), (x + r, y), (x, y + r), (x - r, y)], fill=fill)
+        elif shape.kind == "star":  # five points, inner radius 0.4 r
+            draw.polygon(_star_points(x, y, r), fill=fill)
+        elif shape.kind == "cross":  # a plus sign, arms a third of the box wide
+            arm = max(1, r // 3)
+            draw.rectangle((x - r, y - arm, x + r, y + arm), fill=fill)
+            draw.rectangle((x - arm, y - r, x + arm, y + r), fill=fill)
+        elif shape.kind == "hexagon":  # flat top and bottom
+            corners = [(math.cos(math.pi * k / 3), math.sin(math.pi * k / 3)) for k in range(6)]
+            draw.polygon([(x + r * cx, y + r * cy) for cx, cy in corners], fill=fill)
+        else:  # ring: a disc with a background-coloured hole of half its radius
+            draw.ellipse((x - r, y - r, x + r, y + r), fill=fill)
+            hole = r // 2
+            draw.ellipse((x - hole, y - hole, x + hole, y + hole), fill=BACKGROUND)
     return image
 
 
-def question_answer(shapes: list[Shape], question_type: str, target: int) -> tuple[str, str]:
-    """The (question, answer) of ``question_type`` about ``shapes[target]`` (ignored for count)."""
+def _star_points(x: int, y: int, r: int) -> list[tuple[float, float]]:
+    """The ten corners of a five-pointed star of outer radius ``r`` centred at (x, y), point up."""
+    points = []
+    for k in range(10):
+        radius = r if k % 2 == 0 else 0.4 * r
+        angle = -math.pi / 2 + math.pi * k / 5
+        points.append((x + radius * math.cos(angle), y + radius * math.sin(angle)))
+    return points
+
+
+def question_answer(
+    shapes: list[Shape],
+    question_type: str,
+    target: int,
+    kind_names: Mapping[str, str] | None = None,
+) -> tuple[str, str]:
+    """The (question, answer) of ``question_type`` about ``shapes[target]`` (ignored for count).
+
+    A kind is called ``kind_names[kind]`` where given, else by its own name."""
     if question_type not in QUESTION_TYPES:
         raise ValueError(f"question_type: expected one of {QUESTION_TYPES}, got {question_type!r}")
     if not 0 <= target < len(shapes):
         raise ValueError(f"target: expected an index in [0, {len(shapes)}), got {target}")
     shape = shapes[target]
+    kind = (kind_names or {}).get(shape.kind, shape.kind)
     if question_type == "colour":
-        return f"What colour is the {shape.kind}?", shape.colour
+        return f"What colour is the {kind}?", shape.colour
     if question_type == "shape":
-        return f"What shape is {shape.colour}?", shape.kind
+        return f"What shape is {shape.colour}?", kind
     if question_type == "count":
         return "How many shapes are there?", str(len(shapes))
     if question_type == "horizontal":
@@ -212,6 +256,10 @@ class ShapesVQA:
     counting perfectly but stayed at chance on every question that names one shape among
     several; with one-shape scenes it reaches 99.5% in 3000 steps.
     Records are rendered on access; indexing is O(1) and needs no storage.
+
+    Scenes draw their shapes from ``kinds`` (default the four base :data:`KINDS`; any distinct
+    :data:`DRAWABLE_KINDS`); questions and answers call kind ``k`` ``kind_names[k]`` where
+    given (keys among ``kinds``, distinct non-empty values), else ``k``.
     """
 
     def __init__(
@@ -222,6 +270,8 @@ class ShapesVQA:
         image_size: int = 112,
         binding: bool = False,
         question_types: Sequence[str] = QUESTION_TYPES,
+        kinds: Sequence[str] = KINDS,
+        kind_names: Mapping[str, str] | None = None,
     ):
         if split not in SPLITS:
             raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
@@ -229,6 +279,8 @@ class ShapesVQA:
             raise ValueError(f"size: expected a positive number of records, got {size!r}")
         _check_image_size(image_size, "image_size")
         self.question_types = check_question_types(question_types)
+        self.kinds = check_kinds(kinds)
+        self.kind_names = _check_kind_names(kind_names or {}, self.kinds)
         self.split = split
         self.size = size
         self.seed = seed
@@ -244,7 +296,7 @@ class ShapesVQA:
         index %= self.size
         question_type = self.question_types[index % len(self.question_types)]
         shapes, target = self.scene(index)
-        question, answer = question_answer(shapes, question_type, target)
+        question, answer = question_answer(shapes, question_type, target, self.kind_names)
         return VQASample(draw_scene(shapes, self.image_size), question, answer)
 
     def scene(self, index: int) -> tuple[list[Shape], int]:
@@ -254,7 +306,8 @@ class ShapesVQA:
         one_shape = question_type != "count" and not self.binding
         for attempt in itertools.count():
             seed = scene_seed(self.seed, self.split, index, attempt)
-            shapes = describe_scene(seed, self.image_size, count=1 if one_shape else None)
+            count = 1 if one_shape else None
+            shapes = describe_scene(seed, self.image_size, count, self.kinds)
             if scene_split(shapes) == self.split:
                 return shapes, random.Random(seed ^ 0x5EED).randrange(len(shapes))
         raise AssertionError("unreachable: itertools.count() never ends")
@@ -270,3 +323,25 @@ def check_question_types(question_types: Sequence[str], name: str = "question_ty
             f"{name}: expected distinct names from {QUESTION_TYPES}, got {question_types!r}"
         )
     return chosen
+
+
+def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
+    """``kinds`` as a tuple; ``ValueError`` unless it is a non-empty sequence of distinct names
+    from :data:`DRAWABLE_KINDS`."""
+    chosen = tuple(kinds) if not isinstance(kinds, str) else ()
+    unknown = [kind for kind in chosen if kind not in DRAWABLE_KINDS]
+    if not chosen or unknown or len(set(chosen)) != len(chosen):
+        raise ValueError(f"kinds: expected distinct names from {DRAWABLE_KINDS}, got {kinds!r}")
+    return chosen
+
+
+def _check_kind_names(kind_names: Mapping[str, str], kinds: tuple[str, ...]) -> dict[str, str]:
+    unknown = [kind for kind in kind_names if kind not in kinds]
+    names = list(kind_names.values())
+    bad = [name for name in names if not isinstance(name, str) or not name.strip()]
+    if unknown or bad or len(set(names)) != len(names):
+        raise ValueError(
+            f"kind_names: expected distinct non-empty names for kinds among {kinds}, got "
+            f"{dict(kind_names)!r}"
+        )
+    return dict(kind_names)

@@ -12,6 +12,7 @@ from ascend_vlm.finetune.shapes_vqa import (
     BACKGROUND,
     COLOURS,
     KINDS,
+    NEW_SHAPE_KINDS,
     QUESTION_TYPES,
     Shape,
     ShapesVQA,
@@ -234,3 +235,65 @@ def test_question_types_choose_the_questions_asked():
     for bad in ((), ("vertical", "vertical"), ("size",), "count"):
         with pytest.raises(ValueError, match="question_types: expected distinct names"):
             ShapesVQA(question_types=bad)
+
+
+def test_the_base_kinds_records_are_the_ones_the_reference_was_trained_on():
+    # The digest of these records as ShapesVQA drew them before the new kinds existed: adding
+    # kinds must not move a pixel or a word of the base-kind data.
+    digest = hashlib.sha256()
+    for split, binding in itertools.product(("train", "eval"), (False, True)):
+        records = ShapesVQA(split, 40, 3, 56, binding)
+        for index in range(40):
+            sample = records[index]
+            digest.update(sample.image.tobytes())
+            digest.update(sample.question.encode())
+            digest.update(sample.answer.encode())
+    assert digest.hexdigest() == "f0eed896831ea844e8e43375731ca47839ff6e7972f660ac2a9682f008414279"
+
+
+def _new_kind_from_mask(mask: np.ndarray) -> str:
+    """Classify a new-kind shape: a hole in the middle (ring), then by bounding-box fill."""
+    rows, cols = np.nonzero(mask)
+    box = mask[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+    if not box[box.shape[0] // 2, box.shape[1] // 2]:
+        return "ring"
+    fill = box.mean()
+    return "hexagon" if fill > 0.65 else "cross" if fill > 0.45 else "star"
+
+
+def test_new_kinds_are_drawn_told_apart_and_named_by_their_names():
+    names = dict(zip(NEW_SHAPE_KINDS, ("<star>", "<cross>", "<hexagon>", "<ring>"), strict=True))
+    records = ShapesVQA("train", 60, 1, 112, False, ("shape",), NEW_SHAPE_KINDS, names)
+    seen = set()
+    for index in range(len(records)):
+        sample = records[index]
+        (mask,) = _colour_masks(sample.image).values()
+        kind = _new_kind_from_mask(mask)
+        assert sample.answer == names[kind], index
+        seen.add(kind)
+    assert seen == set(NEW_SHAPE_KINDS)
+    colour = ShapesVQA("train", 4, 1, 112, False, ("colour",), NEW_SHAPE_KINDS, names)
+    assert all(colour[i].question.split("the ")[1].rstrip("?") in names.values() for i in range(4))
+
+
+def test_a_kind_subset_limits_the_shapes_per_scene():
+    counts = {len(describe_scene(seed, 56, kinds=NEW_SHAPE_KINDS[:2])) for seed in SEEDS}
+    assert counts == {1, 2}
+    with pytest.raises(ValueError, match=r"count: expected None or 1\.\.2 shapes, got 3"):
+        describe_scene(0, 56, count=3, kinds=NEW_SHAPE_KINDS[:2])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kinds": ("star", "blob")}, "kinds: expected distinct names from"),
+        ({"kinds": ("star", "star")}, "kinds: expected distinct names from"),
+        ({"kinds": ()}, "kinds: expected distinct names from"),
+        ({"kinds": KINDS, "kind_names": {"star": "<star>"}}, "kind_names: expected distinct"),
+        ({"kind_names": {"circle": "a", "square": "a"}}, "kind_names: expected distinct"),
+        ({"kind_names": {"circle": " "}}, "kind_names: expected distinct non-empty"),
+    ],
+)
+def test_bad_kinds_and_names_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ShapesVQA(**kwargs)
