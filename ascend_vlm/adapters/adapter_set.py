@@ -30,6 +30,20 @@ _WEIGHTS = "adapter_model.safetensors"
 _CONFIG = "adapter_config.json"
 
 
+def check_adapter_name(name: object) -> str:
+    """``name`` when it can name a PEFT adapter next to others; ``ValueError`` otherwise.
+
+    PEFT finds an adapter's tensors by names containing ``"lora_"``, so a name inside that
+    prefix ("a", "lora") would match other adapters' tensors, and
+    :data:`BASE_ADAPTER` means "no adapter" in per-row names."""
+    if not isinstance(name, str) or not name or name == BASE_ADAPTER or name in "lora_":
+        raise ValueError(
+            f"name: expected a non-empty adapter name, not {BASE_ADAPTER!r} nor part of "
+            f"PEFT's 'lora_' prefix, got {name!r}"
+        )
+    return name
+
+
 def _adapter_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of the adapter's safetensors file, read from its header only."""
     from safetensors import safe_open
@@ -88,13 +102,7 @@ class AdapterSet:
     # ------------------------------------------------------------------ loading
 
     def _check_folder(self, name: str, path: Path) -> None:
-        # PEFT finds an adapter's tensors by names containing "lora_": a name inside that
-        # prefix ("a", "lora") would match other adapters' tensors.
-        if not isinstance(name, str) or not name or name == BASE_ADAPTER or name in "lora_":
-            raise ValueError(
-                f"name: expected a non-empty adapter name, not {BASE_ADAPTER!r} nor part of "
-                f"PEFT's 'lora_' prefix, got {name!r}"
-            )
+        check_adapter_name(name)
         if name in self.names:
             raise ValueError(f"name: adapter {name!r} is already loaded; unload it first")
         if not (path / _CONFIG).is_file():
@@ -120,14 +128,15 @@ class AdapterSet:
             if located is None:
                 continue
             module_path, kind = located
-            target = modules.get(module_path)
-            weight = getattr(getattr(target, "base_layer", target), "weight", None)
-            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            layer = getattr(modules.get(module_path), "base_layer", modules.get(module_path))
+            # Sizes from the layer, not its weight: a quantized base's QuantLinear (an
+            # nn.Linear) keeps only an empty placeholder weight.
+            if not isinstance(layer, nn.Linear):
                 raise ValueError(
                     f"path: adapter for another base: it adapts {module_path!r}, which this "
                     f"{type(self._base).__name__} has no linear layer at"
                 )
-            out_features, in_features = weight.shape
+            out_features, in_features = layer.out_features, layer.in_features
             fits = shape[1] == in_features if kind == "A" else shape[0] == out_features
             if len(shape) != 2 or not fits:
                 expected = f"[r, {in_features}]" if kind == "A" else f"[{out_features}, r]"

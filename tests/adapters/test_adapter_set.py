@@ -267,3 +267,21 @@ def test_vision_cache_is_keyed_by_the_active_vision_adapter(model_and_processor,
         served.activate(name)
         assert torch.equal(_logits(served.model, inputs), expected[name]), name
     assert cache.stats().hits == 2  # each adapter's features were reused, never the other's
+
+
+def test_adapters_serve_over_a_quantized_base(model_and_processor, adapters):
+    from ascend_vlm.quantization import quantize
+
+    base, processor = model_and_processor
+    quantized = copy.deepcopy(base)
+    quantize(quantized, bits=4, group_size=32, progress=False)
+    inputs = _inputs(processor)
+    expected = {name: _logits(_fresh_with(quantized, adapters[name]), inputs) for name in NAMES}
+    served = AdapterSet(copy.deepcopy(quantized))
+    for name in NAMES:
+        served.load(name, adapters[name])
+    for name in (*NAMES, "red"):
+        served.activate(name)
+        assert torch.equal(_logits(served.model, inputs), expected[name]), name
+    served.activate(BASE_ADAPTER)
+    assert torch.equal(_logits(served.model, inputs), _logits(quantized, inputs))
