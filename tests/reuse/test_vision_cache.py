@@ -88,7 +88,9 @@ def test_only_the_missing_images_are_encoded():
     _logits(model, _first_image_only(three))
     seen = []
     model.model.visual.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))
-    torch.testing.assert_close(_logits(model, three), expected, rtol=0, atol=0)
+    # Encoding 2 images instead of 3 changes the vision tower's matmul shapes, which may
+    # change how the CPU kernels block their sums: equal up to rounding, not bit for bit.
+    torch.testing.assert_close(_logits(model, three), expected)
     patches = int(three["image_grid_thw"][0].prod())
     assert seen == [torch.Size([2 * patches, three["pixel_values"].shape[1]])]
 
