@@ -22,6 +22,7 @@ from torch import nn
 
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import peft_active_adapter_problem, set_lora_active_adapter
+from ascend_vlm.adapters.mixed_rows import StackedAdapters, plain_lora_layers, rows_through_stacks
 from ascend_vlm.models.parts import model_part
 
 # PEFT's name for "no adapter" in per-row adapter names; here also an activatable adapter.
@@ -80,6 +81,8 @@ class AdapterSet:
         self._vision_adapters: set[str] = set()
         self._hotswap_rank: int | None = None
         self._layers: list | None = None
+        # Resident adapters stacked for mixed rows; None: not built yet, False: not stackable.
+        self._stacks: StackedAdapters | bool | None = None
         if self._peft is not None:
             self._refresh_layers()
         self._active = BASE_ADAPTER if self._peft is None else self._peft.active_adapter
@@ -160,6 +163,7 @@ class AdapterSet:
         else:
             self._peft.load_adapter(path, adapter_name=name, is_trainable=False)
         # PEFT activates what it loads: the active adapter stays what it was.
+        self._stacks = None
         self._refresh_layers()
         self._apply(self._active)
         if any(model_part(module) in ("vision", "projector") for module in self._targets(name)):
@@ -227,12 +231,38 @@ class AdapterSet:
                 f"at once, not rows; mixed batches need language-model adapters only (activate "
                 f"an adapter for the whole batch instead)"
             )
+        dora = [
+            name for name in self.names if getattr(self._peft.peft_config[name], "use_dora", False)
+        ]
+        if dora:
+            # PEFT refuses per-row names with DoRA, and leaves its forward hooks behind.
+            raise ValueError(
+                f"adapter_names: resident adapters {', '.join(dora)} use DoRA, which mixed "
+                f"batches cannot serve; activate an adapter for the whole batch instead"
+            )
         return names
+
+    def _row_stacks(self) -> StackedAdapters | None:
+        """The resident adapters stacked for one-pass mixed rows (built once per resident set),
+        or None when PEFT's own mixed-batch forward has to serve them (an adapter with a
+        variant such as DoRA or a LoRA bias, or switching through ``set_adapter``)."""
+        if self._stacks is None:
+            stackable = self._layers is not None and plain_lora_layers(self._layers, self.names)
+            self._stacks = StackedAdapters(self._layers, self.names) if stackable else False
+        return self._stacks or None
 
     def _run_rows(self, method: str, adapter_names: Sequence[str], inputs: dict) -> Any:
         names = self._check_rows(adapter_names)
         if self._peft is None:  # nothing resident: every row is the base
             return getattr(self._base, method)(**inputs)
+        stacks = self._row_stacks()
+        if stacks is not None:
+            self._apply(BASE_ADAPTER)  # the layers compute the base; the stacks add each row's
+            try:
+                with rows_through_stacks(stacks, names, BASE_ADAPTER):
+                    return getattr(self._peft, method)(**inputs)
+            finally:
+                self._apply(self._active)
         base_active = self._active == BASE_ADAPTER and self._layers is None
         if base_active:  # disabled LoRA layers ignore per-row names
             self._peft.base_model.enable_adapter_layers()
@@ -269,8 +299,13 @@ class AdapterSet:
             self._peft = None
         else:
             self._peft.delete_adapter(name)
+            # PEFT takes its new model-level active adapter from a layer's, which is
+            # BASE_ADAPTER while the base is active here: name a resident one instead.
+            resident = self._active if self._active in self.names else self.names[0]
+            self._peft.set_adapter(resident, inference_mode=True)
         if self._active == name:
             self._active = BASE_ADAPTER
+        self._stacks = None
         self._refresh_layers()
         self._apply(self._active)
         self._vision_adapters.discard(name)
@@ -331,5 +366,6 @@ class AdapterSet:
                 f"path: cannot hot-swap {path} into adapter {name!r}: {error}"
             ) from None
         finally:
+            self._stacks = None  # the stacks hold copies of the swapped weights
             self._peft.set_adapter(active, inference_mode=True)
             self._apply(self._active)

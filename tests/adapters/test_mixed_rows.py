@@ -1,0 +1,157 @@
+"""Mixed-adapter rows through the stacked adapters (``adapters/mixed_rows.py``): each row equals
+its adapter run alone and PEFT's own mixed-batch forward, across ranks, partial targets,
+beams, hot swaps and unloads; DoRA adapters refuse mixed rows cleanly."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from PIL import Image
+
+from ascend_vlm.adapters.adapter_set import BASE_ADAPTER, AdapterSet
+
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def _save(base, folder, seed, rank=4, targets=("q_proj", "v_proj", "down_proj"), **extra):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=list(targets),
+        init_lora_weights=False,
+        **extra,
+    )
+    peft_model = get_peft_model(copy.deepcopy(base), config)
+    for name, parameter in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.5)
+    peft_model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(model_and_processor, tmp_path_factory):
+    base, _ = model_and_processor
+    root = tmp_path_factory.mktemp("mixed_rows")
+    return {
+        "r4": _save(base, root / "r4", 1),
+        "r8": _save(base, root / "r8", 2, rank=8),
+        "q_only": _save(base, root / "q_only", 3, targets=("q_proj",)),
+        "r4b": _save(base, root / "r4b", 4),
+        "dora": _save(base, root / "dora", 5, use_dora=True),
+    }
+
+
+def _inputs(processor, rows):
+    images = [Image.new("RGB", (56, 56), (30 * i, 120, 200 - 20 * i)) for i in range(rows)]
+    content = [{"type": "image"}, {"type": "text", "text": "What colour?"}]
+    prompt = processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    return processor(text=[prompt] * rows, images=images, return_tensors="pt")
+
+
+def _served(base, folders, names):
+    served = AdapterSet(copy.deepcopy(base))
+    for name in names:
+        served.load(name, folders[name])
+    return served
+
+
+def _alone(served, inputs, rows):
+    logits = []
+    for index, name in enumerate(rows):
+        served.activate(name)
+        with torch.no_grad():
+            logits.append(served.model(**inputs).logits[index])
+    return torch.stack(logits)
+
+
+ROWS = ["r8", BASE_ADAPTER, "q_only", "r4", "r8"]
+
+
+def test_stacked_rows_equal_each_adapter_alone_and_peft_mixed_rows(model_and_processor, folders):
+    base, processor = model_and_processor
+    inputs = _inputs(processor, len(ROWS))
+    served = _served(base, folders, ["r4", "r8", "q_only"])
+    assert served._row_stacks() is not None  # plain LoRA: the stacked path serves the rows
+    with torch.no_grad():
+        mixed = served.forward(ROWS, **inputs).logits
+        peft_mixed = served._peft(**inputs, adapter_names=ROWS).logits
+    torch.testing.assert_close(mixed, _alone(served, inputs, ROWS), **TOLERANCE)
+    torch.testing.assert_close(mixed, peft_mixed, **TOLERANCE)
+    served.activate("r4")
+    with torch.no_grad():
+        # The active adapter is back after the mixed call, and is not added twice during it.
+        again = served.forward(ROWS, **inputs).logits
+        active = served.model(**inputs).logits
+    assert torch.equal(again, mixed)
+    torch.testing.assert_close(active, _alone(served, inputs, ["r4"] * len(ROWS)), **TOLERANCE)
+
+
+def test_stacked_rows_generate_as_each_adapter_alone_with_beams(model_and_processor, folders):
+    base, processor = model_and_processor
+    rows = ["r8", "r4", BASE_ADAPTER]
+    inputs = _inputs(processor, len(rows))
+    served = _served(base, folders, ["r4", "r8"])
+    settings = {"max_new_tokens": 4, "do_sample": False, "num_beams": 2}
+    with torch.no_grad():
+        mixed = served.generate(rows, **inputs, **settings)
+        for index, name in enumerate(rows):
+            served.activate(name)
+            alone = served.model.generate(**inputs, **settings)[index]
+            assert torch.equal(mixed[index], alone), name
+
+
+def test_without_fast_switching_peft_serves_the_rows(model_and_processor, folders, monkeypatch):
+    monkeypatch.setattr(
+        "ascend_vlm.adapters.adapter_set.peft_active_adapter_problem", lambda: "forced"
+    )
+    base, processor = model_and_processor
+    inputs = _inputs(processor, len(ROWS))
+    served = _served(base, folders, ["r4", "r8", "q_only"])
+    assert served._row_stacks() is None
+    with torch.no_grad():
+        mixed = served.forward(ROWS, **inputs).logits
+    torch.testing.assert_close(mixed, _alone(served, inputs, ROWS), **TOLERANCE)
+
+
+def test_stacks_follow_loads_unloads_and_hotswaps(model_and_processor, folders):
+    base, processor = model_and_processor
+    inputs = _inputs(processor, 2)
+    served = _served(base, folders, ["r4"])
+    rows = ["r4", BASE_ADAPTER]
+    with torch.no_grad():
+        served.forward(rows, **inputs)  # builds the stacks
+        served.load("r8", folders["r8"])
+        after_load = served.forward(["r8", "r4"], **inputs).logits
+        torch.testing.assert_close(after_load, _alone(served, inputs, ["r8", "r4"]), **TOLERANCE)
+        served.hotswap("r4", folders["r4b"])
+        after_swap = served.forward(rows, **inputs).logits
+        served.activate(BASE_ADAPTER)
+        served.unload("r8")  # while the base is active
+        after_unload = served.forward(rows, **inputs).logits
+    expected = _alone(served, inputs, rows)  # r4 now holds r4b's weights
+    fresh = _served(base, folders, ["r4b"])
+    torch.testing.assert_close(expected[0], _alone(fresh, inputs, ["r4b"])[0], **TOLERANCE)
+    torch.testing.assert_close(after_swap, expected, **TOLERANCE)
+    torch.testing.assert_close(after_unload, expected, **TOLERANCE)
+
+
+def test_dora_adapters_refuse_mixed_rows_and_leave_the_set_intact(model_and_processor, folders):
+    base, processor = model_and_processor
+    rows = ["dora", "r4", BASE_ADAPTER]
+    inputs = _inputs(processor, len(rows))
+    served = _served(base, folders, ["r4", "dora"])
+    assert served._row_stacks() is None
+    served.activate("r4")
+    before = _alone(served, inputs, ["r4"])
+    with pytest.raises(ValueError, match="adapter_names: resident adapters dora use DoRA"):
+        served.forward(rows, **inputs)
+    assert served.active == "r4"
+    assert torch.equal(_alone(served, inputs, ["r4"]), before)
