@@ -129,6 +129,24 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     )
     add("--full-finetune", action="store_true", help="train every weight instead of LoRA")
     add(
+        "--adapter-name",
+        help="name of the trained LoRA adapter (its key in ascend_vlm.AdapterSet and PEFT)",
+    )
+    add(
+        "--new-tokens",
+        help="comma-separated new tokens (e.g. '<star>,<ring>') added to the tokenizer, "
+        "embedding and head; only their rows train beside LoRA (PEFT trainable tokens), "
+        "initialised from the images of training records that mention them, saved with the "
+        "adapter; needs --modules-to-save ''",
+    )
+    add(
+        "--shapes-new-kinds",
+        action="store_true",
+        help="ShapesVQA adds kinds the reference never saw (star, cross, hexagon, ring), "
+        "named by --new-tokens in order: training scenes mix them with the base kinds, eval "
+        "scenes show only them",
+    )
+    add(
         "--quantize",
         type=int,
         choices=(4, 8),
@@ -155,7 +173,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
     values = vars(parser.parse_args(argv))
     sequences = ("question_types", "eval_question_types", "report_question_types")
-    for name in ("lora_targets", "modules_to_save", *sequences):
+    for name in ("lora_targets", "modules_to_save", "new_tokens", *sequences):
         values[name] = tuple(part.strip() for part in values[name].split(",") if part.strip())
     return TrainConfig(**values)
 

@@ -25,15 +25,21 @@ def _count(number: int, noun: str) -> str:
 def _data_line(path: str | None, records: int, split: str, config: TrainConfig) -> str:
     if path is not None:
         return f"JSONL file `{path}`, {records} records used"
-    questions = (
-        "colour/shape/position binding over 1-4 shapes"
-        if config.shapes_binding
-        else ("colour, shape, count, left/right and top/bottom")
-    )
-    return (
+    types = config.question_types if split == "train" else config.eval_question_types
+    scenes = "1-4-shape scenes throughout" if config.shapes_binding else "one-shape scenes"
+    questions = f"{', '.join(types)} questions ({scenes} except for count)"
+    line = (
         f"ShapesVQA {split} split (ascend_vlm.finetune.shapes_vqa): {records} generated records, "
         f"data seed {config.data_seed}, {config.image_size} px images, {questions} questions"
     )
+    if config.shapes_new_kinds:
+        from ascend_vlm.finetune.shapes_vqa import new_kind_names
+
+        names = new_kind_names(config.new_tokens)
+        named = ", ".join(k if k == n else f"{k} as `{n}`" for k, n in names.items())
+        shown = "the base kinds and the new kinds" if split == "train" else "the new kinds"
+        line += f", scenes of {shown} {named}"
+    return line
 
 
 def _trained_line(config: TrainConfig) -> str:
@@ -58,6 +64,14 @@ def _trained_line(config: TrainConfig) -> str:
         )
     if config.modules_to_save:
         line += f" Trained in full and saved with the adapter: {', '.join(config.modules_to_save)}."
+    if config.new_tokens:
+        tokens = ", ".join(f"`{token}`" for token in config.new_tokens)
+        line += (
+            f" New tokens {tokens}: added to the tokenizer, embedding and output head, "
+            "initialised from the mean projected visual feature of training images that mention "
+            "them; only their rows trained (PEFT trainable tokens), saved with the adapter "
+            "beside visual_tokens.json. Every other weight of the base stayed frozen."
+        )
     return line
 
 
@@ -101,7 +115,19 @@ def model_card(
             bits = config.quantize
             load[1:1] = ["from ascend_vlm.quantization import quantize"]
             load.append(f"quantize(base, bits={bits}, group_size={DEFAULT_GROUP_SIZE[bits]})")
-        load.append(f'model = PeftModel.from_pretrained(base, "{folder}")')
+        if config.new_tokens:
+            load[1:1] = [
+                "from ascend_vlm.adapters import load_visual_tokens",
+                "from ascend_vlm.default_model import load_processor",
+            ]
+            load += [
+                f'processor = load_processor("{base_path}")',
+                f'load_visual_tokens(base, processor, "{folder}")  # the new tokens, same ids',
+            ]
+        named = (
+            "" if config.adapter_name == "default" else f', adapter_name="{config.adapter_name}"'
+        )
+        load.append(f'model = PeftModel.from_pretrained(base, "{folder}"{named})')
     lines = [
         *header,
         "",

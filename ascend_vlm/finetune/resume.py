@@ -48,6 +48,7 @@ _DATA = (
     "data_seed",
     "image_size",
     "shapes_binding",
+    "shapes_new_kinds",
     "question_types",
     "on_bad_record",
 )

@@ -335,6 +335,19 @@ def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
     return chosen
 
 
+def new_kind_names(names: Sequence[str] = ()) -> dict[str, str]:
+    """The first K of :data:`NEW_SHAPE_KINDS` mapped to the K ``names`` in order; all four by
+    their own names when ``names`` is empty. ``ValueError`` for more than four names."""
+    if len(names) > len(NEW_SHAPE_KINDS):
+        raise ValueError(
+            f"new kind names: expected at most {len(NEW_SHAPE_KINDS)} names for the new shape "
+            f"kinds {NEW_SHAPE_KINDS}, got {len(names)}"
+        )
+    if not names:
+        return {kind: kind for kind in NEW_SHAPE_KINDS}
+    return dict(zip(NEW_SHAPE_KINDS, names, strict=False))
+
+
 def _check_kind_names(kind_names: Mapping[str, str], kinds: tuple[str, ...]) -> dict[str, str]:
     unknown = [kind for kind in kind_names if kind not in kinds]
     names = list(kind_names.values())

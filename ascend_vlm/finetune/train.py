@@ -54,6 +54,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ascend_vlm.adapters.adapter_set import check_adapter_name
+from ascend_vlm.adapters.visual_vocabulary import (
+    VISUAL_TOKENS_FILE,
+    VisualTokens,
+    add_visual_tokens,
+    load_visual_tokens,
+    save_visual_tokens,
+    trainable_token_indices,
+)
 from ascend_vlm.finetune import checkpoint
 from ascend_vlm.finetune.data import (
     IGNORE_INDEX,
@@ -66,7 +75,13 @@ from ascend_vlm.finetune.data import (
 )
 from ascend_vlm.finetune.model_card import model_card
 from ascend_vlm.finetune.resume import CONFIG_FILE, ResumeError, check_resume
-from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA, check_question_types
+from ascend_vlm.finetune.shapes_vqa import (
+    KINDS,
+    QUESTION_TYPES,
+    ShapesVQA,
+    check_question_types,
+    new_kind_names,
+)
 from ascend_vlm.models.parts import model_part
 from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
 
@@ -81,6 +96,8 @@ FINAL_ADAPTER = "adapter"
 FINAL_MODEL = "model"
 # Weight dtypes a run can load, train and save the model in.
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Training images whose mean projected visual feature initialises a new token's rows.
+EXAMPLES_PER_NEW_TOKEN = 16
 
 
 @dataclass
@@ -116,6 +133,9 @@ class TrainConfig:
     lora_projector: bool = False
     modules_to_save: Sequence[str] = ("lm_head",)
     full_finetune: bool = False
+    adapter_name: str = "default"
+    new_tokens: Sequence[str] = ()
+    shapes_new_kinds: bool = False
     quantize: int | None = None
     dtype: str = "fp32"
     save_merged: str | None = None
@@ -148,6 +168,23 @@ class TrainConfig:
             self.report_question_types = check_question_types(
                 self.report_question_types, "report_question_types"
             )
+        check_adapter_name(self.adapter_name)
+        self.new_tokens = tuple(self.new_tokens)
+        if self.new_tokens and self.full_finetune:
+            raise ValueError(
+                "new_tokens: expected LoRA training (the new rows train as PEFT trainable "
+                "tokens beside the adapter), got full_finetune=True"
+            )
+        if self.shapes_new_kinds:
+            if self.train_data is not None:
+                raise ValueError(
+                    "shapes_new_kinds: expected ShapesVQA training data (no train_data), got "
+                    f"train_data={self.train_data!r}"
+                )
+            try:
+                new_kind_names(self.new_tokens)
+            except ValueError as error:
+                raise ValueError(f"new_tokens: {error}") from None
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {tuple(DTYPES)}, got {self.dtype!r}")
         if self.save_merged is not None and self.full_finetune:
@@ -311,26 +348,39 @@ def build_samples(config: TrainConfig) -> tuple[Sequence[VQASample], Sequence[VQ
     if config.train_data is not None:
         train = JsonlVQA(config.train_data, config.on_bad_record)
     else:
-        train = ShapesVQA(
-            "train",
-            config.train_size,
-            config.data_seed,
-            config.image_size,
-            config.shapes_binding,
-            config.question_types,
-        )
+        train = shapes_dataset(config, "train", config.train_size, config.question_types)
     if config.eval_data is not None:
         evaluation = JsonlVQA(config.eval_data, config.on_bad_record)
     else:
-        evaluation = ShapesVQA(
-            "eval",
-            config.eval_size,
-            config.data_seed,
-            config.image_size,
-            config.shapes_binding,
-            config.eval_question_types,
-        )
+        evaluation = shapes_dataset(config, "eval", config.eval_size, config.eval_question_types)
     return train, evaluation
+
+
+def shapes_dataset(
+    config: TrainConfig, split: str, size: int, question_types: Sequence[str]
+) -> ShapesVQA:
+    """``size`` ShapesVQA records of ``split`` asking ``question_types``, drawn as ``config``
+    says (``data_seed``, ``image_size``, ``shapes_binding``).
+
+    With ``shapes_new_kinds`` the new kinds are the first K of ``NEW_SHAPE_KINDS``, named by
+    the K ``new_tokens`` in order (all four by their own names without tokens). Training
+    scenes draw from the base kinds and the new ones together, so the base's kind words stay
+    in use while the new ones are learnt; eval scenes show only the new kinds, the ones taught.
+    """
+    kinds, kind_names = KINDS, None
+    if config.shapes_new_kinds:
+        kind_names = new_kind_names(config.new_tokens)
+        kinds = (*KINDS, *kind_names) if split == "train" else tuple(kind_names)
+    return ShapesVQA(
+        split,
+        size,
+        config.data_seed,
+        config.image_size,
+        config.shapes_binding,
+        question_types,
+        kinds,
+        kind_names,
+    )
 
 
 def micro_batches(
@@ -488,14 +538,7 @@ def accuracy_per_type(
         question_type: evaluate(
             model,
             processor,
-            ShapesVQA(
-                "eval",
-                config.eval_size,
-                config.data_seed,
-                config.image_size,
-                config.shapes_binding,
-                (question_type,),
-            ),
+            shapes_dataset(config, "eval", config.eval_size, (question_type,)),
             placement,
             config.eval_batch_size,
             config.max_new_tokens,
@@ -621,8 +664,12 @@ def _without_missing_latest(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, resume=None)
 
 
-def _with_trainable_weights(model: Any, config: TrainConfig) -> tuple[Any, int]:
-    """``model`` ready to train: fully unfrozen, or wrapped in PEFT LoRA; plus LoRA targets."""
+def _with_trainable_weights(
+    model: Any, config: TrainConfig, visual: VisualTokens | None
+) -> tuple[Any, int]:
+    """``model`` ready to train: fully unfrozen, or wrapped in PEFT LoRA (adapter
+    ``config.adapter_name``, plus the rows of ``visual``'s tokens as trainable tokens); plus
+    the number of LoRA targets."""
     from peft import LoraConfig, get_peft_model
 
     if config.full_finetune:
@@ -631,14 +678,74 @@ def _with_trainable_weights(model: Any, config: TrainConfig) -> tuple[Any, int]:
     targets = lora_target_modules(
         model, config.lora_targets, config.lora_vision, config.lora_projector
     )
+    token_indices = None
+    if visual is not None:
+        token_indices = trainable_token_indices(model, visual)
+        tables = _vocabulary_tables(model)
+        clash = [name for name in config.modules_to_save if name in tables]
+        if clash:
+            raise ValueError(
+                f"modules_to_save: expected none of the vocabulary tables {sorted(tables)} with "
+                f"new_tokens (only the new rows train, the base stays frozen), got {clash}; "
+                "pass --modules-to-save ''"
+            )
     lora = LoraConfig(
         r=config.lora_r,
         lora_alpha=config.lora_alpha,
         lora_dropout=config.lora_dropout,
         target_modules=targets,
         modules_to_save=list(config.modules_to_save) or None,
+        trainable_token_indices=token_indices,
     )
-    return get_peft_model(model, lora), len(targets)
+    return get_peft_model(model, lora, adapter_name=config.adapter_name), len(targets)
+
+
+def _vocabulary_tables(model: Any) -> set[str]:
+    """Full and last-part names of the input embedding and output head (PEFT matches
+    ``modules_to_save`` entries by either)."""
+    tables = {model.get_input_embeddings(), model.get_output_embeddings()}
+    names = set()
+    for name, module in model.named_modules():
+        if module in tables:
+            names.update((name, name.split(".")[-1]))
+    return names
+
+
+def add_new_tokens(
+    model: Any, processor: Any, tokens: Sequence[str], samples: Sequence[VQASample]
+) -> VisualTokens:
+    """Add ``tokens`` to ``processor`` and ``model`` (:func:`add_visual_tokens`), each row
+    initialised from the mean projected visual feature of the images of the first
+    ``EXAMPLES_PER_NEW_TOKEN`` training records whose question or answer holds the token.
+
+    Raises ``ValueError`` naming the tokens no training record mentions."""
+    examples: dict[str, list] = {token: [] for token in tokens}
+    for index in range(len(samples)):
+        open_tokens = [t for t in tokens if len(examples[t]) < EXAMPLES_PER_NEW_TOKEN]
+        if not open_tokens:
+            break
+        sample = samples[index]
+        for token in open_tokens:
+            if token in sample.question or token in sample.answer:
+                examples[token].append(sample.image)
+    missing = [token for token, images in examples.items() if not images]
+    if missing:
+        raise ValueError(
+            f"new_tokens: expected training records whose question or answer holds each new "
+            f"token (their images initialise its rows), got none for {missing}"
+        )
+    return add_visual_tokens(model, processor, tokens, examples=examples)
+
+
+def _whole_table_bytes(model: Any, placement: ProcessPlacement) -> int:
+    """Bytes DDP would hand over per step if the input embedding (and an untied output head)
+    trained whole instead of only the new rows; 0 in a single process."""
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tables = [embedding] + (
+        [head.weight] if head is not None and head.weight is not embedding else []
+    )
+    return sum(t.numel() * t.element_size() for t in tables) if placement.world_size > 1 else 0
 
 
 def _train(config: TrainConfig) -> TrainResult:
@@ -662,9 +769,13 @@ def _train(config: TrainConfig) -> TrainResult:
 
         bits = config.quantize
         quantize(model, bits=bits, group_size=DEFAULT_GROUP_SIZE[bits], progress=False)
-    patch_note = apply_ascend_patch(model, config.patch)
-    model, lora_targets = _with_trainable_weights(model, config)
     train_samples, eval_samples = build_samples(config)
+    visual = None
+    if config.new_tokens:
+        visual = add_new_tokens(model, processor, config.new_tokens, train_samples)
+        whole_table_bytes = _whole_table_bytes(model, placement)
+    patch_note = apply_ascend_patch(model, config.patch)
+    model, lora_targets = _with_trainable_weights(model, config, visual)
     train_set = EncodedDataset(train_samples, processor)
     pad_id = pad_token_id_of(processor)
 
@@ -758,6 +869,7 @@ def _train(config: TrainConfig) -> TrainResult:
             "grad_norm": float(grad_norm),
             "tokens_per_s": tokens_seen / elapsed,
             **comm.step(),
+            **({"comm_bytes_whole_tables": whole_table_bytes} if visual is not None else {}),
             "epoch": epoch,
         }
         last_loss = record["loss"]
@@ -782,7 +894,7 @@ def _train(config: TrainConfig) -> TrainResult:
     )
     if step < config.max_steps:  # stopped early on purpose: no final adapter, no eval
         return result
-    final = _save_final(model, processor, output_dir, config.full_finetune, placement)
+    final = _save_final(model, processor, output_dir, config, placement, visual)
     if report:
         after = accuracy_per_type(model, processor, config, placement, report)
         metrics.write({"step": step, "accuracy_after": after})
@@ -831,7 +943,9 @@ def save_merged(
 
     The base loads in fp32 and PEFT's ``merge_and_unload`` adds ``scale * B @ A`` to each
     adapted weight once, in fp32, before the cast to ``dtype``; ``modules_to_save`` copies
-    replace their originals. Written to a staging sibling and renamed into place; returns
+    replace their originals. An adapter saved with new tokens (``visual_tokens.json``) gets
+    them added to the base and its tokenizer first, so the merged checkpoint and its saved
+    tokenizer hold the trained rows. Written to a staging sibling and renamed into place; returns
     ``out_dir``.
     """
     from peft import PeftModel
@@ -841,11 +955,14 @@ def save_merged(
 
     out_dir = Path(out_dir)
     base = AutoModelForImageTextToText.from_pretrained(base_path, dtype=torch.float32)
+    processor = load_processor(base_path)
+    if (Path(adapter) / VISUAL_TOKENS_FILE).is_file():
+        load_visual_tokens(base, processor, adapter)
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     staging = out_dir.parent / f".{out_dir.name}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     merged.to(dtype).save_pretrained(staging, safe_serialization=True)
-    load_processor(base_path).save_pretrained(staging)
+    processor.save_pretrained(staging)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(staging, out_dir)
     return out_dir
@@ -860,19 +977,32 @@ def _progress_bar(config: TrainConfig, placement: ProcessPlacement, initial: int
 
 
 def _save_final(
-    model: Any, processor: Any, output_dir: Path, full: bool, placement: ProcessPlacement
+    model: Any,
+    processor: Any,
+    output_dir: Path,
+    config: TrainConfig,
+    placement: ProcessPlacement,
+    visual: VisualTokens | None,
 ) -> Path:
-    """Rank 0 writes the LoRA adapter to ``<output_dir>/adapter`` (PEFT format) or, for full
-    training, model + processor to ``<output_dir>/model``; via a staging dir + rename.
-    Returns that folder."""
+    """Rank 0 writes the LoRA adapter to ``<output_dir>/adapter`` (PEFT format, with
+    ``visual_tokens.json`` when the run added tokens) or, for full training, model + processor
+    to ``<output_dir>/model``; via a staging dir + rename. Returns that folder."""
+    full = config.full_finetune
     final = output_dir / (FINAL_MODEL if full else FINAL_ADAPTER)
     if placement.is_main:
         staging = output_dir / f".{final.name}.staging"
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging, safe_serialization=True)
+        saved = staging
+        if not full and config.adapter_name != "default":
+            # PEFT writes an adapter not named "default" into a subfolder of that name.
+            saved = staging / config.adapter_name
         if full:
             processor.save_pretrained(staging)
+        if visual is not None:
+            save_visual_tokens(visual, processor, saved)
         shutil.rmtree(final, ignore_errors=True)
-        os.replace(staging, final)
+        os.replace(saved, final)
+        shutil.rmtree(staging, ignore_errors=True)
     placement.barrier()
     return final

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_finetune import tiny_config
 
 from ascend_vlm.default_model import default_model_path
 from ascend_vlm.finetune.data import BadRecordError, EncodedDataset, collate, pad_token_id_of
@@ -77,26 +78,6 @@ def _losses(output_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in _step_records(output_dir)}
 
 
-def _tiny_config(output_dir: Path, **overrides) -> TrainConfig:
-    """An in-process LoRA run of a few steps of the random tiny model on a small ShapesVQA
-    slice, without the per-type report."""
-    settings = {
-        "output_dir": str(output_dir),
-        "model_path": str(default_model_path()),
-        "image_size": 56,
-        "report_question_types": (),
-        "train_size": 16,
-        "eval_size": 4,
-        "max_steps": 3,
-        "warmup_steps": 1,
-        "batch_size": 4,
-        "learning_rate": 5e-3,
-        "patch": False,
-        "progress": False,
-    }
-    return TrainConfig(**{**settings, **overrides})
-
-
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("two_ranks")
@@ -147,7 +128,7 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_losses(two_rank_run, 
 def lora_run(tmp_path_factory):
     """A tiny LoRA run with the per-type report and a merged copy; its stdout."""
     run = tmp_path_factory.mktemp("lora")
-    config = _tiny_config(
+    config = tiny_config(
         run,
         report_question_types=("count", "vertical"),
         save_merged=str(run / "merged"),
@@ -234,7 +215,7 @@ def test_bad_training_record_fails_fast_with_its_number(tmp_path):
     (tmp_path / "data.jsonl").write_text(
         json.dumps({"image": "missing.png", "question": "q?", "answer": "a"}) + "\n"
     )
-    config = _tiny_config(
+    config = tiny_config(
         tmp_path / "out", train_data=str(tmp_path / "data.jsonl"), on_bad_record="fail"
     )
     with pytest.raises(BadRecordError, match=r"record 1: image .*missing\.png.* does not exist"):
@@ -280,7 +261,7 @@ def test_a_quantized_base_trains_lora_and_its_card_loads_it_onto_the_same(tmp_pa
 
     from ascend_vlm.quantization import QuantLinear, quantize
 
-    config = _tiny_config(tmp_path / "qlora", quantize=4, patch=True, max_steps=2)
+    config = tiny_config(tmp_path / "qlora", quantize=4, patch=True, max_steps=2)
     result = train(config)
     assert [record["step"] for record in _step_records(tmp_path / "qlora")] == [1, 2]
     assert math.isfinite(result.last_loss)
@@ -353,7 +334,7 @@ def stopped_run(tmp_path_factory):
     (root / "base").symlink_to(default_model_path(), target_is_directory=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
-        config = _tiny_config(
+        config = tiny_config(
             root / "run",
             model_path="base",
             train_size=8,
@@ -374,7 +355,7 @@ def _resumable_copy(stopped_run: Path, tmp_path: Path) -> Path:
 def _resume_config(run: Path, stopped_run: Path, **overrides) -> TrainConfig:
     settings = {"model_path": str(stopped_run / "base"), "train_size": 8, "max_steps": 3}
     settings.update(save_every=1, resume="latest")
-    return _tiny_config(run, **{**settings, **overrides})
+    return tiny_config(run, **{**settings, **overrides})
 
 
 @pytest.mark.slow

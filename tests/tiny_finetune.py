@@ -1,0 +1,28 @@
+"""The in-process tiny fine-tune settings that fine-tune and eval tests share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ascend_vlm.default_model import default_model_path
+from ascend_vlm.finetune.train import TrainConfig
+
+
+def tiny_config(output_dir: Path, **overrides) -> TrainConfig:
+    """An in-process LoRA run of a few steps of the random tiny model on a small ShapesVQA
+    slice, without the per-type report."""
+    settings = {
+        "output_dir": str(output_dir),
+        "model_path": str(default_model_path()),
+        "image_size": 56,
+        "report_question_types": (),
+        "train_size": 16,
+        "eval_size": 4,
+        "max_steps": 3,
+        "warmup_steps": 1,
+        "batch_size": 4,
+        "learning_rate": 5e-3,
+        "patch": False,
+        "progress": False,
+    }
+    return TrainConfig(**{**settings, **overrides})
