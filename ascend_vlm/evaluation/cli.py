@@ -105,6 +105,13 @@ class EvalCommand:
             help=f"ShapesVQA image side in pixels (default: the reference recipe's with --model "
             f"{REFERENCE}, else ShapesVQA's); not with --data",
         )
+        parser.add_argument(
+            "--new-kinds",
+            metavar="NAMES",
+            help="ShapesVQA scenes of the kinds the reference never saw (star, cross, hexagon, "
+            "ring), called by these comma-separated names in order (e.g. a fine-tune run's "
+            "--new-tokens); not with --data",
+        )
         parser.add_argument("--batch-size", type=int, default=8, help="samples per generate")
         parser.add_argument("--max-new-tokens", type=int, default=8, help="answer token limit")
         parser.add_argument(
@@ -188,8 +195,16 @@ class EvalCommand:
                 from ascend_vlm.finetune.reference_model import RECIPE
 
                 image_size = RECIPE.image_size
-            return datasets.shapes_vqa(args.limit, seed, image_size)
-        for flag, value in (("--seed", args.seed), ("--image-size", args.image_size)):
+            names = [name.strip() for name in (args.new_kinds or "").split(",") if name.strip()]
+            try:
+                return datasets.shapes_vqa(args.limit, seed, image_size, names)
+            except ValueError as error:
+                parser.error(f"--new-kinds: {error}")
+        for flag, value in (
+            ("--seed", args.seed),
+            ("--image-size", args.image_size),
+            ("--new-kinds", args.new_kinds),
+        ):
             if value is not None:
                 parser.error(f"{flag}: applies to ShapesVQA only, not to --data {args.data}")
         if not Path(args.data).is_file():

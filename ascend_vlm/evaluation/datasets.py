@@ -7,7 +7,7 @@ with a question type, and a JSON description recorded in the report.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ascend_vlm.finetune.data import VQASample
@@ -53,25 +53,36 @@ class EvalDataset:
 
 
 def shapes_vqa(
-    limit: int | None = None, seed: int = 0, image_size: int | None = None
+    limit: int | None = None,
+    seed: int = 0,
+    image_size: int | None = None,
+    new_kinds: Sequence[str] = (),
 ) -> EvalDataset:
     """The first ``limit`` (default ``DEFAULT_SHAPES_SAMPLES``) records of ShapesVQA's held-out
     "eval" split for ``seed``, rendered at ``image_size`` (None: ShapesVQA's default).
+
+    With K ``new_kinds`` names the scenes show the first K new shape kinds instead of the base
+    kinds, called by those names in order (``shapes_vqa.new_kind_names``) (as a fine-tune run with
+    ``--shapes-new-kinds --new-tokens`` trains them).
 
     Record ``i`` asks question type ``QUESTION_TYPES[i % len(QUESTION_TYPES)]``, as
     :class:`~ascend_vlm.finetune.shapes_vqa.ShapesVQA` documents. Raises ``ValueError`` (from
     ``ShapesVQA``) for a ``limit`` below 1 or an ``image_size`` it does not take.
     """
-    from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA
+    from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA, new_kind_names
 
     size = DEFAULT_SHAPES_SAMPLES if limit is None else limit
     sizing = {} if image_size is None else {"image_size": image_size}
+    if new_kinds:
+        names = new_kind_names(new_kinds)
+        sizing.update(kinds=tuple(names), kind_names=names)
     records = ShapesVQA(split="eval", size=size, seed=seed, **sizing)
     description = {
         "name": "shapes_vqa",
         "split": "eval",
         "seed": seed,
         "image_size": records.image_size,
+        **({"kind_names": records.kind_names} if new_kinds else {}),
     }
     return EvalDataset(
         size,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ascend_vlm.evaluation.adapter_option import add_adapter_arguments, apply_adapters
 from ascend_vlm.evaluation.options import register_option
 from ascend_vlm.evaluation.pruning_option import (
     add_pruning_arguments,
@@ -58,6 +59,9 @@ register_option(
     _apply_patch,
     presets={"patched": ["--patch"], "unpatched": ["--no-patch"]},
 )
+
+# After "patch": LoRA wraps the patched model's linear layers, as in the fine-tune script.
+register_option("adapter", add_adapter_arguments, apply_adapters, needs_processor=True)
 
 # After "patch": options apply in registration order, so a pruned run is patched first.
 register_option("prune", add_pruning_arguments, apply_pruning, finish=finish_pruning)

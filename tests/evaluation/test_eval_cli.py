@@ -84,8 +84,13 @@ def test_json_report_has_every_field(single_run, tiny_model_path):
     }  # fmt: skip
     assert entry["label"] == entry["model"] == str(tiny_model_path)
     patch = entry["options"]["patch"]
-    assert list(entry["options"]) == ["quantize", "patch", "prune", "vision-cache"]
+    assert list(entry["options"]) == ["quantize", "patch", "adapter", "prune", "vision-cache"]
     assert entry["options"]["quantize"] == {"summary": "not quantized", "scheme": None}
+    assert entry["options"]["adapter"] == {
+        "summary": "no adapter",
+        "adapters": {},
+        "active": "__base__",
+    }
     assert entry["options"]["prune"] == {"summary": "not pruned", "prune": None, "kv": None}
     assert entry["options"]["vision-cache"] == {"summary": "no vision cache", "max_bytes": 0}
     assert patch["patched"] is True
@@ -148,14 +153,15 @@ def test_text_report_lists_types_stages_and_memory(single_run, tiny_model_path):
     lines = text.splitlines()
     start = lines.index("dataset  ShapesVQA eval split, seed 0, 112 px images, 10 samples")
     assert lines[start + 1] == "decode   greedy, at most 3 new tokens, batches of 4"
-    assert lines[start + 3 : start + 8] == [
+    assert lines[start + 3 : start + 9] == [
         f"model    {tiny_model_path}",
         "option   quantize: not quantized",
         f"option   patch: {entry['options']['patch']['summary']}",
+        "option   adapter: no adapter",
         "option   prune: not pruned",
         "option   vision-cache: no vision cache",
     ]
-    table = lines[start + 9 : start + 16]
+    table = lines[start + 10 : start + 17]
     assert table[0] == "type          samples  exact   95% CI          normalised  95% CI"
     cell = r"\d\.\d{3}  +\[\d\.\d{3}, \d\.\d{3}\]"
     for kind, row in zip([*QUESTION_TYPES, "overall"], table[1:], strict=True):
@@ -163,12 +169,12 @@ def test_text_report_lists_types_stages_and_memory(single_run, tiny_model_path):
         assert re.fullmatch(rf"{kind} +{total}  {cell}  {cell}", row), row
     overall = entry["accuracy"]["exact"]["overall"]
     assert f"{overall['accuracy']:.3f}  [{overall['ci95'][0]:.3f}, " in table[-1]
-    stages = lines[start + 17 : start + 21]
+    stages = lines[start + 18 : start + 22]
     assert stages[0].startswith("stage                   mean ms    p95 ms  (per batch, over 3)")
     names = ["vision encode", "prefill (language)", "decode per token"]
     for name, row in zip(names, stages[1:], strict=True):
         assert re.fullmatch(rf"{re.escape(name)} +\d+\.\d\d +\d+\.\d\d", row), row
-    assert re.fullmatch(r"peak memory  \+\d+\.\d MiB  \(host RSS peak .*\)", lines[start + 21])
+    assert re.fullmatch(r"peak memory  \+\d+\.\d MiB  \(host RSS peak .*\)", lines[start + 22])
     assert lines[-1].startswith("[ascend_vlm] wrote the full report to ")
 
 

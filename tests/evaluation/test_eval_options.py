@@ -67,6 +67,7 @@ def test_the_built_in_options_are_registered_in_order():
     assert [option.name for option in REGISTRY.options()] == [
         "quantize",
         "patch",
+        "adapter",
         "prune",
         "vision-cache",
     ]

@@ -1,0 +1,108 @@
+"""The "adapter" feature option of ``python -m ascend_vlm eval``: ``--adapter NAME=PATH``
+(repeatable) loads LoRA adapters into an :class:`~ascend_vlm.adapters.AdapterSet` over the
+loaded model and ``--use-adapter NAME`` chooses the one that answers (``__base__``: none).
+
+An adapter folder holding ``visual_tokens.json`` (a run with ``--new-tokens``) first gets its
+tokens added to the model and its processor, so the questions and answers that use them
+tokenise as in training. PEFT injects the LoRA layers into the model's own modules, so the
+loaded model itself answers through the active adapter.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ascend_vlm.adapters.adapter_set import BASE_ADAPTER, check_adapter_name
+
+
+def _named_path(text: str) -> tuple[str, str]:
+    """``NAME=PATH`` as ``(NAME, PATH)``; ArgumentTypeError naming what is accepted."""
+    name, separator, path = text.partition("=")
+    if not separator or not path:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=PATH (an adapter name and its folder), got {text!r}"
+        )
+    try:
+        check_adapter_name(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return name, path
+
+
+def add_adapter_arguments(group: Any) -> None:
+    """Add ``--adapter NAME=PATH`` (repeatable, default none) and ``--use-adapter NAME``."""
+    group.add_argument(
+        "--adapter",
+        type=_named_path,
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="load the LoRA adapter saved in folder PATH (safetensors) as NAME; repeat for "
+        "several resident adapters",
+    )
+    group.add_argument(
+        "--use-adapter",
+        default=None,
+        metavar="NAME",
+        help=f"the adapter that answers: a loaded NAME or {BASE_ADAPTER} (the base); default "
+        "the only --adapter given",
+    )
+
+
+def _chosen(args: argparse.Namespace) -> str:
+    names = [name for name, _ in args.adapter]
+    if args.use_adapter is None:
+        if len(names) > 1:
+            raise ValueError(
+                f"--use-adapter: expected the adapter to answer with when several are loaded "
+                f"({', '.join(names)}), got none"
+            )
+        return names[0]
+    if args.use_adapter not in (BASE_ADAPTER, *names):
+        raise ValueError(
+            f"--use-adapter: expected one of {', '.join([BASE_ADAPTER, *names])}, got "
+            f"{args.use_adapter!r}"
+        )
+    return args.use_adapter
+
+
+def apply_adapters(model: Any, args: argparse.Namespace, processor: Any) -> dict[str, Any]:
+    """Load ``args.adapter`` over ``model`` and activate ``args.use_adapter``; the dict
+    records the resident adapters, the active one and any new tokens."""
+    if not args.adapter:
+        if args.use_adapter not in (None, BASE_ADAPTER):
+            raise ValueError(
+                f"--use-adapter: expected an adapter loaded with --adapter NAME=PATH, got "
+                f"{args.use_adapter!r} with none loaded"
+            )
+        return {"summary": "no adapter", "adapters": {}, "active": BASE_ADAPTER}
+    from ascend_vlm.adapters import AdapterSet, load_visual_tokens
+    from ascend_vlm.adapters.visual_vocabulary import VISUAL_TOKENS_FILE
+
+    active = _chosen(args)
+    with_tokens = [(n, p) for n, p in args.adapter if (Path(p) / VISUAL_TOKENS_FILE).is_file()]
+    if len(with_tokens) > 1:
+        raise ValueError(
+            f"--adapter: expected at most one adapter with new tokens (each adds its own ids), "
+            f"got {', '.join(name for name, _ in with_tokens)}"
+        )
+    new_tokens: list[str] = []
+    adapters = AdapterSet(model)
+    for name, path in args.adapter:
+        try:
+            if (name, path) in with_tokens:
+                new_tokens = list(load_visual_tokens(model, processor, path).tokens)
+            adapters.load(name, path)
+        except (ValueError, FileNotFoundError) as error:
+            raise ValueError(f"--adapter {name}={path}: {error}") from None
+    adapters.activate(active)
+    resident = ", ".join(adapters.names)
+    tokens = f", new tokens {' '.join(new_tokens)}" if new_tokens else ""
+    return {
+        "summary": f"adapter {active} active (resident: {resident}{tokens})",
+        "adapters": {name: str(Path(path).resolve()) for name, path in args.adapter},
+        "active": active,
+        "new_tokens": new_tokens,
+    }
