@@ -49,6 +49,8 @@ from ascend_vlm.distributed.sparse_allreduce import _Chunks, _reduce_bucket, _un
 DENSITIES = (0.01, 0.10, 0.50, 1.00)
 DDP_BUCKET_CAP_MIB = 25  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
 WARMUP_REPS = 2
+# Set to the link rate inside the emulated link, so the re-run command does not re-enter it.
+LINK_RATE_ENV = "ASCEND_VLM_LINK_RATE"
 
 
 def bucket_sizes(total_mib: int) -> list[int]:
@@ -187,10 +189,22 @@ def main() -> None:
     parser.add_argument("--total-mib", type=int, default=64)
     parser.add_argument("--chunk-size", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument(
+        "--link-rate",
+        help="run over an emulated link of this rate (tc units, e.g. 2gbit): the ranks talk "
+        "over a loopback shaped by scripts/emulated_link.sh",
+    )
     args = parser.parse_args()
+    if args.link_rate and os.environ.get(LINK_RATE_ENV) != args.link_rate:
+        # Re-run this command inside the emulated link; the variable marks the inner run.
+        helper = Path(__file__).resolve().parent / "emulated_link.sh"
+        os.environ[LINK_RATE_ENV] = args.link_rate
+        command = [str(helper), args.link_rate, "--", sys.executable, *sys.argv]
+        os.execv(command[0], command)
     print("command:", " ".join([os.path.relpath(sys.executable), *sys.argv]))
+    link = f"emulated {args.link_rate} link (one shaped loopback)" if args.link_rate else "loopback"
     print(
-        f"torch {torch.__version__}, gloo on CPU, {os.cpu_count()} cores "
+        f"torch {torch.__version__}, gloo on CPU over {link}, {os.cpu_count()} cores "
         f"(load average {os.getloadavg()[0]:.1f} at start), "
         f"buckets (MiB): {[n * 4 // 2**20 for n in bucket_sizes(args.total_mib)]}, "
         f"chunk_size={args.chunk_size}, median of {args.reps} reps after {WARMUP_REPS} warm-up"
