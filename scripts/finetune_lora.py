@@ -168,6 +168,12 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         choices=COMM_HOOKS,
         help="DDP gradient all-reduce: the sparse-mask hook or plain DDP",
     )
+    add(
+        "--collective-timeout",
+        type=float,
+        help="seconds a collective may wait for the other ranks before the job fails, naming "
+        "the step and rank",
+    )
     add("--eval-batch-size", type=int, help="samples per generate() call in the final eval")
     add("--max-new-tokens", type=int, help="answer tokens generated per eval sample")
     add("--no-progress", dest="progress", action="store_false", help="no tqdm bar")

@@ -17,6 +17,7 @@ written one, and never touches earlier checkpoints.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -26,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -105,22 +108,55 @@ def save_checkpoint(
             if parameter.requires_grad
         }
         save_file(weights, staging / TRAINABLE_WEIGHTS)
+        _fsync_file(staging / TRAINABLE_WEIGHTS)
         trainer_state = {"optimizer": optimizer.state_dict(), "loop": dict(loop_state, step=step)}
         atomic_torch_save(trainer_state, staging / TRAINER_STATE)
     barrier()
     if rank == 0:
         if final.exists():
             shutil.rmtree(final)
+        _fsync_directory(staging)
         os.replace(staging, final)
+        _fsync_directory(root)  # the rename is durable before latest names it
         atomic_write_text(root / LATEST, final.name)
     barrier()
     return final
 
 
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_directory(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def is_complete(path: Path) -> bool:
+    """True when checkpoint directory ``path`` holds its trainer state and a trainable-weights
+    file whose safetensors header reads (a file cut short by a crash does not)."""
+    from safetensors import safe_open
+
+    if not (path / TRAINER_STATE).is_file() or not (path / TRAINABLE_WEIGHTS).is_file():
+        return False
+    try:
+        with safe_open(str(path / TRAINABLE_WEIGHTS), framework="pt"):
+            return True
+    except Exception:  # safetensors raises its own error types for a damaged file
+        return False
+
+
 def resolve_checkpoint(output_dir: str | os.PathLike, resume: str) -> Path:
     """The checkpoint directory ``resume`` names: ``"latest"`` (from ``output_dir``) or a path.
 
-    Raises ``FileNotFoundError`` naming ``resume`` when there is no complete checkpoint.
+    ``"latest"`` is the directory the ``latest`` file names; if that one is not complete
+    (:func:`is_complete`: the disk lost part of it), the newest complete ``step-*`` directory,
+    with a warning. Staging directories of an interrupted save are never candidates. Raises
+    ``FileNotFoundError`` naming ``resume`` when there is no complete checkpoint.
     """
     if resume == "latest":
         root = checkpoint_root(output_dir)
@@ -130,6 +166,17 @@ def resolve_checkpoint(output_dir: str | os.PathLike, resume: str) -> Path:
                 f"resume: expected a checkpoint under {str(root)!r} for 'latest', found none"
             )
         path = root / pointer.read_text(encoding="utf-8").strip()
+        if not is_complete(path):
+            complete = [p for p in sorted(root.glob("step-*"), reverse=True) if is_complete(p)]
+            if not complete:
+                raise FileNotFoundError(
+                    f"resume: expected a complete checkpoint under {str(root)!r}; 'latest' "
+                    f"names {path.name}, which is incomplete, and no other is complete"
+                )
+            logger.warning(
+                "resume: %s (named by latest) is incomplete; resuming from %s", path, complete[0]
+            )
+            path = complete[0]
     else:
         path = Path(resume)
     if not (path / TRAINER_STATE).is_file():

@@ -38,6 +38,7 @@ RUN_CONTROL = frozenset(
         "max_new_tokens",
         "patch",
         "comm_hook",
+        "collective_timeout",
     }
 )
 STEP_COUNTS = {"max_steps": "the LoRA phase"}

@@ -46,6 +46,7 @@ import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,7 @@ class TrainConfig:
     stop_after_steps: int | None = None
     patch: bool = True
     comm_hook: str = "sparse"
+    collective_timeout: float = 1800.0
     eval_batch_size: int = 16
     max_new_tokens: int = 6
     progress: bool = True
@@ -204,6 +206,10 @@ class TrainConfig:
                     "frozen and cannot take a merged adapter), got "
                     f"full_finetune={self.full_finetune}, save_merged={self.save_merged!r}"
                 )
+        if not (isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0):
+            raise ValueError(
+                f"collective_timeout: expected seconds > 0, got {self.collective_timeout!r}"
+            )
         if self.comm_hook not in COMM_HOOKS:
             raise ValueError(f"comm_hook: expected one of {COMM_HOOKS}, got {self.comm_hook!r}")
         if not self.learning_rate > 0:
@@ -254,12 +260,14 @@ def _npu_available() -> bool:
     return active_backend() == "npu"
 
 
-def init_process_placement() -> ProcessPlacement:
+def init_process_placement(collective_timeout: float | None = None) -> ProcessPlacement:
     """Join torchrun's process group (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` from its env).
 
     NPU: backend ``hccl`` on ``npu:<local_rank>`` with bf16 autocast (torch_npu registers the
     "hccl" backend on import, Ascend/pytorch ``torch_npu/_init/registry/distributed.py``).
     Otherwise ``gloo`` on the CPU in fp32. A single process needs no process group.
+    ``collective_timeout`` (seconds, None: torch's default) bounds every collective of the
+    group; on NPU, HCCL's own ``HCCL_EXEC_TIMEOUT`` bounds the device side too.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -270,8 +278,34 @@ def init_process_placement() -> ProcessPlacement:
     else:
         device, backend, dtype = torch.device("cpu"), "gloo", None
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        timeout = None if collective_timeout is None else timedelta(seconds=collective_timeout)
+        dist.init_process_group(backend=backend, timeout=timeout, **_attempt_store(timeout))
     return ProcessPlacement(rank, local_rank, world_size, device, dtype)
+
+
+def _attempt_store(timeout: timedelta | None) -> dict[str, Any]:
+    """``init_process_group`` arguments giving a restarted worker group a store of its own.
+
+    After ``torchrun --max-restarts`` restarts the workers they meet again in the agent's
+    store, which still holds the previous attempt's keys, so the new ranks can read a dead
+    peer's address and fail to connect. A prefix per restart (``TORCHELASTIC_RESTART_COUNT``)
+    keeps the attempts apart. Empty (torch's own ``env://`` set-up) before any restart or
+    outside torchrun's agent store."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restarts == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timeout or timedelta(minutes=30),
+    )
+    return {
+        "store": dist.PrefixStore(f"ascend_vlm/attempt-{restarts}", agent),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }
 
 
 def seed_everything(seed: int) -> None:
@@ -611,11 +645,39 @@ def train(config: TrainConfig) -> TrainResult:
     the same command always continues. The process group is destroyed on return.
     """
     try:
-        _settle_run_config(config, init_process_placement())
+        placement = init_process_placement(config.collective_timeout)
+        config = _resumed_after_restart(config, placement)
+        _settle_run_config(config, placement)
         return _train(_without_missing_latest(config))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class CollectiveFailure(RuntimeError):
+    """A training step's collective timed out or lost a peer: the job cannot go on."""
+
+
+def _is_communication_failure(error: RuntimeError) -> bool:
+    """True for the errors gloo (and HCCL through torch) raise when a collective times out or
+    a peer's connection closes."""
+    text = str(error).lower()
+    return any(
+        marker in text
+        for marker in ("timed out", "timeout", "connection closed", "connection reset", "hccl")
+    )
+
+
+def _resumed_after_restart(config: TrainConfig, placement: ProcessPlacement) -> TrainConfig:
+    """``config`` resuming from the latest checkpoint when torchrun has restarted its workers
+    (``TORCHELASTIC_RESTART_COUNT`` > 0, ``--max-restarts``) and no resume was asked for: a
+    restarted worker continues the run instead of refusing its folder."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restarts == 0 or config.resume is not None:
+        return config
+    if placement.is_main:
+        logger.warning("torchrun restart %d: resuming from the latest checkpoint", restarts)
+    return dataclasses.replace(config, resume="latest")
 
 
 def _settle_run_config(config: TrainConfig, placement: ProcessPlacement) -> None:
@@ -833,60 +895,71 @@ def _train(config: TrainConfig) -> TrainResult:
     progress = _progress_bar(config, placement, initial=step)
     last_loss = math.nan
     model.train()
-    while step < stop_at:
-        started = time.perf_counter()
-        micro = []
-        for _ in range(config.grad_accum):
-            epoch, next_index, indices = next(batches)
-            micro.append(collate([train_set[i] for i in indices], pad_id))
-        local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)
-        (global_answer_tokens,) = placement.all_reduce_sum([local_tokens])
-        local_loss = 0.0
-        for position, batch in enumerate(micro):
-            last = position == len(micro) - 1
-            sync = contextlib.nullcontext() if last or ddp_model is model else ddp_model.no_sync()
-            with sync, placement.autocast():
-                logits = ddp_model(**model_inputs(batch, placement.device)).logits
-                loss_sum = answer_token_loss_sum(logits, batch["labels"].to(placement.device))
-                (loss_sum * placement.world_size / global_answer_tokens).backward()
-            local_loss += float(loss_sum.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
-        learning_rate = scheduled_lr(
-            step + 1, config.learning_rate, config.warmup_steps, config.max_steps
-        )
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        local_seen = sum(int(b["attention_mask"].sum()) for b in micro)
-        loss_total, tokens_seen = placement.all_reduce_sum([local_loss, local_seen])
-        elapsed = time.perf_counter() - started
-        record = {
-            "step": step,
-            "loss": loss_total / global_answer_tokens,
-            "lr": learning_rate,
-            "grad_norm": float(grad_norm),
-            "tokens_per_s": tokens_seen / elapsed,
-            **comm.step(),
-            **({"comm_bytes_whole_tables": whole_table_bytes} if visual is not None else {}),
-            "epoch": epoch,
-        }
-        last_loss = record["loss"]
-        metrics.write(record)
-        if progress is not None:
-            progress.update(1)
-            progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{learning_rate:.2e}")
-        if step % config.save_every == 0 or step == config.max_steps:
-            checkpoint.save_checkpoint(
-                output_dir,
-                step,
-                model=model,
-                optimizer=optimizer,
-                loop_state={"epoch": epoch, "next_index": next_index},
-                rank=placement.rank,
-                barrier=placement.barrier,
+    try:
+        while step < stop_at:
+            started = time.perf_counter()
+            micro = []
+            for _ in range(config.grad_accum):
+                epoch, next_index, indices = next(batches)
+                micro.append(collate([train_set[i] for i in indices], pad_id))
+            local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)
+            (global_answer_tokens,) = placement.all_reduce_sum([local_tokens])
+            local_loss = 0.0
+            for position, batch in enumerate(micro):
+                last = position == len(micro) - 1
+                sync = (
+                    contextlib.nullcontext() if last or ddp_model is model else ddp_model.no_sync()
+                )
+                with sync, placement.autocast():
+                    logits = ddp_model(**model_inputs(batch, placement.device)).logits
+                    loss_sum = answer_token_loss_sum(logits, batch["labels"].to(placement.device))
+                    (loss_sum * placement.world_size / global_answer_tokens).backward()
+                local_loss += float(loss_sum.detach())
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            learning_rate = scheduled_lr(
+                step + 1, config.learning_rate, config.warmup_steps, config.max_steps
             )
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            local_seen = sum(int(b["attention_mask"].sum()) for b in micro)
+            loss_total, tokens_seen = placement.all_reduce_sum([local_loss, local_seen])
+            elapsed = time.perf_counter() - started
+            record = {
+                "step": step,
+                "loss": loss_total / global_answer_tokens,
+                "lr": learning_rate,
+                "grad_norm": float(grad_norm),
+                "tokens_per_s": tokens_seen / elapsed,
+                **comm.step(),
+                **({"comm_bytes_whole_tables": whole_table_bytes} if visual is not None else {}),
+                "epoch": epoch,
+            }
+            last_loss = record["loss"]
+            metrics.write(record)
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{learning_rate:.2e}")
+            if step % config.save_every == 0 or step == config.max_steps:
+                checkpoint.save_checkpoint(
+                    output_dir,
+                    step,
+                    model=model,
+                    optimizer=optimizer,
+                    loop_state={"epoch": epoch, "next_index": next_index},
+                    rank=placement.rank,
+                    barrier=placement.barrier,
+                )
+    except RuntimeError as error:
+        if placement.world_size > 1 and _is_communication_failure(error):
+            raise CollectiveFailure(
+                f"step {step + 1}, rank {placement.rank}: a collective did not complete within "
+                f"--collective-timeout {config.collective_timeout:g} s or lost its peer: another "
+                f"rank is hung, stopped or gone ({str(error).strip().splitlines()[0]})"
+            ) from error
+        raise
     if progress is not None:
         progress.close()
     result = TrainResult(

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_finetune import tiny_config
+from tiny_finetune import COMMON, SCRIPT, tiny_config
 
 from ascend_vlm.default_model import default_model_path
 from ascend_vlm.finetune.data import BadRecordError, EncodedDataset, collate, pad_token_id_of
@@ -32,22 +32,6 @@ from ascend_vlm.finetune.train import (
     scheduled_lr,
     train,
 )
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "finetune_lora.py"
-# A few steps on a small ShapesVQA slice; global batch 4 = 2 ranks x 2 = 1 rank x 4.
-COMMON = [
-    "--train-size=32",
-    "--eval-size=4",
-    "--max-steps=4",
-    "--warmup-steps=1",
-    "--save-every=2",
-    "--learning-rate=5e-3",
-    "--batch-size=2",
-    "--no-progress",
-    "--no-patch",
-    "--image-size=56",
-    "--report-question-types=",
-]
 
 
 def _run(output_dir: Path, nproc: int, *extra: str) -> str:

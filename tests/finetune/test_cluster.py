@@ -1,0 +1,253 @@
+"""Past one machine: the emulated cluster link enforces its rate; two torchrun "nodes" over it
+train as one node does; a killed rank restarts and resumes to the uninterrupted result; a hung
+rank fails the job in bounded time naming the step and rank; a torn checkpoint is skipped."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_finetune import COMMON, SCRIPT, tiny_config
+
+from ascend_vlm.default_model import default_model_path
+from ascend_vlm.finetune import checkpoint
+from ascend_vlm.finetune.train import train
+
+LINK = Path(__file__).resolve().parents[2] / "scripts" / "emulated_link.sh"
+
+
+def _namespace_problem() -> str | None:
+    """Why a shaped network namespace cannot be made here, None when it can."""
+    try:
+        done = subprocess.run(
+            [str(LINK), "1gbit", "--", "true"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"scripts/emulated_link.sh did not run: {error}"
+    if done.returncode != 0:
+        return f"no network namespace with tc tbf here: {done.stderr.strip()[-200:]}"
+    return None
+
+
+needs_link = pytest.mark.skipif(_namespace_problem() is not None, reason=str(_namespace_problem()))
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _finetune(output_dir: Path, *extra: str) -> list[str]:
+    return [
+        str(SCRIPT),
+        f"--output-dir={output_dir}",
+        f"--model-path={default_model_path()}",
+        *COMMON,
+        *extra,
+    ]
+
+
+def _torchrun(*launcher: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *launcher]
+
+
+def _losses(output_dir: Path) -> dict[int, float]:
+    lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+def _adapter(output_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(output_dir / "adapter" / "adapter_model.safetensors")
+
+
+def _single_node(output_dir: Path, *extra: str) -> None:
+    command = _torchrun("--standalone", "--nproc_per_node=2", *_finetune(output_dir, *extra))
+    done = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@needs_link
+def test_the_link_helper_enforces_its_rate():
+    # 20 MB over a 200 Mbit/s link: 0.8 s when the filter holds the rate.
+    code = """
+import socket, threading, time
+size, chunk = 20_000_000, b"x" * 1_000_000
+server = socket.create_server(("127.0.0.1", 0))
+def drain():
+    connection, _ = server.accept()
+    while connection.recv(1 << 20):
+        pass
+reader = threading.Thread(target=drain)
+reader.start()
+sender = socket.create_connection(server.getsockname())
+start = time.perf_counter()
+for _ in range(size // len(chunk)):
+    sender.sendall(chunk)
+sender.close()
+reader.join()
+print(size * 8 / (time.perf_counter() - start))
+"""
+    done = subprocess.run(
+        [str(LINK), "200mbit", "--", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rate = float(done.stdout)
+    assert 0.8 * 200e6 <= rate <= 1.2 * 200e6, rate
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["2gb", "--", "true"], "RATE: expected a number with a tc unit"),
+        (["2gbit", "true"], "usage:"),
+    ],
+)
+def test_the_link_helper_refuses_bad_calls(argv, message):
+    done = subprocess.run([str(LINK), *argv], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and message in done.stderr
+
+
+@pytest.mark.slow
+@needs_link
+def test_two_nodes_over_the_link_train_as_one_node(tmp_path):
+    one = tmp_path / "one_node"
+    _single_node(one)
+    two = tmp_path / "two_nodes"
+    node = _torchrun(
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:29517",
+        "--rdzv-id=two-nodes",
+        *_finetune(two),
+    )
+    quoted = " ".join(f"'{part}'" for part in node)
+    script = f"{quoted} > {tmp_path}/node0.log 2>&1 & first=$!; "
+    script += f"{quoted} > {tmp_path}/node1.log 2>&1; status=$?; wait $first; "
+    script += "exit $(( status || $? ))"
+    done = subprocess.run([str(LINK), "2gbit", "--", "bash", "-c", script], env=_env(), timeout=300)
+    logs = "".join((tmp_path / f"node{n}.log").read_text()[-1500:] for n in (0, 1))
+    assert done.returncode == 0, logs
+    assert _losses(two) == _losses(one)
+    assert sorted(_losses(two)) == [1, 2, 3, 4]
+
+
+def _workers(parent: int) -> dict[int, int]:
+    """rank -> pid of the torchrun workers under process ``parent``."""
+    workers = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        ranks = [item[5:] for item in environ if item.startswith(b"RANK=")]
+        if ppid == parent and ranks:
+            workers[int(ranks[0])] = int(entry.name)
+    return workers
+
+
+def _wait_for_step(output_dir: Path, step: int, job: subprocess.Popen, limit: float = 120) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        assert job.poll() is None, "the job ended before the step to interrupt"
+        metrics = output_dir / "metrics.jsonl"
+        if metrics.is_file() and max(_losses(metrics.parent), default=0) >= step:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} not reached in {limit} s")
+
+
+LONG_RUN = ("--max-steps=30", "--save-every=3")
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path):
+    uninterrupted = tmp_path / "uninterrupted"
+    _single_node(uninterrupted, *LONG_RUN)
+    killed = tmp_path / "killed"
+    command = _torchrun(
+        "--standalone", "--nproc_per_node=2", "--max-restarts=1", *_finetune(killed, *LONG_RUN)
+    )
+    job = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+    )
+    try:
+        _wait_for_step(killed, 8, job)
+        os.kill(_workers(job.pid)[1], signal.SIGKILL)
+        _, err = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-3000:]
+    assert "torchrun restart 1: resuming from the latest checkpoint" in err
+    assert _losses(killed) == _losses(uninterrupted)
+    expected, got = _adapter(uninterrupted), _adapter(killed)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(got[name], expected[name]) for name in expected)
+
+
+@pytest.mark.slow
+def test_a_hung_rank_fails_the_job_in_bounded_time_naming_step_and_rank(tmp_path):
+    output_dir = tmp_path / "hung"
+    extra = ("--max-steps=400", "--save-every=1000", "--collective-timeout=5")
+    command = _torchrun("--standalone", "--nproc_per_node=2", *_finetune(output_dir, *extra))
+    job = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+    )
+    stopped = None
+    try:
+        _wait_for_step(output_dir, 3, job)
+        stopped = _workers(job.pid)[1]
+        os.kill(stopped, signal.SIGSTOP)  # alive but silent: a hang, not a crash
+        started = time.monotonic()
+        _, err = job.communicate(timeout=120)
+        elapsed = time.monotonic() - started
+    finally:
+        job.kill()
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):  # the agent has usually killed it
+                os.kill(stopped, signal.SIGKILL)
+    assert job.returncode != 0
+    assert elapsed < 90
+    assert "CollectiveFailure: step " in err and ", rank 0: a collective did not complete" in err
+    assert "--collective-timeout 5 s" in err
+
+
+def test_a_torn_checkpoint_is_never_resumed_from(tmp_path, caplog):
+    config = tiny_config(tmp_path, max_steps=4, save_every=1, stop_after_steps=3)
+    train(config)
+    root = checkpoint.checkpoint_root(tmp_path)
+    assert (root / checkpoint.LATEST).read_text() == "step-00000003"
+    # A save interrupted before its rename leaves only a staging folder ...
+    staging = root / ".step-00000004.staging"
+    staging.mkdir()
+    (staging / checkpoint.TRAINER_STATE).write_bytes(b"partial")
+    # ... and a disk that lost the end of the newest checkpoint's weights.
+    weights = root / "step-00000003" / checkpoint.TRAINABLE_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING):
+        assert checkpoint.resolve_checkpoint(tmp_path, "latest") == root / "step-00000002"
+    assert "step-00000003 (named by latest) is incomplete" in caplog.text
+    train(dataclasses.replace(config, stop_after_steps=None, resume="latest"))
+    uninterrupted = tmp_path / "uninterrupted"
+    train(tiny_config(uninterrupted, max_steps=4, save_every=1))
+    assert _losses(tmp_path) == _losses(uninterrupted)  # steps 3 and 4 re-run from step 2
