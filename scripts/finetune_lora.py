@@ -130,7 +130,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add("--full-finetune", action="store_true", help="train every weight instead of LoRA")
     add(
         "--adapter-name",
-        help="name of the trained LoRA adapter (its key in ascend_vlm.AdapterSet and PEFT)",
+        help="PEFT name of the trained LoRA adapter, used by the model card's loading code (the "
+        "folder does not record it)",
     )
     add(
         "--new-tokens",

@@ -1,11 +1,13 @@
 """Several LoRA adapters resident over one base VLM: loaded from disk, switched per request,
 mixed per batch row, hot-swapped, unloaded.
 
-PEFT does the arithmetic (``PeftModel.load_adapter``, ``set_adapter``, ``adapter_names=`` in
-forward and generate, ``hotswap_adapter``); :class:`AdapterSet` adds what serving needs around
-it: safetensors-only loading checked against the base before anything is touched (an adapter
-trained on another base is refused naming the first module that does not fit), a base
-"adapter" (:data:`BASE_ADAPTER`), per-request activation, and the rules PEFT leaves implicit
+PEFT holds and computes the adapters (``PeftModel.load_adapter``, ``set_adapter``,
+``hotswap_adapter``); :class:`AdapterSet` adds what serving needs around it: safetensors-only
+loading checked against the base before anything is touched (an adapter trained on another
+base is refused naming the first module that does not fit), a base "adapter"
+(:data:`BASE_ADAPTER`), per-request activation that does not grow with the adapters resident,
+mixed-adapter rows in one pass (:mod:`~ascend_vlm.adapters.mixed_rows`; PEFT's
+``adapter_names=`` path where the stacks cannot serve), and the rules PEFT leaves implicit
 (mixed rows only while every resident adapter stays in the language model, because the vision
 tower's layers see all images' patches, not rows).
 """
@@ -13,6 +15,7 @@ tower's layers see all images' patches, not rows).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,16 +34,26 @@ _WEIGHTS = "adapter_model.safetensors"
 _CONFIG = "adapter_config.json"
 
 
-def check_adapter_name(name: object) -> str:
-    """``name`` when it can name a PEFT adapter next to others; ``ValueError`` otherwise.
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
-    PEFT finds an adapter's tensors by names containing ``"lora_"``, so a name inside that
-    prefix ("a", "lora") would match other adapters' tensors, and
-    :data:`BASE_ADAPTER` means "no adapter" in per-row names."""
-    if not isinstance(name, str) or not name or name == BASE_ADAPTER or name in "lora_":
+
+def check_adapter_name(name: object, argument: str = "name") -> str:
+    """``name`` when it can name a PEFT adapter next to others; ``ValueError`` naming
+    ``argument`` otherwise.
+
+    Accepted: letters, digits, ``_`` and ``-``. PEFT keys modules by the name (no ``.``) and
+    saves a named adapter into a folder of that name (no ``/``); it finds an adapter's tensors
+    by names containing ``"lora_"``, so a name inside that prefix ("a", "lora") would match
+    other adapters' tensors; and :data:`BASE_ADAPTER` means "no adapter" in per-row names."""
+    if (
+        not isinstance(name, str)
+        or not _ADAPTER_NAME.fullmatch(name)
+        or name == BASE_ADAPTER
+        or name in "lora_"
+    ):
         raise ValueError(
-            f"name: expected a non-empty adapter name, not {BASE_ADAPTER!r} nor part of "
-            f"PEFT's 'lora_' prefix, got {name!r}"
+            f"{argument}: expected an adapter name of letters, digits, '_' and '-', not "
+            f"{BASE_ADAPTER!r} nor part of PEFT's 'lora_' prefix, got {name!r}"
         )
     return name
 
@@ -140,8 +153,10 @@ class AdapterSet:
                     f"{type(self._base).__name__} has no linear layer at"
                 )
             out_features, in_features = layer.out_features, layer.in_features
-            fits = shape[1] == in_features if kind == "A" else shape[0] == out_features
-            if len(shape) != 2 or not fits:
+            fits = len(shape) == 2 and (
+                shape[1] == in_features if kind == "A" else shape[0] == out_features
+            )
+            if not fits:
                 expected = f"[r, {in_features}]" if kind == "A" else f"[{out_features}, r]"
                 raise ValueError(
                     f"path: adapter for another base: {key} has shape {list(shape)}, "
@@ -157,15 +172,22 @@ class AdapterSet:
 
         path = Path(path)
         self._check_folder(name, path)
-        if self._peft is None:
-            self._peft = PeftModel.from_pretrained(self._base, path, adapter_name=name)
-            self._peft.eval()
-        else:
-            self._peft.load_adapter(path, adapter_name=name, is_trainable=False)
-        # PEFT activates what it loads: the active adapter stays what it was.
-        self._stacks = None
-        self._refresh_layers()
-        self._apply(self._active)
+        try:
+            if self._peft is None:
+                self._peft = PeftModel.from_pretrained(self._base, path, adapter_name=name)
+                self._peft.eval()
+            else:
+                self._peft.load_adapter(path, adapter_name=name, is_trainable=False)
+        except Exception:
+            # A load PEFT gave up on half way leaves no trace of the adapter behind.
+            if self._peft is not None and name in self._peft.peft_config:
+                self._remove(name)
+            raise
+        finally:
+            # PEFT activates what it loads: the active adapter stays what it was.
+            self._stacks = None
+            self._refresh_layers()
+            self._apply(self._active)
         if any(model_part(module) in ("vision", "projector") for module in self._targets(name)):
             self._vision_adapters.add(name)
 
@@ -231,24 +253,37 @@ class AdapterSet:
                 f"at once, not rows; mixed batches need language-model adapters only (activate "
                 f"an adapter for the whole batch instead)"
             )
-        dora = [
-            name for name in self.names if getattr(self._peft.peft_config[name], "use_dora", False)
-        ]
+        if self._peft is None:
+            return names
+        dora = sorted({n for n in names if n in self.names and self._peft.peft_config[n].use_dora})
         if dora:
-            # PEFT refuses per-row names with DoRA, and leaves its forward hooks behind.
+            # PEFT refuses per-row names for DoRA rows, and leaves its forward hooks behind.
             raise ValueError(
-                f"adapter_names: resident adapters {', '.join(dora)} use DoRA, which mixed "
+                f"adapter_names: rows name {', '.join(dora)}, which use DoRA, which mixed "
                 f"batches cannot serve; activate an adapter for the whole batch instead"
+            )
+        if self._peft.training:
+            raise ValueError(
+                "adapter_names: expected the model in eval mode (mixed rows serve inference; "
+                "PEFT refuses them in training), got it in training mode"
+            )
+        if any(getattr(layer, "merged", False) for layer in self._peft.modules()):
+            raise ValueError(
+                "adapter_names: expected unmerged adapters (a merged one is in every row's "
+                "weights), got merged LoRA layers; unmerge them first"
             )
         return names
 
     def _row_stacks(self) -> StackedAdapters | None:
-        """The resident adapters stacked for one-pass mixed rows (built once per resident set),
-        or None when PEFT's own mixed-batch forward has to serve them (an adapter with a
-        variant such as DoRA or a LoRA bias, or switching through ``set_adapter``)."""
+        """The resident adapters stacked for one-pass mixed rows, or None when PEFT's own
+        mixed-batch forward has to serve them (an adapter with a variant such as DoRA or a LoRA
+        bias, or switching through ``set_adapter``). Built once per resident set, and again
+        when the LoRA weights they copy changed (moved, cast or written in place)."""
         if self._stacks is None:
             stackable = self._layers is not None and plain_lora_layers(self._layers, self.names)
             self._stacks = StackedAdapters(self._layers, self.names) if stackable else False
+        elif self._stacks and self._stacks.stale():
+            self._stacks = StackedAdapters(self._layers, self.names)
         return self._stacks or None
 
     def _run_rows(self, method: str, adapter_names: Sequence[str], inputs: dict) -> Any:
@@ -274,9 +309,10 @@ class AdapterSet:
 
     def forward(self, adapter_names: Sequence[str], **inputs: Any) -> Any:
         """The model's forward with row ``i`` of the batch through adapter ``adapter_names[i]``
-        (:data:`BASE_ADAPTER` allowed). ValueError for an unknown name, or when a resident
-        adapter adapts the vision tower or projector (mixed rows need language-model
-        adapters only)."""
+        (:data:`BASE_ADAPTER` allowed). ValueError for an unknown name; when a resident
+        adapter adapts the vision tower or projector (mixed rows need language-model adapters
+        only); for a row naming a DoRA adapter; for a model in training mode or with merged
+        adapters."""
         return self._run_rows("forward", adapter_names, inputs)
 
     def generate(self, adapter_names: Sequence[str], **inputs: Any) -> torch.Tensor:
@@ -294,21 +330,24 @@ class AdapterSet:
             raise ValueError(
                 f"name: expected a resident adapter ({', '.join(self.names) or 'none'}), got {name!r}"
             )
-        if len(self.names) == 1:
-            self._base = self._peft.unload()
-            self._peft = None
-        else:
-            self._peft.delete_adapter(name)
-            # PEFT takes its new model-level active adapter from a layer's, which is
-            # BASE_ADAPTER while the base is active here: name a resident one instead.
-            resident = self._active if self._active in self.names else self.names[0]
-            self._peft.set_adapter(resident, inference_mode=True)
+        self._remove(name)
         if self._active == name:
             self._active = BASE_ADAPTER
         self._stacks = None
         self._refresh_layers()
         self._apply(self._active)
         self._vision_adapters.discard(name)
+
+    def _remove(self, name: str) -> None:
+        """Take adapter ``name`` out of PEFT; the last one out gives the base model back."""
+        if len(self._peft.peft_config) == 1:
+            self._base, self._peft = self._peft.unload(), None
+            return
+        self._peft.delete_adapter(name)
+        # PEFT takes its new model-level active adapter from a layer's, which is BASE_ADAPTER
+        # while the base is active here: name a resident one instead.
+        resident = self._active if self._active in self.names else self.names[0]
+        self._peft.set_adapter(resident, inference_mode=True)
 
     def prepare_for_hotswap(self, target_rank: int) -> None:
         """Pad every resident adapter to rank ``target_rank`` and make its scalings tensors

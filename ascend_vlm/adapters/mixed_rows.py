@@ -16,6 +16,10 @@ adapter a layer does not hold has zero weights and scaling there, so it adds not
 PEFT. Rows of the base are left out of the gather and get nothing added. ``generate`` with
 beams or several sequences per prompt repeats each row (``repeat_interleave``); the rows'
 adapters are repeated the same way.
+
+Memory: the stacks copy every resident adapter once (at the largest rank among them), and a
+call holds each row's gathered A and B for its whole duration, about rows x (in + out) x r
+values per layer.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ class StackedAdapters:
     with adapter ``names[k]`` at index k."""
 
     def __init__(self, layers: Sequence[nn.Module], names: Sequence[str]) -> None:
+        self._layers = tuple(layers)
         self.names = tuple(names)
+        self._copied = self._fingerprint()
         self.index = {name: position for position, name in enumerate(self.names)}
         self.weights: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         count = len(self.names)
@@ -57,6 +63,22 @@ class StackedAdapters:
                 stacked_b[position, :, : b.shape[1]] = b.detach()
                 scale[position] = layer.scaling[name]
             self.weights[layer] = (stacked_a, stacked_b, scale)
+
+    def _fingerprint(self) -> tuple:
+        """What the stacks copied: every LoRA weight's device, dtype and in-place version
+        counter, and every scaling."""
+        state = []
+        for layer in self._layers:
+            for name in self.names:
+                if name in layer.lora_A:
+                    for weight in (layer.lora_A[name].weight, layer.lora_B[name].weight):
+                        state.append((weight.device, weight.dtype, weight._version))
+                    state.append(float(layer.scaling[name]))
+        return tuple(state)
+
+    def stale(self) -> bool:
+        """True when a copied weight moved, changed dtype or was written since stacking."""
+        return self._fingerprint() != self._copied
 
 
 def plain_lora_layers(layers: Sequence[nn.Module], names: Sequence[str]) -> bool:
@@ -83,6 +105,9 @@ def rows_through_stacks(
     batch = len(row_adapters)
     adapter_rows = [row for row, name in enumerate(row_adapters) if name != base_name]
     adapter_index = [stacks.index[row_adapters[row]] for row in adapter_rows]
+    if not adapter_rows:  # every row is the base: nothing to add
+        yield
+        return
     gathered: dict[tuple[nn.Module, int], tuple] = {}
 
     def add_rows(layer: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
@@ -96,8 +121,9 @@ def rows_through_stacks(
         key = (layer, repeat)
         if key not in gathered:
             stacked_a, stacked_b, scale = stacks.weights[layer]
-            index = torch.tensor(adapter_index, device=x.device).repeat_interleave(repeat)
-            rows = torch.tensor(adapter_rows, device=x.device)
+            index = torch.tensor(adapter_index, dtype=torch.long, device=x.device)
+            index = index.repeat_interleave(repeat)
+            rows = torch.tensor(adapter_rows, dtype=torch.long, device=x.device)
             rows = (rows[:, None] * repeat + torch.arange(repeat, device=x.device)).flatten()
             every_row = len(adapter_rows) == batch
             gathered[key] = (
@@ -107,8 +133,6 @@ def rows_through_stacks(
                 scale[index][:, None, None],
             )
         rows, a_t, b_t, scale_rows = gathered[key]
-        if not adapter_rows:
-            return output
         selected = x if rows is None else x.index_select(0, rows)
         delta = torch.bmm(torch.bmm(selected.to(a_t.dtype), a_t), b_t) * scale_rows
         delta = delta.to(output.dtype)

@@ -4,8 +4,10 @@ loaded model and ``--use-adapter NAME`` chooses the one that answers (``__base__
 
 An adapter folder holding ``visual_tokens.json`` (a run with ``--new-tokens``) first gets its
 tokens added to the model and its processor, so the questions and answers that use them
-tokenise as in training. PEFT injects the LoRA layers into the model's own modules, so the
-loaded model itself answers through the active adapter.
+tokenise as in training; such an adapter is loaded alone. With ``--use-adapter __base__`` the
+base then answers with the tokens added at placeholder rows (the mean of the old rows), not
+as the untouched base, whose tokenizer splits them into pieces. PEFT injects the LoRA layers
+into the model's own modules, so the loaded model itself answers through the active adapter.
 """
 
 from __future__ import annotations
@@ -77,16 +79,22 @@ def apply_adapters(model: Any, args: argparse.Namespace, processor: Any) -> dict
                 f"--use-adapter: expected an adapter loaded with --adapter NAME=PATH, got "
                 f"{args.use_adapter!r} with none loaded"
             )
-        return {"summary": "no adapter", "adapters": {}, "active": BASE_ADAPTER}
+        return {"summary": "no adapter", "adapters": {}, "active": BASE_ADAPTER, "new_tokens": []}
     from ascend_vlm.adapters import AdapterSet, load_visual_tokens
     from ascend_vlm.adapters.visual_vocabulary import VISUAL_TOKENS_FILE
 
+    names = [name for name, _ in args.adapter]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"--adapter: expected each NAME once, got {', '.join(repeated)} twice")
     active = _chosen(args)
     with_tokens = [(n, p) for n, p in args.adapter if (Path(p) / VISUAL_TOKENS_FILE).is_file()]
-    if len(with_tokens) > 1:
+    if with_tokens and len(args.adapter) > 1:
+        # PEFT's trainable tokens wrap the embedding and head, which the other adapters'
+        # loading (or a table they save in full) does not expect.
         raise ValueError(
-            f"--adapter: expected at most one adapter with new tokens (each adds its own ids), "
-            f"got {', '.join(name for name, _ in with_tokens)}"
+            f"--adapter: expected an adapter with new tokens ({with_tokens[0][0]}) alone, got "
+            f"{len(args.adapter)} adapters"
         )
     new_tokens: list[str] = []
     adapters = AdapterSet(model)

@@ -108,9 +108,9 @@ class EvalCommand:
         parser.add_argument(
             "--new-kinds",
             metavar="NAMES",
-            help="ShapesVQA scenes of the kinds the reference never saw (star, cross, hexagon, "
-            "ring), called by these comma-separated names in order (e.g. a fine-tune run's "
-            "--new-tokens); not with --data",
+            help="ShapesVQA scenes of the kinds the reference never saw: K comma-separated names "
+            "select the first K of star, cross, hexagon, ring and call them so (e.g. a fine-tune "
+            "run's --new-tokens; 'star,cross,hexagon,ring' for their own names); not with --data",
         )
         parser.add_argument("--batch-size", type=int, default=8, help="samples per generate")
         parser.add_argument("--max-new-tokens", type=int, default=8, help="answer token limit")
@@ -196,6 +196,8 @@ class EvalCommand:
 
                 image_size = RECIPE.image_size
             names = [name.strip() for name in (args.new_kinds or "").split(",") if name.strip()]
+            if args.new_kinds is not None and not names:
+                parser.error(f"--new-kinds: expected comma-separated names, got {args.new_kinds!r}")
             try:
                 return datasets.shapes_vqa(args.limit, seed, image_size, names)
             except ValueError as error:

@@ -62,12 +62,13 @@ def shapes_vqa(
     "eval" split for ``seed``, rendered at ``image_size`` (None: ShapesVQA's default).
 
     With K ``new_kinds`` names the scenes show the first K new shape kinds instead of the base
-    kinds, called by those names in order (``shapes_vqa.new_kind_names``) (as a fine-tune run with
-    ``--shapes-new-kinds --new-tokens`` trains them).
+    kinds, called by those names in order (``shapes_vqa.new_kind_names``), as a fine-tune run
+    with ``--shapes-new-kinds --new-tokens`` evaluates them.
 
     Record ``i`` asks question type ``QUESTION_TYPES[i % len(QUESTION_TYPES)]``, as
     :class:`~ascend_vlm.finetune.shapes_vqa.ShapesVQA` documents. Raises ``ValueError`` (from
-    ``ShapesVQA``) for a ``limit`` below 1 or an ``image_size`` it does not take.
+    ``ShapesVQA``) for a ``limit`` below 1, an ``image_size`` it does not take, more than four
+    ``new_kinds`` or names that are not distinct.
     """
     from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA, new_kind_names
 

@@ -26,11 +26,11 @@ def _data_line(path: str | None, records: int, split: str, config: TrainConfig) 
     if path is not None:
         return f"JSONL file `{path}`, {records} records used"
     types = config.question_types if split == "train" else config.eval_question_types
-    scenes = "1-4-shape scenes throughout" if config.shapes_binding else "one-shape scenes"
-    questions = f"{', '.join(types)} questions ({scenes} except for count)"
+    scenes = "one to four shapes" if config.shapes_binding else "one shape (count: one to four)"
     line = (
         f"ShapesVQA {split} split (ascend_vlm.finetune.shapes_vqa): {records} generated records, "
-        f"data seed {config.data_seed}, {config.image_size} px images, {questions} questions"
+        f"data seed {config.data_seed}, {config.image_size} px images, {', '.join(types)} "
+        f"questions about scenes of {scenes}"
     )
     if config.shapes_new_kinds:
         from ascend_vlm.finetune.shapes_vqa import new_kind_names
@@ -38,7 +38,7 @@ def _data_line(path: str | None, records: int, split: str, config: TrainConfig) 
         names = new_kind_names(config.new_tokens)
         named = ", ".join(k if k == n else f"{k} as `{n}`" for k, n in names.items())
         shown = "the base kinds and the new kinds" if split == "train" else "the new kinds"
-        line += f", scenes of {shown} {named}"
+        line += f"; {shown}: {named}"
     return line
 
 
@@ -124,9 +124,11 @@ def model_card(
                 f'processor = load_processor("{base_path}")',
                 f'load_visual_tokens(base, processor, "{folder}")  # the new tokens, same ids',
             ]
-        named = (
-            "" if config.adapter_name == "default" else f', adapter_name="{config.adapter_name}"'
-        )
+        from ascend_vlm.finetune.train import DEFAULT_ADAPTER_NAME
+
+        named = f', adapter_name="{config.adapter_name}"'
+        if config.adapter_name == DEFAULT_ADAPTER_NAME:
+            named = ""
         load.append(f'model = PeftModel.from_pretrained(base, "{folder}"{named})')
     lines = [
         *header,

@@ -349,12 +349,16 @@ def new_kind_names(names: Sequence[str] = ()) -> dict[str, str]:
 
 
 def _check_kind_names(kind_names: Mapping[str, str], kinds: tuple[str, ...]) -> dict[str, str]:
+    """``kind_names`` as a dict, after checking that its keys are among ``kinds``, its names
+    non-empty, and that every kind of ``kinds`` ends up with a name of its own (a new kind
+    called "circle" beside circles would make the answers ambiguous)."""
     unknown = [kind for kind in kind_names if kind not in kinds]
     names = list(kind_names.values())
     bad = [name for name in names if not isinstance(name, str) or not name.strip()]
-    if unknown or bad or len(set(names)) != len(names):
+    called = [kind_names.get(kind, kind) for kind in kinds]
+    if unknown or bad or len(set(called)) != len(called):
         raise ValueError(
-            f"kind_names: expected distinct non-empty names for kinds among {kinds}, got "
-            f"{dict(kind_names)!r}"
+            f"kind_names: expected distinct non-empty names for kinds among {kinds}, each "
+            f"unlike the other kinds' names, got {dict(kind_names)!r}"
         )
     return dict(kind_names)

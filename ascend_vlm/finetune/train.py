@@ -97,6 +97,8 @@ FINAL_ADAPTER = "adapter"
 FINAL_MODEL = "model"
 # Weight dtypes a run can load, train and save the model in.
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# PEFT's name for an adapter created without one.
+DEFAULT_ADAPTER_NAME = "default"
 # Training images whose mean projected visual feature initialises a new token's rows.
 EXAMPLES_PER_NEW_TOKEN = 16
 
@@ -134,7 +136,7 @@ class TrainConfig:
     lora_projector: bool = False
     modules_to_save: Sequence[str] = ("lm_head",)
     full_finetune: bool = False
-    adapter_name: str = "default"
+    adapter_name: str = DEFAULT_ADAPTER_NAME
     new_tokens: Sequence[str] = ()
     shapes_new_kinds: bool = False
     quantize: int | None = None
@@ -170,12 +172,18 @@ class TrainConfig:
             self.report_question_types = check_question_types(
                 self.report_question_types, "report_question_types"
             )
-        check_adapter_name(self.adapter_name)
-        self.new_tokens = tuple(self.new_tokens)
+        check_adapter_name(self.adapter_name, "adapter_name")
+        self.new_tokens = _check_new_tokens(self.new_tokens)
         if self.new_tokens and self.full_finetune:
             raise ValueError(
                 "new_tokens: expected LoRA training (the new rows train as PEFT trainable "
                 "tokens beside the adapter), got full_finetune=True"
+            )
+        if self.new_tokens and self.modules_to_save:
+            raise ValueError(
+                "modules_to_save: expected none with new_tokens (only the new rows of the "
+                "embedding and head train, every other weight of the base stays frozen), got "
+                f"{list(self.modules_to_save)}; pass --modules-to-save ''"
             )
         if self.shapes_new_kinds:
             if self.train_data is not None:
@@ -183,8 +191,8 @@ class TrainConfig:
                     "shapes_new_kinds: expected ShapesVQA training data (no train_data), got "
                     f"train_data={self.train_data!r}"
                 )
-            try:
-                new_kind_names(self.new_tokens)
+            try:  # the datasets' kinds and names, checked now rather than at training time
+                shapes_dataset(self, "train", 1, self.question_types)
             except ValueError as error:
                 raise ValueError(f"new_tokens: {error}") from None
         if self.dtype not in DTYPES:
@@ -216,6 +224,23 @@ class TrainConfig:
             raise ValueError(f"learning_rate: expected > 0, got {self.learning_rate}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: expected an int >= 0, got {self.warmup_steps!r}")
+
+
+def _check_new_tokens(tokens: Sequence[str]) -> tuple[str, ...]:
+    """``tokens`` as a tuple; ``ValueError`` naming ``new_tokens`` unless they are distinct,
+    non-empty strings without surrounding spaces."""
+    if isinstance(tokens, str):
+        raise ValueError(
+            f"new_tokens: expected a sequence of token strings, got the string {tokens!r}"
+        )
+    chosen = tuple(tokens)
+    bad = [t for t in chosen if not isinstance(t, str) or not t.strip() or t != t.strip()]
+    if bad or len(set(chosen)) != len(chosen):
+        raise ValueError(
+            f"new_tokens: expected distinct non-empty tokens without surrounding spaces, got "
+            f"{list(chosen)}"
+        )
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -497,7 +522,7 @@ class CommCounter:
 
     def __init__(self, hook_state: Any, trainable: Sequence[torch.Tensor], world_size: int):
         self.hook_state = hook_state
-        gradient_bytes = sum(p.numel() * p.element_size() for p in trainable)
+        gradient_bytes = tensor_bytes(trainable)
         self.dense_per_step = gradient_bytes if world_size > 1 else 0
         self.counted = (0, 0)
 
@@ -740,17 +765,7 @@ def _with_trainable_weights(
     targets = lora_target_modules(
         model, config.lora_targets, config.lora_vision, config.lora_projector
     )
-    token_indices = None
-    if visual is not None:
-        token_indices = trainable_token_indices(model, visual)
-        tables = _vocabulary_tables(model)
-        clash = [name for name in config.modules_to_save if name in tables]
-        if clash:
-            raise ValueError(
-                f"modules_to_save: expected none of the vocabulary tables {sorted(tables)} with "
-                f"new_tokens (only the new rows train, the base stays frozen), got {clash}; "
-                "pass --modules-to-save ''"
-            )
+    token_indices = None if visual is None else trainable_token_indices(model, visual)
     lora = LoraConfig(
         r=config.lora_r,
         lora_alpha=config.lora_alpha,
@@ -760,17 +775,6 @@ def _with_trainable_weights(
         trainable_token_indices=token_indices,
     )
     return get_peft_model(model, lora, adapter_name=config.adapter_name), len(targets)
-
-
-def _vocabulary_tables(model: Any) -> set[str]:
-    """Full and last-part names of the input embedding and output head (PEFT matches
-    ``modules_to_save`` entries by either)."""
-    tables = {model.get_input_embeddings(), model.get_output_embeddings()}
-    names = set()
-    for name, module in model.named_modules():
-        if module in tables:
-            names.update((name, name.split(".")[-1]))
-    return names
 
 
 def add_new_tokens(
@@ -799,15 +803,18 @@ def add_new_tokens(
     return add_visual_tokens(model, processor, tokens, examples=examples)
 
 
-def _whole_table_bytes(model: Any, placement: ProcessPlacement) -> int:
+def tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of ``tensors``: what DDP hands to all-reduce for their gradients each step."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def whole_table_bytes(model: Any, world_size: int) -> int:
     """Bytes DDP would hand over per step if the input embedding (and an untied output head)
     trained whole instead of only the new rows; 0 in a single process."""
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
-    tables = [embedding] + (
-        [head.weight] if head is not None and head.weight is not embedding else []
-    )
-    return sum(t.numel() * t.element_size() for t in tables) if placement.world_size > 1 else 0
+    tied = head is None or head.weight is embedding
+    return tensor_bytes([embedding] + ([] if tied else [head.weight])) if world_size > 1 else 0
 
 
 def _train(config: TrainConfig) -> TrainResult:
@@ -835,7 +842,7 @@ def _train(config: TrainConfig) -> TrainResult:
     visual = None
     if config.new_tokens:
         visual = add_new_tokens(model, processor, config.new_tokens, train_samples)
-        whole_table_bytes = _whole_table_bytes(model, placement)
+        table_bytes = whole_table_bytes(model, placement.world_size)
     patch_note = apply_ascend_patch(model, config.patch)
     model, lora_targets = _with_trainable_weights(model, config, visual)
     train_set = EncodedDataset(train_samples, processor)
@@ -934,7 +941,7 @@ def _train(config: TrainConfig) -> TrainResult:
                 "grad_norm": float(grad_norm),
                 "tokens_per_s": tokens_seen / elapsed,
                 **comm.step(),
-                **({"comm_bytes_whole_tables": whole_table_bytes} if visual is not None else {}),
+                **({"comm_bytes_whole_tables": table_bytes} if visual is not None else {}),
                 "epoch": epoch,
             }
             last_loss = record["loss"]
@@ -1067,7 +1074,7 @@ def _save_final(
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging, safe_serialization=True)
         saved = staging
-        if not full and config.adapter_name != "default":
+        if not full and config.adapter_name != DEFAULT_ADAPTER_NAME:
             # PEFT writes an adapter not named "default" into a subfolder of that name.
             saved = staging / config.adapter_name
         if full:

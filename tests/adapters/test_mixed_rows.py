@@ -143,15 +143,77 @@ def test_stacks_follow_loads_unloads_and_hotswaps(model_and_processor, folders):
     torch.testing.assert_close(after_unload, expected, **TOLERANCE)
 
 
-def test_dora_adapters_refuse_mixed_rows_and_leave_the_set_intact(model_and_processor, folders):
+def test_dora_rows_are_refused_and_other_rows_served_beside_dora(model_and_processor, folders):
     base, processor = model_and_processor
-    rows = ["dora", "r4", BASE_ADAPTER]
-    inputs = _inputs(processor, len(rows))
+    inputs = _inputs(processor, 3)
     served = _served(base, folders, ["r4", "dora"])
-    assert served._row_stacks() is None
+    assert served._row_stacks() is None  # a variant: PEFT's own path serves the rows
     served.activate("r4")
     before = _alone(served, inputs, ["r4"])
-    with pytest.raises(ValueError, match="adapter_names: resident adapters dora use DoRA"):
-        served.forward(rows, **inputs)
+    with pytest.raises(ValueError, match="adapter_names: rows name dora, which use DoRA"):
+        served.forward(["dora", "r4", BASE_ADAPTER], **inputs)
     assert served.active == "r4"
     assert torch.equal(_alone(served, inputs, ["r4"]), before)
+    rows = ["r4", BASE_ADAPTER, "r4"]
+    with torch.no_grad():
+        mixed = served.forward(rows, **inputs).logits
+    torch.testing.assert_close(mixed, _alone(served, inputs, rows), **TOLERANCE)
+
+
+def test_rows_of_the_base_only_and_refused_modes(model_and_processor, folders):
+    base, processor = model_and_processor
+    inputs = _inputs(processor, 2)
+    served = _served(base, folders, ["r4", "r8"])
+    with torch.no_grad():
+        both_base = served.forward([BASE_ADAPTER, BASE_ADAPTER], **inputs).logits
+        served.generate([BASE_ADAPTER] * 2, **inputs, max_new_tokens=2, do_sample=False)
+    torch.testing.assert_close(both_base, _alone(served, inputs, [BASE_ADAPTER] * 2), **TOLERANCE)
+    served.model.train()
+    with pytest.raises(ValueError, match="adapter_names: expected the model in eval mode"):
+        served.forward(["r4", BASE_ADAPTER], **inputs)
+    served.model.eval()
+
+
+def test_stacks_follow_in_place_weight_changes_and_casts(model_and_processor, folders):
+    base, processor = model_and_processor
+    inputs = _inputs(processor, 2)
+    served = _served(base, folders, ["r4", "r8"])
+    rows = ["r8", "r4"]
+    with torch.no_grad():
+        served.forward(rows, **inputs)  # builds the stacks
+        for name, parameter in served.model.named_parameters():
+            if "lora_B.r8" in name:
+                parameter.zero_()  # r8 now adds nothing
+        changed = served.forward(rows, **inputs).logits
+    torch.testing.assert_close(changed, _alone(served, inputs, rows), **TOLERANCE)
+    torch.testing.assert_close(changed[0], _alone(served, inputs, [BASE_ADAPTER])[0], **TOLERANCE)
+    served.model.to(torch.float64)
+    inputs["pixel_values"] = inputs["pixel_values"].double()
+    with torch.no_grad():
+        assert served.forward(rows, **inputs).logits.dtype == torch.float64
+
+
+def test_a_load_peft_fails_half_way_leaves_no_trace(model_and_processor, folders, monkeypatch):
+    from peft import PeftModel
+
+    base, processor = model_and_processor
+    inputs = _inputs(processor, 2)
+    served = _served(base, folders, ["r4"])
+    served.activate("r4")
+    before = _alone(served, inputs, ["r4", "r4"])
+    load_adapter = PeftModel.load_adapter
+
+    def fail_after_injecting(self, *args, **kwargs):
+        load_adapter(self, *args, **kwargs)
+        raise RuntimeError("disk error while loading")
+
+    monkeypatch.setattr(PeftModel, "load_adapter", fail_after_injecting)
+    with pytest.raises(RuntimeError, match="disk error"):
+        served.load("r8", folders["r8"])
+    assert served.names == ("r4",) and served.active == "r4"
+    with pytest.raises(ValueError, match="name: expected one of __base__, r4, got 'r8'"):
+        served.activate("r8")
+    torch.testing.assert_close(_alone(served, inputs, ["r4", "r4"]), before, **TOLERANCE)
+    with torch.no_grad():
+        mixed = served.forward(["r4", BASE_ADAPTER], **inputs).logits
+    torch.testing.assert_close(mixed, _alone(served, inputs, ["r4", BASE_ADAPTER]), **TOLERANCE)

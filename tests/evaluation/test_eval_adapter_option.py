@@ -103,9 +103,23 @@ def test_the_base_answers_with_base_active_among_loaded_adapters(
         [*model, "--adapter", f"a1={lora_only}", "--use-adapter", "__base__"],
         tmp_path / "base.json",
     )
+    active = _eval(
+        [
+            *model,
+            "--adapter",
+            f"a1={lora_only}",
+            "--adapter",
+            f"a2={lora_only}",
+            "--use-adapter",
+            "a1",
+        ],
+        tmp_path / "active.json",
+    )
     (plain_entry,), (loaded_entry,) = plain["configurations"], loaded["configurations"]
     assert loaded_entry["options"]["adapter"]["active"] == "__base__"
     assert _predictions(loaded_entry) == _predictions(plain_entry)
+    # The same adapter active does answer differently, so the equality above means something.
+    assert _predictions(active["configurations"][0]) != _predictions(plain_entry)
 
 
 def _strip_token_rows(folder: Path) -> None:
@@ -123,8 +137,8 @@ def _strip_token_rows(folder: Path) -> None:
     ("text", "message"),
     [
         ("shapes", "expected NAME=PATH"),
-        ("=folder", "name: expected a non-empty adapter name"),
-        ("__base__=folder", "name: expected a non-empty adapter name"),
+        ("=folder", "name: expected an adapter name of letters, digits"),
+        ("__base__=folder", "name: expected an adapter name of letters, digits"),
     ],
 )
 def test_bad_adapter_flags_name_what_is_accepted(text, message):
@@ -165,3 +179,29 @@ def test_more_new_kind_names_than_new_kinds_is_a_usage_error(tiny_model_path, co
         "--new-kinds: new kind names: expected at most 4 names for the new shape kinds "
         "('star', 'cross', 'hexagon', 'ring'), got 5"
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--adapter", "a1={adapter}", "--adapter", "a1={adapter}"],
+            "--adapter: expected each NAME once",
+        ),
+        (
+            ["--adapter", "t1={adapter}", "--adapter", "a2={adapter}"],
+            "--adapter: expected an adapter with new tokens (t1) alone",
+        ),
+    ],
+)
+def test_repeated_names_and_token_adapters_beside_others_are_refused(
+    trained, tiny_model_path, capsys, extra, message
+):
+    _, adapter = trained
+    argv = ["--model", str(tiny_model_path), *[part.format(adapter=adapter) for part in extra]]
+    assert message in _refused([*argv, "--use-adapter", "__base__", *ARGS], capsys)
+
+
+def test_empty_new_kinds_is_a_usage_error(tiny_model_path, command_error):
+    error = command_error(["eval", "--model", str(tiny_model_path), "--new-kinds", ","])
+    assert error == EVAL_ERROR + "--new-kinds: expected comma-separated names, got ','"

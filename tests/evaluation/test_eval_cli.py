@@ -90,6 +90,7 @@ def test_json_report_has_every_field(single_run, tiny_model_path):
         "summary": "no adapter",
         "adapters": {},
         "active": "__base__",
+        "new_tokens": [],
     }
     assert entry["options"]["prune"] == {"summary": "not pruned", "prune": None, "kv": None}
     assert entry["options"]["vision-cache"] == {"summary": "no vision cache", "max_bytes": 0}

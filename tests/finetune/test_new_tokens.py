@@ -116,7 +116,8 @@ def test_saved_adapter_reloads_with_its_tokens_onto_a_fresh_base(new_token_run):
 def test_the_model_card_loads_the_named_adapter_with_its_tokens(new_token_run):
     card = (new_token_run.adapter / "README.md").read_text()
     assert "New tokens `<star>`, `<cross>`" in card
-    assert "scenes of the new kinds star as `<star>`, cross as `<cross>`" in card
+    assert "the new kinds: star as `<star>`, cross as `<cross>`" in card
+    assert "shape, colour questions about scenes of one shape (count: one to four)" in card
     code = card.split("```python\n")[1].split("```")[0]
     namespace: dict = {}
     exec(code, namespace)  # the card's loading snippet, as a user would run it
@@ -164,8 +165,15 @@ def test_a_stopped_new_token_run_resumes_to_the_same_losses_and_rows(new_token_r
             {"new_tokens": ("<a>", "<b>", "<c>", "<d>", "<e>")},
             "new_tokens: new kind names: expected at most 4",
         ),
-        ({"adapter_name": "__base__"}, "name: expected a non-empty adapter name"),
+        ({"adapter_name": "__base__"}, "adapter_name: expected an adapter name of letters"),
+        ({"adapter_name": "v1.2"}, "adapter_name: expected an adapter name of letters"),
         ({"adapter_name": "lora"}, "part of PEFT's 'lora_' prefix"),
+        ({"modules_to_save": ("lm_head",)}, "modules_to_save: expected none with new_tokens"),
+        ({"modules_to_save": ("language_model.embed_tokens",)}, "expected none with new_tokens"),
+        ({"new_tokens": "<star>"}, "new_tokens: expected a sequence of token strings"),
+        ({"new_tokens": ("<star>", "<star>")}, "new_tokens: expected distinct non-empty"),
+        ({"new_tokens": ("<star>", " ")}, "new_tokens: expected distinct non-empty"),
+        ({"new_tokens": ("circle",)}, "kind_names: expected distinct"),
     ],
 )
 def test_bad_new_token_settings_are_named(tmp_path, overrides, message):
@@ -173,13 +181,18 @@ def test_bad_new_token_settings_are_named(tmp_path, overrides, message):
         tiny_config(tmp_path, **{**NEW_TOKEN_SETTINGS, **overrides})
 
 
-def test_a_trained_vocabulary_table_is_refused_with_new_tokens(tmp_path):
-    config = tiny_config(tmp_path, **{**NEW_TOKEN_SETTINGS, "modules_to_save": ("lm_head",)})
-    with pytest.raises(ValueError, match=r"modules_to_save: expected none of the vocabulary"):
-        train(config)
-
-
 def test_tokens_no_training_record_mentions_are_refused(tmp_path):
     settings = {**NEW_TOKEN_SETTINGS, "shapes_new_kinds": False}
     with pytest.raises(ValueError, match=r"none for \['<star>', '<cross>'\]"):
         train(tiny_config(tmp_path, **settings))
+
+
+def test_whole_table_bytes_count_the_embedding_and_an_untied_head(new_token_run):
+    from ascend_vlm.finetune.train import whole_table_bytes
+
+    model = new_token_run.result.model
+    embedding = model.get_input_embeddings().weight
+    rows, hidden = embedding.shape
+    tied = model.get_output_embeddings().weight is embedding
+    assert whole_table_bytes(model, 1) == 0
+    assert whole_table_bytes(model, 2) == (1 if tied else 2) * rows * hidden * 4
