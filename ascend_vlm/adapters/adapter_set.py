@@ -30,6 +30,8 @@ from ascend_vlm.models.parts import model_part
 
 # PEFT's name for "no adapter" in per-row adapter names; here also an activatable adapter.
 BASE_ADAPTER = "__base__"
+# PEFT's name for an adapter created without one.
+DEFAULT_ADAPTER_NAME = "default"
 _WEIGHTS = "adapter_model.safetensors"
 _CONFIG = "adapter_config.json"
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ascend_vlm.adapters.adapter_set import DEFAULT_ADAPTER_NAME
 from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
 
 if TYPE_CHECKING:
@@ -124,8 +125,6 @@ def model_card(
                 f'processor = load_processor("{base_path}")',
                 f'load_visual_tokens(base, processor, "{folder}")  # the new tokens, same ids',
             ]
-        from ascend_vlm.finetune.train import DEFAULT_ADAPTER_NAME
-
         named = f', adapter_name="{config.adapter_name}"'
         if config.adapter_name == DEFAULT_ADAPTER_NAME:
             named = ""

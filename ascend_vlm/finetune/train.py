@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ascend_vlm.adapters.adapter_set import check_adapter_name
+from ascend_vlm.adapters.adapter_set import DEFAULT_ADAPTER_NAME, check_adapter_name
 from ascend_vlm.adapters.visual_vocabulary import (
     VISUAL_TOKENS_FILE,
     VisualTokens,
@@ -97,8 +97,6 @@ FINAL_ADAPTER = "adapter"
 FINAL_MODEL = "model"
 # Weight dtypes a run can load, train and save the model in.
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# PEFT's name for an adapter created without one.
-DEFAULT_ADAPTER_NAME = "default"
 # Training images whose mean projected visual feature initialises a new token's rows.
 EXAMPLES_PER_NEW_TOKEN = 16
 
