@@ -195,6 +195,8 @@ def main() -> None:
         "over a loopback shaped by scripts/emulated_link.sh",
     )
     args = parser.parse_args()
+    if args.link_rate is not None and not args.link_rate:
+        parser.error("--link-rate: expected a rate in tc units (e.g. 2gbit), got ''")
     if args.link_rate and os.environ.get(LINK_RATE_ENV) != args.link_rate:
         # Re-run this command inside the emulated link; the variable marks the inner run.
         helper = Path(__file__).resolve().parent / "emulated_link.sh"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
+_STEP_FOLDER = re.compile(r"step-(\d{8})")
 LATEST = "latest"
 TRAINER_STATE = "trainer_state.pt"
 TRAINABLE_WEIGHTS = "trainable.safetensors"
@@ -136,6 +138,12 @@ def _fsync_directory(path: Path) -> None:
         os.close(descriptor)
 
 
+def _step_of(name: str) -> int | None:
+    """The step of a checkpoint folder name ``step-<8 digits>``, else None."""
+    match = _STEP_FOLDER.fullmatch(name)
+    return int(match[1]) if match else None
+
+
 def is_complete(path: Path) -> bool:
     """True when checkpoint directory ``path`` holds its trainer state and a trainable-weights
     file whose safetensors header reads (a file cut short by a crash does not)."""
@@ -154,8 +162,8 @@ def resolve_checkpoint(output_dir: str | os.PathLike, resume: str) -> Path:
     """The checkpoint directory ``resume`` names: ``"latest"`` (from ``output_dir``) or a path.
 
     ``"latest"`` is the directory the ``latest`` file names; if that one is not complete
-    (:func:`is_complete`: the disk lost part of it), the newest complete ``step-*`` directory,
-    with a warning. Staging directories of an interrupted save are never candidates. Raises
+    (:func:`is_complete`: the disk lost part of it), the newest complete ``step-<n>`` directory
+    of an earlier step, with a warning. Staging directories of an interrupted save are never candidates. Raises
     ``FileNotFoundError`` naming ``resume`` when there is no complete checkpoint.
     """
     if resume == "latest":
@@ -167,7 +175,13 @@ def resolve_checkpoint(output_dir: str | os.PathLike, resume: str) -> Path:
             )
         path = root / pointer.read_text(encoding="utf-8").strip()
         if not is_complete(path):
-            complete = [p for p in sorted(root.glob("step-*"), reverse=True) if is_complete(p)]
+            # Only steps before the one latest names: later folders can be left from a run
+            # that was resumed from an earlier checkpoint, and belong to another history.
+            limit = _step_of(path.name)
+            steps = {p: _step_of(p.name) for p in root.iterdir()}
+            older = [p for p, n in steps.items() if n is not None and (limit is None or n < limit)]
+            older.sort(key=steps.get, reverse=True)
+            complete = [p for p in older if is_complete(p)]
             if not complete:
                 raise FileNotFoundError(
                     f"resume: expected a complete checkpoint under {str(root)!r}; 'latest' "

@@ -93,10 +93,14 @@ LANGUAGE_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 # families transformers ships (Qwen2/2.5-VL, LLaVA(-Next), Idefics3/SmolVLM, PaliGemma).
 COMM_HOOKS = ("sparse", "none")
 METRICS_FILE = "metrics.jsonl"
+# The torchrun job (TORCHELASTIC_RUN_ID) that last started or continued the run in a folder.
+RUN_MARKER = ".torchrun_run_id"
 FINAL_ADAPTER = "adapter"
 FINAL_MODEL = "model"
 # Weight dtypes a run can load, train and save the model in.
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# A week: longer waits are not a timeout, and timedelta arithmetic overflows far above it.
+MAX_COLLECTIVE_TIMEOUT = 7 * 24 * 3600
 # Training images whose mean projected visual feature initialises a new token's rows.
 EXAMPLES_PER_NEW_TOKEN = 16
 
@@ -212,9 +216,15 @@ class TrainConfig:
                     "frozen and cannot take a merged adapter), got "
                     f"full_finetune={self.full_finetune}, save_merged={self.save_merged!r}"
                 )
-        if not (isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0):
+        timeout = self.collective_timeout
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not 0 < timeout <= MAX_COLLECTIVE_TIMEOUT
+        ):
             raise ValueError(
-                f"collective_timeout: expected seconds > 0, got {self.collective_timeout!r}"
+                f"collective_timeout: expected seconds in (0, {MAX_COLLECTIVE_TIMEOUT}], got "
+                f"{timeout!r}"
             )
         if self.comm_hook not in COMM_HOOKS:
             raise ValueError(f"comm_hook: expected one of {COMM_HOOKS}, got {self.comm_hook!r}")
@@ -306,16 +316,26 @@ def init_process_placement(collective_timeout: float | None = None) -> ProcessPl
     return ProcessPlacement(rank, local_rank, world_size, device, dtype)
 
 
+def _restarts() -> int:
+    """How often torchrun's agent on this node has restarted its workers so far."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def _attempt_store(timeout: timedelta | None) -> dict[str, Any]:
-    """``init_process_group`` arguments giving a restarted worker group a store of its own.
+    """``init_process_group`` arguments giving a restarted single-node worker group a store of
+    its own.
 
     After ``torchrun --max-restarts`` restarts the workers they meet again in the agent's
     store, which still holds the previous attempt's keys, so the new ranks can read a dead
-    peer's address and fail to connect. A prefix per restart (``TORCHELASTIC_RESTART_COUNT``)
-    keeps the attempts apart. Empty (torch's own ``env://`` set-up) before any restart or
-    outside torchrun's agent store."""
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if restarts == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    peer's address and fail to connect. On one node every rank sees the same restart count, so
+    a prefix per restart keeps the attempts apart. Across nodes the counts differ (an agent
+    counts only its own workers' failures), so multi-node jobs set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, which gives every round a fresh store and turns
+    this off (``TORCHELASTIC_USE_AGENT_STORE`` is then not "True"). Empty (torch's own
+    ``env://`` set-up) before any restart and in those cases."""
+    restarts = _restarts()
+    single_node = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+    if restarts == 0 or not single_node or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     agent = dist.TCPStore(
         os.environ["MASTER_ADDR"],
@@ -681,25 +701,48 @@ class CollectiveFailure(RuntimeError):
     """A training step's collective timed out or lost a peer: the job cannot go on."""
 
 
+# Words of the errors gloo raises (as plain RuntimeErrors) when a collective times out or a
+# peer's connection goes away. HCCL's on the NPU are not known here: they pass unchanged.
+_COMMUNICATION_FAILURES = (
+    "timed out",
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "socket closed",
+)
+
+
 def _is_communication_failure(error: RuntimeError) -> bool:
-    """True for the errors gloo (and HCCL through torch) raise when a collective times out or
-    a peer's connection closes."""
+    """True for gloo's errors of a collective that timed out or lost its peer."""
     text = str(error).lower()
-    return any(
-        marker in text
-        for marker in ("timed out", "timeout", "connection closed", "connection reset", "hccl")
-    )
+    return any(marker in text for marker in _COMMUNICATION_FAILURES)
+
+
+def _torchrun_job_id() -> str | None:
+    """This torchrun job's id (``TORCHELASTIC_RUN_ID``: ``--rdzv-id``, a fresh one with
+    ``--standalone``), or None outside torchrun or for torchrun's shared default "none"."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    return None if run_id in (None, "", "none") else run_id
 
 
 def _resumed_after_restart(config: TrainConfig, placement: ProcessPlacement) -> TrainConfig:
-    """``config`` resuming from the latest checkpoint when torchrun has restarted its workers
-    (``TORCHELASTIC_RESTART_COUNT`` > 0, ``--max-restarts``) and no resume was asked for: a
-    restarted worker continues the run instead of refusing its folder."""
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if restarts == 0 or config.resume is not None:
+    """``config`` resuming from the latest checkpoint when this torchrun job has already
+    started the run in ``output_dir`` (its ``TORCHELASTIC_RUN_ID`` is in the folder's
+    :data:`RUN_MARKER`): its workers were restarted after a failure (``--max-restarts``), on
+    this node or another. A job that only finds another job's run there is refused as
+    without torchrun; a restart of a run started with ``--resume PATH`` continues from the
+    latest checkpoint, not from PATH again."""
+    run_id = _torchrun_job_id()
+    marker = Path(config.output_dir) / RUN_MARKER
+    if run_id is None or not marker.is_file() or marker.read_text(encoding="utf-8") != run_id:
         return config
     if placement.is_main:
-        logger.warning("torchrun restart %d: resuming from the latest checkpoint", restarts)
+        logger.warning(
+            "torchrun job %s restarted its workers (restart %d on this node): resuming from the "
+            "latest checkpoint",
+            run_id,
+            _restarts(),
+        )
     return dataclasses.replace(config, resume="latest")
 
 
@@ -727,6 +770,8 @@ def _settle_run_config(config: TrainConfig, placement: ProcessPlacement) -> None
     if placement.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write_text(path, json.dumps(requested, indent=2))
+        if (run_id := _torchrun_job_id()) is not None:
+            checkpoint.atomic_write_text(output_dir / RUN_MARKER, run_id)
 
 
 def _trained_steps(config: TrainConfig) -> dict[str, int | None]:
@@ -858,6 +903,8 @@ def _train(config: TrainConfig) -> TrainResult:
         loop_state = checkpoint.load_checkpoint(
             path, model=model, optimizer=optimizer, rank=placement.rank
         )
+        if placement.is_main:
+            logger.info("resume: continuing after step %d from %s", loop_state["step"], path)
         metrics.truncate_after(loop_state["step"])
     else:
         seed_everything(config.seed + placement.rank)
@@ -900,8 +947,10 @@ def _train(config: TrainConfig) -> TrainResult:
     progress = _progress_bar(config, placement, initial=step)
     last_loss = math.nan
     model.train()
+    running = step + 1  # the step a collective failure is reported at
     try:
         while step < stop_at:
+            running = step + 1
             started = time.perf_counter()
             micro = []
             for _ in range(config.grad_accum):
@@ -960,7 +1009,7 @@ def _train(config: TrainConfig) -> TrainResult:
     except RuntimeError as error:
         if placement.world_size > 1 and _is_communication_failure(error):
             raise CollectiveFailure(
-                f"step {step + 1}, rank {placement.rank}: a collective did not complete within "
+                f"step {running}, rank {placement.rank}: a collective did not complete within "
                 f"--collective-timeout {config.collective_timeout:g} s or lost its peer: another "
                 f"rank is hung, stopped or gone ({str(error).strip().splitlines()[0]})"
             ) from error

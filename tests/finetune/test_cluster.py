@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +29,7 @@ from ascend_vlm.finetune.train import train
 LINK = Path(__file__).resolve().parents[2] / "scripts" / "emulated_link.sh"
 
 
+@functools.cache
 def _namespace_problem() -> str | None:
     """Why a shaped network namespace cannot be made here, None when it can."""
     try:
@@ -137,7 +141,7 @@ def test_two_nodes_over_the_link_train_as_one_node(tmp_path):
         "--rdzv-id=two-nodes",
         *_finetune(two),
     )
-    quoted = " ".join(f"'{part}'" for part in node)
+    quoted = shlex.join(node)
     script = f"{quoted} > {tmp_path}/node0.log 2>&1 & first=$!; "
     script += f"{quoted} > {tmp_path}/node1.log 2>&1; status=$?; wait $first; "
     script += "exit $(( status || $? ))"
@@ -164,6 +168,15 @@ def _workers(parent: int) -> dict[int, int]:
         if ppid == parent and ranks:
             workers[int(ranks[0])] = int(entry.name)
     return workers
+
+
+def _stop_job(job: subprocess.Popen) -> None:
+    """Kill torchrun's workers (they run in sessions of their own), then the agent."""
+    for pid in _workers(job.pid).values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    job.kill()
+    job.wait()
 
 
 def _wait_for_step(output_dir: Path, step: int, job: subprocess.Popen, limit: float = 120) -> None:
@@ -193,12 +206,18 @@ def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path
     )
     try:
         _wait_for_step(killed, 8, job)
-        os.kill(_workers(job.pid)[1], signal.SIGKILL)
+        rank1 = _workers(job.pid)[1]
+        os.kill(rank1, signal.SIGSTOP)  # no further step between the check and the kill
+        stopped_after = max(_losses(killed))
+        os.kill(rank1, signal.SIGKILL)
         _, err = job.communicate(timeout=300)
     finally:
-        job.kill()
+        _stop_job(job)
     assert job.returncode == 0, err[-3000:]
-    assert "torchrun restart 1: resuming from the latest checkpoint" in err
+    assert "restarted its workers (restart 1 on this node): resuming from the latest" in err
+    (resumed_at,) = map(int, re.findall(r"resume: continuing after step (\d+) from", err))
+    # The newest checkpoint (every 3 steps) at or before the last step logged before the kill.
+    assert resumed_at == stopped_after // 3 * 3 and resumed_at >= 6
     assert _losses(killed) == _losses(uninterrupted)
     expected, got = _adapter(uninterrupted), _adapter(killed)
     assert expected.keys() == got.keys()
@@ -208,7 +227,7 @@ def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path
 @pytest.mark.slow
 def test_a_hung_rank_fails_the_job_in_bounded_time_naming_step_and_rank(tmp_path):
     output_dir = tmp_path / "hung"
-    extra = ("--max-steps=400", "--save-every=1000", "--collective-timeout=5")
+    extra = ("--max-steps=400", "--save-every=1000", "--collective-timeout=15")
     command = _torchrun("--standalone", "--nproc_per_node=2", *_finetune(output_dir, *extra))
     job = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
@@ -222,14 +241,17 @@ def test_a_hung_rank_fails_the_job_in_bounded_time_naming_step_and_rank(tmp_path
         _, err = job.communicate(timeout=120)
         elapsed = time.monotonic() - started
     finally:
-        job.kill()
+        _stop_job(job)
         if stopped is not None:
             with contextlib.suppress(ProcessLookupError):  # the agent has usually killed it
                 os.kill(stopped, signal.SIGKILL)
     assert job.returncode != 0
     assert elapsed < 90
-    assert "CollectiveFailure: step " in err and ", rank 0: a collective did not complete" in err
-    assert "--collective-timeout 5 s" in err
+    failed = re.findall(
+        r"CollectiveFailure: step (\d+), rank 0: a collective did not complete", err
+    )
+    assert failed and int(failed[0]) > 3, err[-2000:]
+    assert "--collective-timeout 15 s" in err
 
 
 def test_a_torn_checkpoint_is_never_resumed_from(tmp_path, caplog):
@@ -251,3 +273,28 @@ def test_a_torn_checkpoint_is_never_resumed_from(tmp_path, caplog):
     uninterrupted = tmp_path / "uninterrupted"
     train(tiny_config(uninterrupted, max_steps=4, save_every=1))
     assert _losses(tmp_path) == _losses(uninterrupted)  # steps 3 and 4 re-run from step 2
+
+
+@pytest.mark.slow
+def test_a_restart_does_not_continue_another_jobs_run(tmp_path):
+    # A finished run, then a new job into its folder without --resume: every attempt of the
+    # new job refuses the folder, restarts included, and the old run stays as it was.
+    _single_node(tmp_path)
+    adapter = _adapter(tmp_path)
+    command = _torchrun(
+        "--standalone",
+        "--nproc_per_node=2",
+        "--max-restarts=1",
+        *_finetune(tmp_path, "--max-steps=8"),
+    )
+    done = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode != 0
+    assert done.stderr.count("expected a folder without a saved run") >= 2  # both attempts
+    assert sorted(_losses(tmp_path)) == [1, 2, 3, 4]
+    assert all(torch.equal(_adapter(tmp_path)[k], v) for k, v in adapter.items())
+
+
+@pytest.mark.parametrize("value", [0, -1, True, float("inf"), 1e300])
+def test_bad_collective_timeouts_are_named(tmp_path, value):
+    with pytest.raises(ValueError, match="collective_timeout: expected seconds in"):
+        tiny_config(tmp_path, collective_timeout=value)
