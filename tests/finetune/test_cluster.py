@@ -184,8 +184,9 @@ def _wait_for_step(output_dir: Path, step: int, job: subprocess.Popen, limit: fl
     while time.monotonic() < deadline:
         assert job.poll() is None, "the job ended before the step to interrupt"
         metrics = output_dir / "metrics.jsonl"
-        if metrics.is_file() and max(_losses(metrics.parent), default=0) >= step:
-            return
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            if metrics.is_file() and max(_losses(metrics.parent), default=0) >= step:
+                return
         time.sleep(0.02)
     raise AssertionError(f"step {step} not reached in {limit} s")
 
