@@ -10,36 +10,23 @@ import random
 import pytest
 import torch
 from PIL import Image
+from random_adapters import save_random_adapter
 
 import ascend_vlm
 from ascend_vlm.adapters.adapter_set import BASE_ADAPTER, AdapterSet
 
-LANGUAGE_TARGETS = ["q_proj", "v_proj", "down_proj"]
 NAMES = ("red", "green", "blue")
-
-
-def _save_adapter(base, folder, seed, rank=4, targets=LANGUAGE_TARGETS):
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    config = LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False
-    )
-    peft_model = get_peft_model(copy.deepcopy(base), config)
-    for name, parameter in peft_model.named_parameters():
-        if "lora_B" in name:  # non-zero B: the adapter changes the output
-            torch.nn.init.normal_(parameter, std=0.5)
-    peft_model.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
 def adapters(model_and_processor, tmp_path_factory):
     base, _ = model_and_processor
     root = tmp_path_factory.mktemp("adapters")
-    folders = {name: _save_adapter(base, root / name, seed) for seed, name in enumerate(NAMES)}
-    folders["vision"] = _save_adapter(base, root / "vision", 9, targets=["qkv"])
-    folders["rank8"] = _save_adapter(base, root / "rank8", 11, rank=8)
+    folders = {
+        name: save_random_adapter(base, root / name, seed) for seed, name in enumerate(NAMES)
+    }
+    folders["vision"] = save_random_adapter(base, root / "vision", 9, targets=["qkv"])
+    folders["rank8"] = save_random_adapter(base, root / "rank8", 11, rank=8)
     return folders
 
 
@@ -223,7 +210,7 @@ def test_bad_input_is_named(model_and_processor, adapters, tmp_path):
     config.text_config.hidden_size = 64
     config.text_config.intermediate_size = 96
     other = type(base)(config)
-    foreign = _save_adapter(other, tmp_path / "foreign", 3)
+    foreign = save_random_adapter(other, tmp_path / "foreign", 3)
     with pytest.raises(
         ValueError,
         match=r"adapter for another base: .*proj.lora_A.weight has shape \[4, \d+\], .* needs lora_A \[r, 256\]",

@@ -9,29 +9,11 @@ import copy
 import pytest
 import torch
 from PIL import Image
+from random_adapters import save_random_adapter
 
 from ascend_vlm.adapters.adapter_set import BASE_ADAPTER, AdapterSet
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
-
-
-def _save(base, folder, seed, rank=4, targets=("q_proj", "v_proj", "down_proj"), **extra):
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    config = LoraConfig(
-        r=rank,
-        lora_alpha=2 * rank,
-        target_modules=list(targets),
-        init_lora_weights=False,
-        **extra,
-    )
-    peft_model = get_peft_model(copy.deepcopy(base), config)
-    for name, parameter in peft_model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(parameter, std=0.5)
-    peft_model.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +21,11 @@ def folders(model_and_processor, tmp_path_factory):
     base, _ = model_and_processor
     root = tmp_path_factory.mktemp("mixed_rows")
     return {
-        "r4": _save(base, root / "r4", 1),
-        "r8": _save(base, root / "r8", 2, rank=8),
-        "q_only": _save(base, root / "q_only", 3, targets=("q_proj",)),
-        "r4b": _save(base, root / "r4b", 4),
-        "dora": _save(base, root / "dora", 5, use_dora=True),
+        "r4": save_random_adapter(base, root / "r4", 1),
+        "r8": save_random_adapter(base, root / "r8", 2, rank=8),
+        "q_only": save_random_adapter(base, root / "q_only", 3, targets=("q_proj",)),
+        "r4b": save_random_adapter(base, root / "r4b", 4),
+        "dora": save_random_adapter(base, root / "dora", 5, use_dora=True),
     }
 
 
