@@ -8,7 +8,8 @@ Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules
 :func:`trace` (stage timelines, attention maps, anomalous-token reports), :mod:`adapters`
 and :class:`AdapterSet` (many LoRA adapters over one base, new visual tokens), :mod:`reuse`
 (:class:`ChatSession`: multi-turn chat keeping its KV cache; :class:`VisionCache`: vision
-features kept across calls and requests) and :mod:`testing` (the
+features kept across calls and requests), :mod:`vision_input` (:class:`QwenVLPixels`:
+image preprocessing equal to Hugging Face's, faster) and :mod:`testing` (the
 mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`PatchError`.
 
 Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schemas, kernels,
@@ -16,7 +17,8 @@ fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-
 compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
 :mod:`ops` (with :mod:`kernel_backend`); everything heavier (transformers through ``patch``,
 :mod:`distributed`, :mod:`pruning`, :mod:`quantization`, :mod:`batching`,
-:mod:`observability`, :mod:`adapters`, :mod:`reuse`, :mod:`testing`) loads on first access.
+:mod:`observability`, :mod:`adapters`, :mod:`reuse`, :mod:`vision_input`, :mod:`testing`)
+loads on first access.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "ChatSession",
     "PatchError",
     "PatchReport",
+    "QwenVLPixels",
     "VisionCache",
     "adapters",
     "batching",
@@ -51,6 +54,7 @@ __all__ = [
     "testing",
     "trace",
     "unpatch",
+    "vision_input",
 ]
 
 _LAZY_SUBMODULES = {
@@ -63,6 +67,7 @@ _LAZY_SUBMODULES = {
     "batching",
     "observability",
     "adapters",
+    "vision_input",
 }
 _LAZY_ATTRIBUTES = {
     "AdapterSet": "ascend_vlm.adapters",
@@ -74,6 +79,7 @@ _LAZY_ATTRIBUTES = {
     "ChatSession": "ascend_vlm.reuse",
     "VisionCache": "ascend_vlm.reuse",
     "trace": "ascend_vlm.observability",
+    "QwenVLPixels": "ascend_vlm.vision_input",
 }
 
 if TYPE_CHECKING:
@@ -87,6 +93,7 @@ if TYPE_CHECKING:
         reuse,
         runtime,
         testing,
+        vision_input,
     )
     from ascend_vlm.adapters import AdapterSet
     from ascend_vlm.batching import BatchGenerator
@@ -94,6 +101,7 @@ if TYPE_CHECKING:
     from ascend_vlm.patching import PatchReport, patch, unpatch
     from ascend_vlm.quantization import quantize
     from ascend_vlm.reuse import ChatSession, VisionCache
+    from ascend_vlm.vision_input import QwenVLPixels
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,28 @@
+"""scripts/bench_input.py end to end with two images and one round."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bench(script_module):
+    return script_module("bench_input")
+
+
+def test_every_processor_is_measured_at_both_sizes(bench, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--images", "2", "--rounds", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) == {"448x448", "1344x896"}
+    for rates in report.values():
+        assert len(rates) == 3 and all(rate > 0 for rate in rates.values())
+    assert "| 1344x896 | QwenVLPixels, 2 workers |" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_refused(bench):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--images", "0"])
+    assert exit_info.value.code == 2
