@@ -63,11 +63,12 @@ class QwenVLPixels:
                 f"reference: expected a Qwen2/2.5-VL image processor, got "
                 f"{type(reference).__name__} without {missing}"
             )
-        if not (reference.do_resize and reference.do_rescale and reference.do_normalize):
+        steps = ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize")
+        disabled = [step for step in steps if not getattr(reference, step, False)]
+        if disabled:
             raise ValueError(
-                "reference: expected resize, rescale and normalize all enabled (the model's "
-                "defaults), got do_resize, do_rescale, do_normalize = "
-                f"{reference.do_resize}, {reference.do_rescale}, {reference.do_normalize}"
+                f"reference: expected RGB conversion, resize, rescale and normalize all enabled "
+                f"(the model's defaults), got {disabled} off"
             )
         # The size rule of the reference's own module, whichever backend it is.
         smart_resize = getattr(sys.modules[type(reference).__module__], "smart_resize", None)

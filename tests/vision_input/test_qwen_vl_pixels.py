@@ -102,3 +102,10 @@ def test_bad_input_is_named(reference):
         pixels([Image.new("RGB", (8, 8))], return_tensors="np")
     with pytest.raises(ValueError, match="workers: expected an int >= 1"):
         QwenVLPixels(reference, workers=0)
+
+
+def test_a_reference_with_a_step_turned_off_is_refused():
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    with pytest.raises(ValueError, match=r"got \['do_normalize'\] off"):
+        QwenVLPixels(Qwen2VLImageProcessorPil(do_normalize=False))
