@@ -96,6 +96,7 @@ class AdapterSet:
         self._vision_adapters: set[str] = set()
         self._hotswap_rank: int | None = None
         self._layers: list | None = None
+        self._tuner_layers: list = []
         # Resident adapters stacked for mixed rows; None: not built yet, False: not stackable.
         self._stacks: StackedAdapters | bool | None = None
         if self._peft is not None:
@@ -220,7 +221,8 @@ class AdapterSet:
         fast = peft_active_adapter_problem() is None and not any(
             isinstance(module, AuxiliaryTrainingWrapper) for module in modules
         )
-        self._layers = [m for m in modules if isinstance(m, BaseTunerLayer)] if fast else None
+        self._tuner_layers = [m for m in modules if isinstance(m, BaseTunerLayer)]
+        self._layers = self._tuner_layers if fast else None
 
     def _apply(self, name: str) -> None:
         """Make the tuner layers compute adapter ``name`` (:data:`BASE_ADAPTER`: none)."""
@@ -269,7 +271,7 @@ class AdapterSet:
                 "adapter_names: expected the model in eval mode (mixed rows serve inference; "
                 "PEFT refuses them in training), got it in training mode"
             )
-        if any(getattr(layer, "merged", False) for layer in self._peft.modules()):
+        if any(layer.merged for layer in self._tuner_layers):
             raise ValueError(
                 "adapter_names: expected unmerged adapters (a merged one is in every row's "
                 "weights), got merged LoRA layers; unmerge them first"
@@ -296,7 +298,8 @@ class AdapterSet:
         if stacks is not None:
             self._apply(BASE_ADAPTER)  # the layers compute the base; the stacks add each row's
             try:
-                with rows_through_stacks(stacks, names, BASE_ADAPTER):
+                rows = [None if name == BASE_ADAPTER else name for name in names]
+                with rows_through_stacks(stacks, rows):
                     return getattr(self._peft, method)(**inputs)
             finally:
                 self._apply(self._active)

@@ -54,14 +54,10 @@ class StackedAdapters:
             stacked_b = first.new_zeros(count, out_features, rank)
             scale = first.new_zeros(count)
             for name in held:
-                position, a, b = (
-                    self.index[name],
-                    layer.lora_A[name].weight,
-                    layer.lora_B[name].weight,
-                )
-                stacked_a[position, : a.shape[0]] = a.detach()
-                stacked_b[position, :, : b.shape[1]] = b.detach()
-                scale[position] = layer.scaling[name]
+                a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+                stacked_a[self.index[name], : a.shape[0]] = a.detach()
+                stacked_b[self.index[name], :, : b.shape[1]] = b.detach()
+                scale[self.index[name]] = layer.scaling[name]
             self.weights[layer] = (stacked_a, stacked_b, scale)
 
     def _fingerprint(self) -> tuple:
@@ -97,13 +93,13 @@ def plain_lora_layers(layers: Sequence[nn.Module], names: Sequence[str]) -> bool
 
 @contextmanager
 def rows_through_stacks(
-    stacks: StackedAdapters, row_adapters: Sequence[str], base_name: str
+    stacks: StackedAdapters, row_adapters: Sequence[str | None]
 ) -> Iterator[None]:
-    """While inside, every layer of ``stacks`` adds row i's adapter ``row_adapters[i]``
-    (``base_name``: none) to its output. The caller makes the layers compute the base alone
+    """While inside, every layer of ``stacks`` adds row i's adapter ``row_adapters[i]`` (None:
+    the base, nothing added) to its output. The caller makes the layers compute the base alone
     meanwhile (no active adapter), so nothing is added twice."""
     batch = len(row_adapters)
-    adapter_rows = [row for row, name in enumerate(row_adapters) if name != base_name]
+    adapter_rows = [row for row, name in enumerate(row_adapters) if name is not None]
     adapter_index = [stacks.index[row_adapters[row]] for row in adapter_rows]
     if not adapter_rows:  # every row is the base: nothing to add
         yield

@@ -1,9 +1,9 @@
 """Qwen2/2.5-VL image preprocessing equal to Hugging Face's, in two passes over the pixels.
 
 Hugging Face's ``Qwen2VLImageProcessorPil`` turns each image into patches in five steps:
-convert to RGB (transparency composited onto white), resize with PIL to the ``smart_resize``
-size (both sides multiples of ``patch_size * merge_size``, area within the configured pixel
-range), rescale (``float64(v) * rescale_factor`` cast to float32), normalize
+convert to RGB (its ``convert_to_rgb``, which this class calls too), resize with PIL to the
+``smart_resize`` size (both sides multiples of ``patch_size * merge_size``, area within the
+configured pixel range), rescale (``float64(v) * rescale_factor`` cast to float32), normalize
 (``(x - mean_c) / std_c`` in float32), and patchify: rows of ``C * T * P * P`` values, one
 per ``P x P`` patch, in merge-window order, each patch repeated over ``T`` =
 ``temporal_patch_size`` frames.
@@ -19,6 +19,7 @@ are processed by a pool of ``workers`` threads.
 
 from __future__ import annotations
 
+import struct
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,15 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-
-
-def _rgb(image: Image.Image) -> Image.Image:
-    """``image`` as RGB, transparency composited onto white (Hugging Face's convert_to_rgb)."""
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
-    return image.convert("RGB")
 
 
 class QwenVLPixels:
@@ -124,9 +116,10 @@ class QwenVLPixels:
                 f"images[{index}]: expected a PIL image or a uint8 array, got {type(image).__name__}"
             )
         try:
-            return _rgb(image)
-        except OSError as error:  # a truncated or corrupt file PIL only reads now
+            image.load()  # a truncated or corrupt file fails here, not in a worker thread
+        except (OSError, struct.error) as error:  # PIL reads the file's data only now
             raise ValueError(f"images[{index}]: cannot read the image: {error}") from None
+        return image
 
     def _grid(self, index: int, image: Image.Image) -> tuple[int, int]:
         factor = self.patch_size * self.merge_size
@@ -139,9 +132,15 @@ class QwenVLPixels:
         return height // self.patch_size, width // self.patch_size
 
     def _fill(self, image: Image.Image, grid: tuple[int, int], rows: np.ndarray) -> None:
-        """Resize ``image`` to ``grid`` patches and write its patch rows into ``rows``."""
+        """Convert ``image`` to RGB, resize it to ``grid`` patches and write its patch rows
+        into ``rows``."""
         patch, merge, frames = self.patch_size, self.merge_size, self.temporal_patch_size
         grid_h, grid_w = grid
+        # The reference's own conversion (transparency onto white in current versions); it
+        # returns a PIL image or an HxWx3 array depending on the transformers version.
+        image = self.reference.convert_to_rgb(image)
+        if isinstance(image, np.ndarray):
+            image = Image.fromarray(image)
         resized = image.resize((grid_w * patch, grid_h * patch), resample=self.resample)
         pixels = np.asarray(resized)  # H x W x 3 uint8
         windows = pixels.reshape(grid_h // merge, merge, patch, grid_w // merge, merge, patch, 3)

@@ -154,6 +154,9 @@ def test_rows_of_the_base_only_and_refused_modes(model_and_processor, folders):
     with pytest.raises(ValueError, match="adapter_names: expected the model in eval mode"):
         served.forward(["r4", BASE_ADAPTER], **inputs)
     served.model.eval()
+    served.model.base_model.merge_adapter(["r4"])
+    with pytest.raises(ValueError, match="adapter_names: expected unmerged adapters"):
+        served.forward(["r4", BASE_ADAPTER], **inputs)
 
 
 def test_stacks_follow_in_place_weight_changes_and_casts(model_and_processor, folders):
