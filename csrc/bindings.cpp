@@ -186,6 +186,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("device", &Event::device)
       .def("record", &Event::record)
       .def("query", &Event::query)
+      .def("make_stream_wait",
+           [](const Event& e, uintptr_t stream) { e.make_stream_wait(pointer(stream)); })
       .def("synchronize", &Event::synchronize, py::arg("timeout_ms") = Stream::kDefaultTimeout,
            py::call_guard<py::gil_scoped_release>())
       .def("elapsed_ms", &Event::elapsed_ms);

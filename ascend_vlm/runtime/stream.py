@@ -219,6 +219,17 @@ class Event(_C.Event):
         super().synchronize(_timeout(timeout_ms))
         _release_recorded(recorded)
 
+    def make_stream_wait(self, stream_handle: int) -> None:
+        """Make work queued later on a stream this runtime does not own wait for the latest
+        record (``aclrtStreamWaitEvent`` on the raw handle, on the device).
+
+        ``stream_handle`` is an ``aclrtStream`` address, e.g. torch_npu's
+        ``torch.npu.current_stream().npu_stream``: how a torch_npu stream consumes what a
+        runtime stream produced without blocking the host. A handle AscendCL does not know
+        raises ``AclError``.
+        """
+        super().make_stream_wait(require_int("stream_handle", stream_handle))
+
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds from this event to ``end`` (both timing events, both completed).
 

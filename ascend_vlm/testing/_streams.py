@@ -2,8 +2,8 @@
 
 Mirrors the torch_npu API the project uses (Ascend/pytorch ``torch_npu/npu/streams.py``;
 npu_api.md §3): ``Stream(device=None, priority=0)`` with ``wait_event``, ``wait_stream``,
-``record_event``, ``query``, ``synchronize``; ``Event(enable_timing=False, blocking=False,
-interprocess=False)`` with ``record``, ``wait``, ``query``, ``elapsed_time``, ``synchronize``;
+``record_event``, ``query``, ``synchronize`` and ``npu_stream`` (the raw ``aclrtStream``);
+``Event(enable_timing=False, blocking=False, interprocess=False)`` with ``record``, ``wait``, ``query``, ``elapsed_time``, ``synchronize``;
 ``current_stream``, ``default_stream`` and the ``stream(s)`` context manager.
 
 When ``ascend_vlm._C`` is built, streams and events are backed by ``ascend_vlm.runtime``'s
@@ -105,6 +105,16 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
             # Events whose completion means all work submitted so far has completed.
             self._completion: list[Event] = []
             live_streams.add(self)
+
+        @property
+        def npu_stream(self) -> int:
+            """The raw ``aclrtStream`` (torch_npu's ``Stream.npu_stream``): the simulated
+            runtime stream's handle."""
+            if self._native is None:
+                raise RuntimeError(
+                    "npu_stream: the mock has no AscendCL stream without ascend_vlm._C built"
+                )
+            return self._native.handle
 
         def wait_event(self, event: Event) -> None:
             if self._native is not None and event._native is not None:

@@ -217,6 +217,10 @@ void Event::record(Stream& stream) {
   stream.use([this](aclrtStream queue) { ASCEND_VLM_ACL_CALL(aclrtRecordEvent, handle(), queue); });
 }
 
+void Event::make_stream_wait(aclrtStream foreign) const {
+  ASCEND_VLM_ACL_CALL(aclrtStreamWaitEvent, foreign, enter("aclrtStreamWaitEvent"));
+}
+
 bool Event::query() const {
   aclrtEventRecordedStatus status = ACL_EVENT_RECORDED_STATUS_NOT_READY;
   ASCEND_VLM_ACL_CALL(aclrtQueryEventStatus, enter("aclrtQueryEventStatus"), &status);

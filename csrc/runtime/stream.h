@@ -96,6 +96,10 @@ class Event {
   // Blocks the calling thread until the latest record has completed, at most `timeout_ms` (as
   // Stream::synchronize; a timeout raises ACL_ERROR_RT_EVENT_SYNC_TIMEOUT).
   void synchronize(int32_t timeout_ms = Stream::kDefaultTimeout) const;
+  // Work queued on `foreign` (a stream this runtime does not own, e.g. torch_npu's current
+  // stream from its `npu_stream` handle) after this call starts only once the latest record has
+  // completed. Runs in the event's device context; a handle AscendCL does not know raises.
+  void make_stream_wait(aclrtStream foreign) const;
   // Milliseconds from this event's completion to `end`'s; both must be timing events whose
   // records have completed.
   float elapsed_ms(const Event& end) const;
