@@ -23,11 +23,14 @@ import struct
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image
+
+if TYPE_CHECKING:
+    from ascend_vlm.vision_input.staging import StagingPool
 
 
 class QwenVLPixels:
@@ -153,10 +156,16 @@ class QwenVLPixels:
             np.take(self._lut[channel], ordered[:, channel], out=out[:, channel, 0])
         out[:, :, 1:] = out[:, :, :1]
 
-    def __call__(self, images: Any = None, **kwargs: Any) -> Any:
+    def __call__(
+        self, images: Any = None, *, staging: StagingPool | None = None, **kwargs: Any
+    ) -> Any:
         """``pixel_values`` and ``image_grid_thw`` of ``images`` (one image or a list) as a
         ``BatchFeature`` of torch tensors. Other keyword arguments are refused unless they
-        ask for what this class does (``return_tensors="pt"``)."""
+        ask for what this class does (``return_tensors="pt"``).
+
+        With ``staging``, ``pixel_values`` is written into (and shares) one of its page-locked
+        slots, which stays taken while the tensor or any view of it lives.
+        """
         from transformers import BatchFeature
 
         unknown = {k: v for k, v in kwargs.items() if not (k == "return_tensors" and v == "pt")}
@@ -172,7 +181,12 @@ class QwenVLPixels:
         grids = [self._grid(i, image) for i, image in enumerate(prepared)]
         counts = [h * w for h, w in grids]
         width = 3 * self.temporal_patch_size * self.patch_size**2
-        pixel_values = np.empty((sum(counts), width), dtype=np.float32)
+        shape = (sum(counts), width)
+        if staging is None:
+            pixel_values = np.empty(shape, dtype=np.float32)
+        else:
+            slot = staging.acquire(4 * shape[0] * shape[1])
+            pixel_values = slot.view(np.float32).reshape(shape)
         starts = np.cumsum([0, *counts])
         jobs = [
             (image, grid, pixel_values[start:end])

@@ -1,0 +1,130 @@
+"""Host-to-device uploads of prepared batches on a dedicated runtime stream.
+
+The copies are queued on a :class:`~ascend_vlm.runtime.Stream` of this runtime, so they overlap
+with the model's compute on torch_npu's stream, and an :class:`~ascend_vlm.runtime.Event`
+recorded after them orders the consumer: ``aclrtStreamWaitEvent`` on torch_npu's current
+stream through its raw handle (``torch.npu.current_stream().npu_stream``), so the host never
+waits for the copy. The destination tensors are allocated by torch_npu's caching allocator
+while the consumer's stream is current, which ties their blocks to that stream: once the
+consumer frees them, the allocator hands them out again only to work ordered after the copy.
+
+Two destinations:
+
+* ``"npu"``: torch_npu tensors on the current device. Under the mock torch_npu
+  (:mod:`ascend_vlm.testing.mock_npu`) NPU tensors are CPU tensors: each copy goes up to a
+  simulated device buffer and back into the tensor on the same stream (``h2d`` then ``d2h``
+  bytes in the simulator's counters), and the stream ordering runs through the simulated
+  AscendCL.
+* ``"runtime"``: :class:`~ascend_vlm.runtime.DeviceBuffer` s, for consumers of runtime memory
+  (and the simulator's byte counters: a staged batch shows only host-to-device bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ascend_vlm import kernel_backend
+from ascend_vlm.runtime import DeviceBuffer, Event, Stream
+
+UPLOAD_DESTINATIONS = ("npu", "runtime")
+
+
+class UploadedBatch:
+    """A batch whose tensors were queued for upload; :meth:`ready` hands them out in order.
+
+    ``values`` maps each key of the host batch to its device copy (a tensor or a
+    ``DeviceBuffer``; non-tensor values as they were); ``event`` completes with the copies.
+    """
+
+    def __init__(self, values: dict[str, Any], event: Event, consumer_stream: Any) -> None:
+        self.values = values
+        self.event = event
+        self._consumer_stream = consumer_stream
+
+    def ready(self) -> dict[str, Any]:
+        """``values``, with the consumer ordered after the copies: torch_npu's stream waits
+        for ``event`` on the device ("npu"); the host waits for it ("runtime")."""
+        if self._consumer_stream is None:
+            self.event.synchronize()
+        else:
+            self.event.make_stream_wait(self._consumer_stream.npu_stream)
+        return self.values
+
+
+class BatchUploader:
+    """Copies the CPU tensors of a batch to ``destination`` on its own runtime stream.
+
+    Create it in the consumer's thread: with ``"npu"`` the consumer is torch_npu's current
+    stream at that moment. ``upload`` may then be called from any thread.
+    """
+
+    def __init__(self, destination: str = "npu") -> None:
+        if destination not in UPLOAD_DESTINATIONS:
+            raise ValueError(
+                f"destination: expected one of {UPLOAD_DESTINATIONS}, got {destination!r}"
+            )
+        self.destination = destination
+        self._consumer_stream = None
+        self._device = torch.device("cpu")
+        if destination == "npu":
+            backend = kernel_backend.active_backend()
+            if backend == "cpu":
+                raise ValueError(
+                    "destination: 'npu' needs torch_npu (or the mock), and the kernel backend "
+                    "is 'cpu'; use 'runtime' or no uploader"
+                )
+            self._consumer_stream = torch.npu.current_stream()
+            if backend == "npu":
+                self._device = torch.device("npu", torch.npu.current_device())
+        self.stream = Stream()
+
+    def upload(self, batch: Mapping[str, Any]) -> UploadedBatch:
+        """Queue a copy of every CPU tensor of ``batch`` and record the event after them.
+
+        A tensor in page-locked memory (a :class:`~ascend_vlm.vision_input.StagingPool`
+        slot) is copied asynchronously; a pageable one makes its copy synchronous, as
+        ``aclrtMemcpyAsync`` does. The stream keeps the host tensors alive until the copies
+        are known done.
+        """
+        values: dict[str, Any] = {}
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor):
+                values[key] = self._copy(key, value)
+            else:
+                values[key] = value
+        event = Event(timing=False)
+        event.record(self.stream)
+        return UploadedBatch(values, event, self._consumer_stream)
+
+    def _copy(self, key: str, tensor: torch.Tensor) -> Any:
+        if tensor.device.type != "cpu":
+            raise ValueError(f"batch[{key!r}]: expected a CPU tensor, got one on {tensor.device}")
+        source = tensor.contiguous()
+        nbytes = source.numel() * source.element_size()
+        if self._consumer_stream is None:
+            target: Any = DeviceBuffer(max(nbytes, 1))
+            if nbytes:
+                self.stream.memcpy_async(target, source, nbytes)
+            return target
+        with torch.npu.stream(self._consumer_stream):
+            target = torch.empty(source.shape, dtype=source.dtype, device=self._device)
+        if not nbytes:
+            return target
+        if target.device.type == "npu":
+            self.stream.memcpy_async(target, source, nbytes)
+        else:
+            # The mock: its NPU tensors are host memory, which an asynchronous copy may not
+            # target (AscendCL refuses host-to-host). The bytes go up to simulated device
+            # memory and come back into the tensor on the same stream.
+            staged = DeviceBuffer(nbytes)
+            self.stream.memcpy_async(staged, source, nbytes)
+            self.stream.memcpy_async(target, staged, nbytes)
+        return target
+
+    def close(self) -> None:
+        """Wait for the queued copies and destroy the stream (idempotent)."""
+        if not self.stream.destroyed:
+            self.stream.destroy()
