@@ -108,6 +108,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add("--max-steps", type=int, help="optimizer steps of LoRA")
     add("--batch-size", type=int, help="samples per rank per micro")
     add("--grad-accum", type=int, help="micro-batches per step")
+    add(
+        "--prefetch",
+        type=int,
+        help="micro-batches prepared (and on an NPU uploaded) ahead in a thread; 0: none",
+    )
     add("--learning-rate", "--lr", type=float, help="peak learning rate")
     add("--weight-decay", type=float, help="AdamW weight decay")
     add(

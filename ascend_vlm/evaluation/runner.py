@@ -14,6 +14,8 @@ from ascend_vlm.evaluation.stages import (
     StageTimes,
     generate_with_stage_times,
 )
+from ascend_vlm.vision_input.prefetch import device_prefetcher
+from ascend_vlm.vision_input.staging import StagingPool
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,18 @@ class RunResult:
     peak_memory_bytes: int | None
 
 
-def _batch_inputs(processor: Any, samples: list, device: torch.device) -> dict[str, torch.Tensor]:
-    """The prompts of ``samples`` (the fine-tune script's chat format), left-padded."""
+def _batch_inputs(
+    processor: Any, dataset: EvalDataset, indices: range, staging: StagingPool | None
+) -> dict[str, Any]:
+    """The prompts of ``dataset[indices]`` (the fine-tune script's chat format), left-padded,
+    with the samples under ``"_samples"``."""
     from ascend_vlm.finetune.data import collate, encode_sample, pad_token_id_of
 
+    samples = [dataset[index] for index in indices]
     encoded = [encode_sample(processor, sample, with_answer=False) for sample in samples]
-    batch = collate(encoded, pad_token_id_of(processor), padding_side="left")
-    return {key: value.to(device) for key, value in batch.items() if key != "labels"}
+    batch = collate(encoded, pad_token_id_of(processor), padding_side="left", staging=staging)
+    del batch["labels"]
+    return {**batch, "_samples": samples}
 
 
 def generate_answers(
@@ -65,7 +72,7 @@ def generate_answers(
     """
     from tqdm import tqdm
 
-    from ascend_vlm.finetune.data import pad_token_id_of
+    from ascend_vlm.finetune.data import pad_token_id_of, processor_for_another_thread
 
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(
@@ -75,15 +82,30 @@ def generate_answers(
     device = next(model.parameters()).device
     predictions: list[Prediction] = []
     stage_times: list[StageTimes] = []
+    chunks = [
+        range(start, min(start + batch_size, len(dataset)))
+        for start in range(0, len(dataset), batch_size)
+    ]
+    # The next batch's images are read, preprocessed (and on an NPU uploaded) while this one
+    # generates and is decoded.
+    encoding = processor_for_another_thread(processor)
+    batches = device_prefetcher(
+        chunks,
+        lambda indices, staging: _batch_inputs(encoding, dataset, indices, staging),
+        device,
+        describe=lambda indices: f"samples {indices.start}-{indices.stop - 1}",
+    )
     with (
+        batches,
         torch.no_grad(),
         PeakRSS() as memory,
         tqdm(total=len(dataset), desc=description, unit="sample", disable=not progress) as bar,
     ):
-        for start in range(0, len(dataset), batch_size):
-            indices = range(start, min(start + batch_size, len(dataset)))
-            samples = [dataset[index] for index in indices]
-            inputs = _batch_inputs(processor, samples, device)
+        for indices, batch in zip(chunks, batches, strict=True):
+            start = indices.start
+            samples = batch.pop("_samples")
+            inputs = {key: value.to(device) for key, value in batch.items()}
+            del batch
             if start == 0:
                 model.generate(
                     **inputs,

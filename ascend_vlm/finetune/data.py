@@ -17,16 +17,21 @@ image and the question, then the assistant's answer) and supervises only the ans
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image, UnidentifiedImageError
+
+if TYPE_CHECKING:
+    from ascend_vlm.vision_input.staging import StagingPool
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +41,8 @@ LLAVA_IMAGE_MARKER = "<image>"
 # Keys of a processor's output that run along the token axis and are padded per sample; all
 # other tensor keys (pixel values, grids) are concatenated along dim 0.
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+# The key of the batch's pixels, the bulk of its bytes.
+PIXEL_KEY = "pixel_values"
 # What the sequence keys besides input_ids hold at tokens appended after a prompt (an answer).
 APPENDED_TOKEN_VALUES = {"attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
 
@@ -247,12 +254,16 @@ def with_appended_tokens(encoded: Any, token_ids: torch.Tensor) -> dict[str, Any
 
 
 def collate(
-    encoded: Sequence[dict[str, torch.Tensor]], pad_token_id: int, padding_side: str = "right"
+    encoded: Sequence[dict[str, torch.Tensor]],
+    pad_token_id: int,
+    padding_side: str = "right",
+    staging: StagingPool | None = None,
 ) -> dict[str, torch.Tensor]:
     """Batch :func:`encode_sample` outputs: token keys and ``labels`` padded to the longest
     (``input_ids`` with ``pad_token_id``, ``labels`` with ``IGNORE_INDEX``, masks with 0) on
     ``padding_side`` ("right" for training, "left" for generation); other keys concatenated
-    along dim 0 (e.g. Qwen2-VL's flattened patches and ``image_grid_thw``)."""
+    along dim 0 (e.g. Qwen2-VL's flattened patches and ``image_grid_thw``). With ``staging``,
+    ``pixel_values`` is concatenated into one of its page-locked slots (for an upload)."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side: expected 'left' or 'right', got {padding_side!r}")
     if not encoded:
@@ -270,9 +281,20 @@ def collate(
                 parts = (value, padding) if padding_side == "right" else (padding, value)
                 rows.append(torch.cat(parts))
             batch[key] = torch.stack(rows)
+        elif key == PIXEL_KEY and staging is not None:
+            batch[key] = torch.cat(values, out=staged_like(staging, values))
         else:
             batch[key] = torch.cat(values)
     return batch
+
+
+def staged_like(staging: StagingPool, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A tensor in a ``staging`` slot shaped as ``parts`` concatenated along dim 0."""
+    rows = sum(part.shape[0] for part in parts)
+    shape = (rows, *parts[0].shape[1:])
+    dtype = parts[0].dtype
+    nbytes = math.prod(shape) * dtype.itemsize
+    return torch.frombuffer(staging.acquire(nbytes), dtype=dtype).view(shape)
 
 
 class EncodedDataset:
@@ -293,6 +315,18 @@ class EncodedDataset:
                 self.processor, self.samples[index], self.with_answer
             )
         return self._cache[index]
+
+
+def processor_for_another_thread(processor: Any) -> Any:
+    """A copy of ``processor`` sharing everything but its tokenizer, which is its own.
+
+    A Hugging Face fast tokenizer reconfigures itself on every encode, and refuses to while
+    another thread encodes or decodes with the same object (``RuntimeError: Already
+    borrowed``), so a thread that encodes beside one that decodes needs its own.
+    """
+    clone = copy.copy(processor)
+    clone.tokenizer = copy.deepcopy(processor.tokenizer)
+    return clone
 
 
 def pad_token_id_of(processor: Any) -> int:

@@ -5,8 +5,8 @@ the new settings against that file, one setting at a time:
 
 * run control (``RUN_CONTROL``: where to resume from, when to stop early, the checkpoint period,
   the progress bar, the final evaluation's data, question types and batch, the per-type report,
-  the merged copy, ``patch`` and ``comm_hook``, which give the same gradients either way) may
-  change freely;
+  the merged copy, ``patch``, ``comm_hook`` and ``prefetch``, which give the same gradients
+  either way) may change freely;
 * the step count (``STEP_COUNTS``: ``max_steps``) may change to any count not below the steps
   already trained: training continues to the new count (a finished run too, replacing its
   adapter at the end; its checkpoints stay), and the learning-rate schedule is recomputed to
@@ -39,6 +39,7 @@ RUN_CONTROL = frozenset(
         "patch",
         "comm_hook",
         "collective_timeout",
+        "prefetch",
     }
 )
 STEP_COUNTS = {"max_steps": "the LoRA phase"}

@@ -44,7 +44,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -150,6 +150,7 @@ class TrainConfig:
     patch: bool = True
     comm_hook: str = "sparse"
     collective_timeout: float = 1800.0
+    prefetch: int = 2
     eval_batch_size: int = 16
     max_new_tokens: int = 6
     progress: bool = True
@@ -166,6 +167,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise ValueError(f"prefetch: expected an int >= 0, got {self.prefetch!r}")
         self.question_types = check_question_types(self.question_types)
         self.eval_question_types = check_question_types(
             self.eval_question_types, "eval_question_types"
@@ -512,6 +515,40 @@ def answer_token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
+
+
+def _prefetched_micro_batches(
+    indices: Iterator[tuple[int, int, list[int]]],
+    train_set: EncodedDataset,
+    pad_id: int,
+    device: torch.device,
+    config: TrainConfig,
+) -> Generator[tuple[int, int, dict[str, torch.Tensor]], None, None]:
+    """``(epoch, next_index, batch)`` for the micro-batch ``indices``, collated (and on an NPU
+    uploaded on the runtime's stream) ``config.prefetch`` micro-batches ahead in a background
+    thread, or in the loop's thread with ``prefetch=0``; ``close()`` stops the thread."""
+    from ascend_vlm.vision_input.prefetch import device_prefetcher
+
+    def prepare(item: tuple[int, int, list[int]], staging: Any) -> dict[str, Any]:
+        epoch, next_index, chunk = item
+        batch = collate([train_set[i] for i in chunk], pad_id, staging=staging)
+        return {**batch, "_epoch": epoch, "_next_index": next_index}
+
+    if config.prefetch == 0:
+        prepared: Iterator[dict[str, Any]] = (prepare(item, None) for item in indices)
+        closer = contextlib.nullcontext()
+    else:
+        prepared = closer = device_prefetcher(
+            indices,
+            prepare,
+            device,
+            depth=config.prefetch,
+            held=config.grad_accum,
+            describe=lambda item: f"epoch {item[0]}, samples {item[2]}",
+        )
+    with closer:
+        for batch in prepared:
+            yield batch.pop("_epoch"), batch.pop("_next_index"), batch
 
 
 def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -932,13 +969,19 @@ def _train(config: TrainConfig) -> TrainResult:
             lora_targets,
             sum(p.numel() for p in trainable),
         )
-    batches = micro_batches(
-        len(train_set),
-        placement,
-        config.batch_size,
-        config.seed,
-        loop_state["epoch"],
-        loop_state["next_index"],
+    batches = _prefetched_micro_batches(
+        micro_batches(
+            len(train_set),
+            placement,
+            config.batch_size,
+            config.seed,
+            loop_state["epoch"],
+            loop_state["next_index"],
+        ),
+        train_set,
+        pad_id,
+        placement.device,
+        config,
     )
     step = loop_state["step"]
     stop_at = config.max_steps
@@ -954,8 +997,9 @@ def _train(config: TrainConfig) -> TrainResult:
             started = time.perf_counter()
             micro = []
             for _ in range(config.grad_accum):
-                epoch, next_index, indices = next(batches)
-                micro.append(collate([train_set[i] for i in indices], pad_id))
+                epoch, next_index, batch = next(batches)
+                micro.append(batch)
+            del batch  # a held micro-batch keeps its staging slot
             local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)
             (global_answer_tokens,) = placement.all_reduce_sum([local_tokens])
             local_loss = 0.0
@@ -1014,6 +1058,8 @@ def _train(config: TrainConfig) -> TrainResult:
                 f"rank is hung, stopped or gone ({str(error).strip().splitlines()[0]})"
             ) from error
         raise
+    finally:
+        batches.close()
     if progress is not None:
         progress.close()
     result = TrainResult(

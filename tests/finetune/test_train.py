@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -448,3 +449,27 @@ def test_resume_with_more_steps_continues_logs_it_and_writes_the_model_card(
         f'model = PeftModel.from_pretrained(base, "{run / "adapter"}")',
     ):
         assert expected in card
+
+
+def test_prefetched_micro_batches_train_exactly_as_batches_made_in_the_loop(tmp_path):
+    runs = {}
+    for prefetch in (0, 2):
+        out = tmp_path / f"prefetch{prefetch}"
+        result = train(tiny_config(out, prefetch=prefetch, grad_accum=2, max_steps=3))
+        runs[prefetch] = (_losses(out), result.model)
+    assert runs[0][0] == runs[2][0] and len(runs[0][0]) == 3
+    for (name, a), b in zip(runs[0][1].named_parameters(), runs[2][1].parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert not [t for t in threading.enumerate() if t.name == "ascend-vlm-prefetch"]
+
+
+def test_a_failing_sample_is_named_from_the_prefetch_thread(tmp_path, monkeypatch):
+    from ascend_vlm.finetune import data
+
+    def broken(processor, sample, with_answer=True):
+        raise OSError("image file is truncated")
+
+    monkeypatch.setattr(data, "encode_sample", broken)
+    with pytest.raises(OSError, match="truncated") as caught:
+        train(tiny_config(tmp_path / "out", prefetch=2))
+    assert any("while preparing batch 0 (epoch 0, samples [" in n for n in caught.value.__notes__)
