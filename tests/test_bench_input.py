@@ -1,4 +1,4 @@
-"""scripts/bench_input.py end to end with two images and one round."""
+"""scripts/bench_input.py end to end with two images, two fine-tune steps and one round."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ def bench(script_module):
 
 def test_every_processor_is_measured_at_both_sizes(bench, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert bench.main(["--images", "2", "--rounds", "1", "--json", str(out)]) == 0
+    argv = ["--images", "2", "--rounds", "1", "--finetune-steps", "2", "--finetune-batch", "2"]
+    assert bench.main([*argv, "--finetune-image-size", "56", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert set(report) == {"448x448", "1344x896"}
+    assert set(report) == {"448x448", "1344x896", "finetune_step_s"}
+    step_times = report.pop("finetune_step_s")
+    assert len(step_times) == 2 and all(seconds > 0 for seconds in step_times.values())
     for rates in report.values():
         assert len(rates) == 3 and all(rate > 0 for rate in rates.values())
     assert "| 1344x896 | QwenVLPixels, 2 workers |" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from ascend_vlm.evaluation.stages import (
     generate_with_stage_times,
 )
 from ascend_vlm.vision_input.prefetch import device_prefetcher
+from ascend_vlm.vision_input.qwen_vl_pixels import with_fast_pixels
 from ascend_vlm.vision_input.staging import StagingPool
 
 
@@ -88,7 +89,7 @@ def generate_answers(
     ]
     # The next batch's images are read, preprocessed (and on an NPU uploaded) while this one
     # generates and is decoded.
-    encoding = processor_for_another_thread(processor)
+    encoding = with_fast_pixels(processor_for_another_thread(processor))
     batches = device_prefetcher(
         chunks,
         lambda indices, staging: _batch_inputs(encoding, dataset, indices, staging),

@@ -73,6 +73,7 @@ from ascend_vlm.finetune.data import (
     collate,
     normalise_answer,
     pad_token_id_of,
+    processor_for_another_thread,
 )
 from ascend_vlm.finetune.model_card import model_card
 from ascend_vlm.finetune.resume import CONFIG_FILE, ResumeError, check_resume
@@ -85,6 +86,7 @@ from ascend_vlm.finetune.shapes_vqa import (
 )
 from ascend_vlm.models.parts import model_part
 from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
+from ascend_vlm.vision_input.qwen_vl_pixels import with_fast_pixels
 
 logger = logging.getLogger(__name__)
 
@@ -925,7 +927,10 @@ def _train(config: TrainConfig) -> TrainResult:
         table_bytes = whole_table_bytes(model, placement.world_size)
     patch_note = apply_ascend_patch(model, config.patch)
     model, lora_targets = _with_trainable_weights(model, config, visual)
-    train_set = EncodedDataset(train_samples, processor)
+    # Encoded in the prefetch thread, with its own tokenizer and the fast image processor.
+    train_set = EncodedDataset(
+        train_samples, with_fast_pixels(processor_for_another_thread(processor))
+    )
     pad_id = pad_token_id_of(processor)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -1031,6 +1036,7 @@ def _train(config: TrainConfig) -> TrainResult:
                 "lr": learning_rate,
                 "grad_norm": float(grad_norm),
                 "tokens_per_s": tokens_seen / elapsed,
+                "step_time_s": elapsed,
                 **comm.step(),
                 **({"comm_bytes_whole_tables": table_bytes} if visual is not None else {}),
                 "epoch": epoch,

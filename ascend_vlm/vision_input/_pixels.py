@@ -1,0 +1,179 @@
+"""What every fast image preprocessor here shares: reading the reference's settings, the
+rescale-and-normalize table, the worker threads, input checks and the one output buffer.
+
+Rescale and normalize map each 8-bit value v of channel c to one float32 number, so they are
+one table ``lut[c, v]`` computed with Hugging Face's own float arithmetic (``float64(v) *
+rescale_factor`` cast to float32, then ``(x - mean_c) / std_c`` in float32): looked up, the
+values equal the reference's bit for bit. The geometric steps (RGB conversion, resize, crop,
+padding) are the reference's own calls on uint8 images, so they match too. Every image of a
+call is written into its rows of one float32 buffer for the whole batch (optionally a
+:class:`~ascend_vlm.vision_input.staging.StagingPool` slot), which the returned
+``pixel_values`` shares. PIL and NumPy release the GIL, so a pool of ``workers`` threads
+processes the images of a call.
+"""
+
+from __future__ import annotations
+
+import abc
+import struct
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+if TYPE_CHECKING:
+    from ascend_vlm.vision_input.staging import StagingPool
+
+# The steps every preprocessor here performs; a reference with one turned off is refused.
+REQUIRED_STEPS = ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize")
+
+
+class ImagePixels(abc.ABC):
+    """Base of the fast preprocessors: ``pixels(images)`` returns what
+    ``reference(images=images, return_tensors="pt")`` returns, equal value for value.
+
+    Subclasses say what they need of the reference (``family``, ``required_attributes``) and
+    implement :meth:`_layout` (an image's output shape), :meth:`_fill` (write one image) and
+    :meth:`_features` (the returned tensors besides ``pixel_values``).
+    """
+
+    family = "a Hugging Face image processor"
+    required_attributes: tuple[str, ...] = ("size", "image_mean", "image_std", "rescale_factor")
+
+    def __init__(self, reference: Any, workers: int = 2) -> None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"workers: expected an int >= 1, got {workers!r}")
+        missing = [
+            name for name in self.required_attributes if getattr(reference, name, None) is None
+        ]
+        if missing:
+            raise ValueError(
+                f"reference: expected {self.family}, got {type(reference).__name__} without "
+                f"{missing}"
+            )
+        disabled = [step for step in REQUIRED_STEPS if not getattr(reference, step, False)]
+        if disabled:
+            raise ValueError(
+                f"reference: expected RGB conversion, resize, rescale and normalize all enabled "
+                f"(the model's defaults), got {disabled} off"
+            )
+        self.reference = reference
+        self.workers = workers
+        values = np.arange(256, dtype=np.float64)
+        rescaled = (values * reference.rescale_factor).astype(np.float32)
+        mean = np.array(reference.image_mean, dtype=np.float32)
+        std = np.array(reference.image_std, dtype=np.float32)
+        self._lut = ((rescaled[None, :] - mean[:, None]) / std[:, None]).astype(np.float32)
+        self._pool = ThreadPoolExecutor(workers) if workers > 1 else None
+
+    def close(self) -> None:
+        """Stop the worker threads (also when the instance is garbage-collected)."""
+        pool = self.__dict__.pop("_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self.__dict__["_pool"] = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (model_input_names, get_number_of_image_patches ...) is the
+        # reference's, so the processor around it keeps working.
+        if name.startswith("_") or "reference" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["reference"], name)
+
+    @abc.abstractmethod
+    def _layout(self, index: int, image: Image.Image) -> Any:
+        """What :meth:`_rows` and :meth:`_fill` need of ``image``'s output geometry."""
+
+    @abc.abstractmethod
+    def _rows(self, layout: Any) -> int:
+        """Rows of the output the image with ``layout`` takes."""
+
+    @abc.abstractmethod
+    def _row_shape(self) -> tuple[int, ...]:
+        """Shape of one output row (``pixel_values`` is ``[rows, *row_shape]``)."""
+
+    @abc.abstractmethod
+    def _fill(self, image: Image.Image, layout: Any, out: np.ndarray) -> None:
+        """Write ``image``'s values into ``out`` (its rows of the batch)."""
+
+    def _features(self, layouts: list[Any]) -> dict[str, torch.Tensor]:
+        """Tensors returned beside ``pixel_values`` (e.g. ``image_grid_thw``)."""
+        return {}
+
+    def _channel_values(self, channels: np.ndarray, out: np.ndarray) -> None:
+        """``out[..., c, :] = lut[c, channels[..., c, :]]``: rescale and normalize of uint8
+        values laid out with the channel on axis -2."""
+        for channel in range(3):
+            np.take(self._lut[channel], channels[..., channel, :], out=out[..., channel, :])
+
+    def _prepared(self, index: int, image: Any) -> Image.Image:
+        if isinstance(image, np.ndarray):
+            if image.dtype != np.uint8 or image.ndim not in (2, 3):
+                raise ValueError(
+                    f"images[{index}]: expected a PIL image or a uint8 HxW or HxWxC array, got "
+                    f"a {image.dtype} array of shape {image.shape}"
+                )
+            image = Image.fromarray(image)
+        if not isinstance(image, Image.Image):
+            raise ValueError(
+                f"images[{index}]: expected a PIL image or a uint8 array, got {type(image).__name__}"
+            )
+        try:
+            image.load()  # a truncated or corrupt file fails here, not in a worker thread
+        except (OSError, struct.error) as error:  # PIL reads the file's data only now
+            raise ValueError(f"images[{index}]: cannot read the image: {error}") from None
+        return image
+
+    def __call__(
+        self, images: Any = None, *, staging: StagingPool | None = None, **kwargs: Any
+    ) -> Any:
+        """``pixel_values`` (and the family's other image tensors) of ``images`` (one image or
+        a list) as a ``BatchFeature`` of torch tensors. Other keyword arguments are refused
+        unless they ask for what this class does (``return_tensors="pt"``).
+
+        With ``staging``, ``pixel_values`` is written into (and shares) one of its page-locked
+        slots, which stays taken while the tensor or any view of it lives.
+        """
+        from transformers import BatchFeature
+
+        unknown = {k: v for k, v in kwargs.items() if not (k == "return_tensors" and v == "pt")}
+        if unknown:
+            raise ValueError(
+                f"kwargs: expected none but return_tensors='pt' (the reference's settings apply), "
+                f"got {unknown}"
+            )
+        if images is None:
+            raise ValueError("images: expected one image or a list of images, got None")
+        listed: Sequence[Any] = images if isinstance(images, (list, tuple)) else [images]
+        prepared = [self._prepared(i, image) for i, image in enumerate(listed)]
+        layouts = [self._layout(i, image) for i, image in enumerate(prepared)]
+        counts = [self._rows(layout) for layout in layouts]
+        shape = (sum(counts), *self._row_shape())
+        if staging is None:
+            pixel_values = np.empty(shape, dtype=np.float32)
+        else:
+            slot = staging.acquire(4 * int(np.prod(shape)))
+            pixel_values = slot.view(np.float32).reshape(shape)
+        starts = np.cumsum([0, *counts])
+        jobs = [
+            (image, layout, pixel_values[start:end])
+            for image, layout, start, end in zip(
+                prepared, layouts, starts[:-1], starts[1:], strict=True
+            )
+        ]
+        if self._pool is None:
+            for job in jobs:
+                self._fill(*job)
+        else:
+            list(self._pool.map(lambda job: self._fill(*job), jobs))
+        return BatchFeature(
+            data={"pixel_values": torch.from_numpy(pixel_values), **self._features(layouts)}
+        )
+
+    preprocess = __call__
