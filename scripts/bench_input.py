@@ -1,12 +1,14 @@
-"""Image input speed: preprocessing throughput of Hugging Face's Qwen2-VL PIL image processor
-against ``ascend_vlm.vision_input.QwenVLPixels`` (1 and 2 worker threads), and the fine-tune
-script's step time with and without the prefetcher, side by side.
+"""Image input speed: preprocessing throughput of Hugging Face's PIL image processors (Qwen2-VL;
+LLaVA-1.5's CLIP 336 with padding) against ``ascend_vlm.vision_input``'s ``QwenVLPixels`` and
+``ResizeCropPixels`` (1 and 2 worker threads), and the fine-tune script's step time with and
+without the prefetcher, side by side.
 
-For each input size, ``--images`` random-noise RGB images (PIL, decoded already) are turned
-into ``pixel_values`` and ``image_grid_thw`` by each processor, in interleaved rounds; the
-best round's images per second is kept (contention only adds time). The outputs are checked
-equal (bit for bit) before anything is timed. The processor settings are the model's
-defaults (at most 1280 merged tokens' worth of pixels), so a 1344x896 image is shrunk.
+For each family and input size, ``--images`` random-noise RGB images (PIL, decoded already)
+are turned into ``pixel_values`` (and Qwen's ``image_grid_thw``) by each processor, in
+interleaved rounds; the best round's images per second is kept (contention only adds time).
+The outputs are checked equal (bit for bit) before anything is timed. Qwen2-VL's settings are
+the model's defaults (at most 1280 merged tokens' worth of pixels, so a 1344x896 image is
+shrunk); LLaVA-1.5 pads to a square in the mean colour, resizes to 336 and crops.
 
 Fine-tune step time: the fine-tune loop (``ascend_vlm.finetune.train``, one process, the
 embedded default model, LoRA, ShapesVQA scenes of ``--finetune-image-size`` pixels, every
@@ -24,6 +26,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,14 +34,12 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ascend_vlm.vision_input import QwenVLPixels
+from ascend_vlm.vision_input import QwenVLPixels, ResizeCropPixels
 
 SIZES = ((448, 448), (1344, 896))  # width x height
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=16, help="images per call")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (best kept)")
@@ -57,43 +58,64 @@ def main(argv: list[str] | None = None) -> int:
     if args.finetune_steps < 0 or args.finetune_steps == 1:
         parser.error("--finetune-steps: expected 0 (skip) or an int >= 2 (the first is warm-up)")
     torch.set_num_threads(1)
-    reference = Qwen2VLImageProcessorPil()
-    candidates = {
-        "hugging face (PIL)": lambda images: reference(images=images, return_tensors="pt"),
-        "QwenVLPixels, 1 worker": QwenVLPixels(reference, workers=1),
-        "QwenVLPixels, 2 workers": QwenVLPixels(reference, workers=2),
-    }
     rng = np.random.default_rng(0)
     report = {}
     print(f"{args.images} images per call, best of {args.rounds} interleaved rounds\n")
-    print("| input | processor | images/s | vs Hugging Face |")
-    print("|---|---|---|---|")
-    for width, height in SIZES:
-        images = [
-            Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-            for _ in range(args.images)
-        ]
-        expected = candidates["hugging face (PIL)"](images)
-        for name, run in candidates.items():
-            got = run(images)
-            if not torch.equal(got["pixel_values"], expected["pixel_values"]):
-                raise SystemExit(f"{name}: pixel_values differ from Hugging Face's")
-        best = dict.fromkeys(candidates, float("inf"))
-        for _ in range(args.rounds):
-            for name, run in candidates.items():
-                start = time.perf_counter()
-                run(images)
-                best[name] = min(best[name], time.perf_counter() - start)
-        rates = {name: args.images / seconds for name, seconds in best.items()}
-        base = rates["hugging face (PIL)"]
-        for name, rate in rates.items():
-            print(f"| {width}x{height} | {name} | {rate:.1f} | {rate / base:.2f}x |")
-        report[f"{width}x{height}"] = rates
+    print("| model family | input | processor | images/s | vs Hugging Face |")
+    print("|---|---|---|---|---|")
+    for family, (reference, fast) in _families().items():
+        candidates = {
+            "hugging face (PIL)": lambda images, r=reference: r(images=images, return_tensors="pt"),
+            f"{fast.__name__}, 1 worker": fast(reference, workers=1),
+            f"{fast.__name__}, 2 workers": fast(reference, workers=2),
+        }
+        for width, height in SIZES:
+            images = [
+                Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+                for _ in range(args.images)
+            ]
+            rates = _images_per_second(candidates, images, args.rounds)
+            base = rates["hugging face (PIL)"]
+            for name, rate in rates.items():
+                print(f"| {family} | {width}x{height} | {name} | {rate:.1f} | {rate / base:.2f}x |")
+            report[f"{family} {width}x{height}"] = rates
     if args.finetune_steps:
         report["finetune_step_s"] = _finetune_step_times(args)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _families() -> dict[str, tuple[Any, type]]:
+    """Each model family's Hugging Face PIL processor (default settings) and our drop-in."""
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    llava = LlavaImageProcessorPil(
+        do_pad=True, size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}
+    )
+    return {
+        "Qwen2-VL": (Qwen2VLImageProcessorPil(), QwenVLPixels),
+        "LLaVA-1.5 (CLIP 336, pad)": (llava, ResizeCropPixels),
+    }
+
+
+def _images_per_second(
+    candidates: dict[str, Any], images: list[Image.Image], rounds: int
+) -> dict[str, float]:
+    """Best-of-``rounds`` images per second of each candidate, after checking that every
+    candidate's pixel_values equal the first's (Hugging Face's)."""
+    expected = next(iter(candidates.values()))(images)
+    for name, run in candidates.items():
+        if not torch.equal(run(images)["pixel_values"], expected["pixel_values"]):
+            raise SystemExit(f"{name}: pixel_values differ from Hugging Face's")
+    best = dict.fromkeys(candidates, float("inf"))
+    for _ in range(rounds):
+        for name, run in candidates.items():
+            start = time.perf_counter()
+            run(images)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: len(images) / seconds for name, seconds in best.items()}
 
 
 def _finetune_step_times(args: argparse.Namespace) -> dict[str, float]:
@@ -102,10 +124,10 @@ def _finetune_step_times(args: argparse.Namespace) -> dict[str, float]:
     import statistics
     import tempfile
 
+    from transformers.utils import logging as transformers_logging
+
     from ascend_vlm.default_model import default_model_path
     from ascend_vlm.finetune.train import METRICS_FILE, TrainConfig, train
-
-    from transformers.utils import logging as transformers_logging
 
     logging.getLogger("ascend_vlm").setLevel(logging.WARNING)
     transformers_logging.set_verbosity_error()

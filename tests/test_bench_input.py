@@ -17,12 +17,18 @@ def test_every_processor_is_measured_at_both_sizes(bench, tmp_path, capsys):
     argv = ["--images", "2", "--rounds", "1", "--finetune-steps", "2", "--finetune-batch", "2"]
     assert bench.main([*argv, "--finetune-image-size", "56", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert set(report) == {"448x448", "1344x896", "finetune_step_s"}
+    assert set(report) == {
+        f"{family} {size}"
+        for family in ("Qwen2-VL", "LLaVA-1.5 (CLIP 336, pad)")
+        for size in ("448x448", "1344x896")
+    } | {"finetune_step_s"}
     step_times = report.pop("finetune_step_s")
     assert len(step_times) == 2 and all(seconds > 0 for seconds in step_times.values())
     for rates in report.values():
         assert len(rates) == 3 and all(rate > 0 for rate in rates.values())
-    assert "| 1344x896 | QwenVLPixels, 2 workers |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| Qwen2-VL | 1344x896 | QwenVLPixels, 2 workers |" in printed
+    assert "| LLaVA-1.5 (CLIP 336, pad) | 448x448 | ResizeCropPixels, 1 worker |" in printed
 
 
 def test_bad_arguments_are_refused(bench):

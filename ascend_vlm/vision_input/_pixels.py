@@ -67,6 +67,11 @@ class ImagePixels(abc.ABC):
         mean = np.array(reference.image_mean, dtype=np.float32)
         std = np.array(reference.image_std, dtype=np.float32)
         self._lut = ((rescaled[None, :] - mean[:, None]) / std[:, None]).astype(np.float32)
+        # Two adjacent bytes read as one uint16 index two values at once (8 bytes): half the
+        # lookups. The byte order of the index is the machine's, like the view that reads it.
+        halves = np.arange(65536, dtype=np.uint16).view(np.uint8).reshape(65536, 2)
+        pair = np.stack([self._lut[:, halves[:, 0]], self._lut[:, halves[:, 1]]], axis=-1)
+        self._pair_lut = np.ascontiguousarray(pair).view(np.int64).reshape(3, 65536)
         self._pool = ThreadPoolExecutor(workers) if workers > 1 else None
 
     def close(self) -> None:
@@ -106,11 +111,31 @@ class ImagePixels(abc.ABC):
         """Tensors returned beside ``pixel_values`` (e.g. ``image_grid_thw``)."""
         return {}
 
-    def _channel_values(self, channels: np.ndarray, out: np.ndarray) -> None:
-        """``out[..., c, :] = lut[c, channels[..., c, :]]``: rescale and normalize of uint8
-        values laid out with the channel on axis -2."""
+    def _channel_values(self, channels: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        """``out[..., c, :] = lut[c, channels[..., c, :]]`` for every ``out`` of ``outs``:
+        rescale and normalize of uint8 values laid out with the channel on axis -2 (the last
+        axis contiguous in each array)."""
+        if channels.shape[-1] % 2 == 0:
+            pairs = channels.view(np.uint16)
+            targets = [out.view(np.int64) for out in outs]
+            for channel in range(3):
+                values = self._pair_lut[channel][pairs[..., channel, :]]
+                for target in targets:
+                    target[..., channel, :] = values
+            return
         for channel in range(3):
-            np.take(self._lut[channel], channels[..., channel, :], out=out[..., channel, :])
+            values = self._lut[channel][channels[..., channel, :]]
+            for out in outs:
+                out[..., channel, :] = values
+
+    def _rgb(self, image: Image.Image) -> Image.Image:
+        """``image`` converted to RGB by the reference's own conversion (transparency onto
+        white in current versions), or ``image`` itself when it is RGB already."""
+        if image.mode == "RGB" and image.info.get("transparency") is None:
+            return image
+        # A PIL image or an HxWx3 array depending on the transformers version.
+        converted = self.reference.convert_to_rgb(image)
+        return Image.fromarray(converted) if isinstance(converted, np.ndarray) else converted
 
     def _prepared(self, index: int, image: Any) -> Image.Image:
         if isinstance(image, np.ndarray):

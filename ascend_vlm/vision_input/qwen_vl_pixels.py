@@ -83,12 +83,7 @@ class QwenVLPixels(ImagePixels):
         into ``out``."""
         patch, merge, frames = self.patch_size, self.merge_size, self.temporal_patch_size
         grid_h, grid_w = layout
-        # The reference's own conversion (transparency onto white in current versions); it
-        # returns a PIL image or an HxWx3 array depending on the transformers version.
-        image = self.reference.convert_to_rgb(image)
-        if isinstance(image, np.ndarray):
-            image = Image.fromarray(image)
-        resized = image.resize((grid_w * patch, grid_h * patch), resample=self.resample)
+        resized = self._rgb(image).resize((grid_w * patch, grid_h * patch), resample=self.resample)
         pixels = np.asarray(resized)  # H x W x 3 uint8
         windows = pixels.reshape(grid_h // merge, merge, patch, grid_w // merge, merge, patch, 3)
         # (windows down, windows across, row in window, column in window, C, P, P): the
@@ -96,8 +91,7 @@ class QwenVLPixels(ImagePixels):
         ordered = np.ascontiguousarray(windows.transpose(0, 3, 1, 4, 6, 2, 5))
         ordered = ordered.reshape(grid_h * grid_w, 3, patch * patch)
         rows = out.reshape(grid_h * grid_w, 3, frames, patch * patch)
-        self._channel_values(ordered, rows[:, :, 0])
-        rows[:, :, 1:] = rows[:, :, :1]
+        self._channel_values(ordered, [rows[:, :, frame] for frame in range(frames)])
 
     def _features(self, layouts: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
         grid_thw = torch.tensor([[1, h, w] for h, w in layouts], dtype=torch.int64)

@@ -3,9 +3,10 @@
 Those processors take each image through RGB conversion, optional padding to a square in the
 mean colour (LLaVA's ``do_pad``), a PIL resize (to a shortest edge or a fixed size), an
 optional centre crop, then rescale and normalize, and stack the results as ``[images, 3, H,
-W]``. The geometric steps here are the reference's own methods on the uint8 image; rescale
-and normalize are the shared lookup table (:mod:`ascend_vlm.vision_input._pixels`), written
-straight into the batch's output.
+W]``. Here the same PIL resize runs on the PIL image itself (no round trips through NumPy),
+the output size comes from the reference's own rule, padding and cropping are the same
+placements on uint8 pixels, and rescale and normalize are the shared lookup table
+(:mod:`ascend_vlm.vision_input._pixels`), written straight into the batch's output.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ class ResizeCropPixels(ImagePixels):
                     f"crop"
                 )
             self._pad = bool(getattr(reference, "do_pad", False))
+            if not (
+                (reference.size.height and reference.size.width) or reference.size.shortest_edge
+            ):
+                raise ValueError(
+                    f"reference: expected a resize to a shortest edge or to height and width, "
+                    f"got size={dict(reference.size)}"
+                )
         except ValueError:
             self.close()
             raise
@@ -71,18 +79,42 @@ class ResizeCropPixels(ImagePixels):
     def _row_shape(self) -> tuple[int, ...]:
         return (3, self.height, self.width)
 
+    def _resized_size(self, height: int, width: int) -> tuple[int, int]:
+        """``(height, width)`` the reference resizes an image of that size to."""
+        size = self.reference.size
+        if size.height and size.width:
+            return int(size.height), int(size.width)
+        from transformers.image_transforms import get_resize_output_image_size
+        from transformers.image_utils import ChannelDimension
+
+        # The reference's own rule, given a zero-stride stand-in of the image's shape.
+        stand_in = np.broadcast_to(np.uint8(0), (3, height, width))
+        new_height, new_width = get_resize_output_image_size(
+            stand_in,
+            size=size.shortest_edge,
+            default_to_square=False,
+            input_data_format=ChannelDimension.FIRST,
+        )
+        return int(new_height), int(new_width)
+
     def _fill(self, image: Image.Image, layout: None, out: np.ndarray) -> None:
         reference = self.reference
-        rgb = np.asarray(reference.convert_to_rgb(image))  # H x W x 3 uint8
-        chw = np.moveaxis(rgb, -1, 0)
-        if self._pad:
-            chw = reference.pad_to_square(chw, background_color=self._background)
-        chw = reference.resize(image=chw, size=reference.size, resample=reference.resample)
+        rgb = self._rgb(image)
+        if self._pad and rgb.width != rgb.height:
+            # LLaVA's pad to square: centred on a canvas of the mean colour.
+            side = max(rgb.width, rgb.height)
+            canvas = Image.new("RGB", (side, side), self._background)
+            canvas.paste(rgb, ((side - rgb.width) // 2, (side - rgb.height) // 2))
+            rgb = canvas
+        height, width = self._resized_size(rgb.height, rgb.width)
+        hwc = np.asarray(rgb.resize((width, height), resample=reference.resample))
         if self._crop:
-            chw = reference.center_crop(chw, reference.crop_size)
-        if chw.dtype != np.uint8:
-            raise RuntimeError(
-                f"reference: its resize returned {chw.dtype} values, expected uint8; this "
-                "transformers version is not supported by ResizeCropPixels"
-            )
-        self._channel_values(chw.reshape(3, -1), out.reshape(3, -1))
+            top = (height - self.height) // 2
+            left = (width - self.width) // 2
+            if top >= 0 and left >= 0:
+                hwc = hwc[top : top + self.height, left : left + self.width]
+            else:  # smaller than the crop: the reference pads it
+                chw = reference.center_crop(np.moveaxis(hwc, -1, 0), reference.crop_size)
+                hwc = np.moveaxis(chw, 0, -1)
+        chw = np.ascontiguousarray(np.moveaxis(hwc, -1, 0))
+        self._channel_values(chw.reshape(3, -1), [out.reshape(3, -1)])

@@ -26,6 +26,10 @@ def corpus() -> list:
     sixteen_bit = Image.fromarray(noise(40, 60, 1).astype(np.uint16) * 257)
     palette = rgb.convert("P", palette=Image.Palette.ADAPTIVE)
     palette.info["transparency"] = 3
+    keyed_pixels = noise(30, 40, seed=10)
+    keyed_pixels[:10, :10] = 0  # the transparent colour occurs
+    keyed = Image.fromarray(keyed_pixels)
+    keyed.info["transparency"] = (0, 0, 0)
     return [
         Image.fromarray(noise(1, 1)),  # 1x1: grown to the minimum area
         Image.fromarray(noise(20, 3000, seed=1)),  # very wide (150:1)
@@ -36,6 +40,7 @@ def corpus() -> list:
         Image.fromarray(noise(64, 48, 4, seed=6)),  # RGBA: transparency onto white
         Image.fromarray(noise(50, 70, 2, seed=7)),  # LA
         palette,  # palette with a transparent index
+        keyed,  # RGB with a transparent colour key
         encoded(rgb.convert("CMYK"), "JPEG"),  # CMYK JPEG
         encoded(sixteen_bit, "PNG"),  # 16-bit PNG
         noise(77, 131, seed=8),  # a uint8 HxWxC array

@@ -25,10 +25,18 @@ def _references():
         ),
         "siglip-384": SiglipImageProcessorPil(size={"height": 384, "width": 384}),
         "llava-pad": LlavaImageProcessorPil(do_pad=True),
+        # An odd number of values per channel: looked up one at a time, not in pairs.
+        "clip-odd": CLIPImageProcessorPil(crop_size={"height": 225, "width": 225}),
+        # A crop larger than the resized image: the reference pads it with zeros.
+        "clip-crop-past-edge": CLIPImageProcessorPil(
+            size={"shortest_edge": 200}, crop_size={"height": 224, "width": 224}
+        ),
     }
 
 
-@pytest.mark.parametrize("name", ["clip", "clip-336", "siglip-384", "llava-pad"])
+@pytest.mark.parametrize(
+    "name", ["clip", "clip-336", "siglip-384", "llava-pad", "clip-odd", "clip-crop-past-edge"]
+)
 def test_outputs_equal_hugging_faces_over_the_corpus(name):
     reference = _references()[name]
     images = corpus()
