@@ -9,24 +9,32 @@ padding) are the reference's own calls on uint8 images, so they match too. Every
 call is written into its rows of one float32 buffer for the whole batch (optionally a
 :class:`~ascend_vlm.vision_input.staging.StagingPool` slot), which the returned
 ``pixel_values`` shares. PIL and NumPy release the GIL, so a pool of ``workers`` threads
-processes the images of a call.
+decodes (a file path, or a PIL image opened lazily) and then processes the images of a call.
+Paths load as Hugging Face's ``load_image`` loads them (EXIF orientation applied, RGB); PIL
+images and arrays are used as they are, as by Hugging Face.
 """
 
 from __future__ import annotations
 
 import abc
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 if TYPE_CHECKING:
     from ascend_vlm.vision_input.staging import StagingPool
 
+# EXIF tag of the orientation a path's image is turned upright by, as Hugging Face's
+# load_image does (PIL images passed in are used as they are, as by Hugging Face).
+EXIF_ORIENTATION = 0x0112
+# Marks, in a PIL image's info, an image this class opened from a path.
+_FROM_PATH = "ascend_vlm_from_path"
 # The steps every preprocessor here performs; a reference with one turned off is refused.
 REQUIRED_STEPS = ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize")
 
@@ -111,6 +119,12 @@ class ImagePixels(abc.ABC):
         """Tensors returned beside ``pixel_values`` (e.g. ``image_grid_thw``)."""
         return {}
 
+    def _map(self, function: Callable[..., Any], jobs: list[tuple[Any, ...]]) -> list[Any]:
+        """``[function(*job) for job in jobs]``, run by the workers."""
+        if self._pool is None:
+            return [function(*job) for job in jobs]
+        return list(self._pool.map(lambda job: function(*job), jobs))
+
     def _channel_values(self, channels: np.ndarray, outs: Sequence[np.ndarray]) -> None:
         """``out[..., c, :] = lut[c, channels[..., c, :]]`` for every ``out`` of ``outs``:
         rescale and normalize of uint8 values laid out with the channel on axis -2 (the last
@@ -138,6 +152,22 @@ class ImagePixels(abc.ABC):
         return Image.fromarray(converted) if isinstance(converted, np.ndarray) else converted
 
     def _prepared(self, index: int, image: Any) -> Image.Image:
+        """``image`` as a PIL image; its pixels are decoded later, in a worker
+        (:meth:`_decoded`). A path opens the file (its header only) and is marked to be loaded
+        as Hugging Face loads paths: EXIF orientation applied, converted to RGB."""
+        if isinstance(image, (str, os.PathLike)):
+            path = os.fspath(image)
+            if not os.path.isfile(path):
+                raise ValueError(
+                    f"images[{index}]: expected a PIL image, a uint8 array or a local file path, "
+                    f"got {path!r}, which is not a file (URLs and base64 are not fetched)"
+                )
+            try:
+                opened = Image.open(path)
+            except (OSError, SyntaxError, struct.error) as error:
+                raise ValueError(f"images[{index}]: cannot open {path!r}: {error}") from None
+            opened.info[_FROM_PATH] = True
+            return opened
         if isinstance(image, np.ndarray):
             if image.dtype != np.uint8 or image.ndim not in (2, 3):
                 raise ValueError(
@@ -147,11 +177,19 @@ class ImagePixels(abc.ABC):
             image = Image.fromarray(image)
         if not isinstance(image, Image.Image):
             raise ValueError(
-                f"images[{index}]: expected a PIL image or a uint8 array, got {type(image).__name__}"
+                f"images[{index}]: expected a PIL image, a uint8 array or a local file path, got "
+                f"{type(image).__name__}"
             )
+        return image
+
+    def _decoded(self, index: int, image: Image.Image) -> Image.Image:
+        """``image``'s pixels read (and a path's image upright and RGB); a truncated or
+        corrupt file raises ``ValueError`` naming it."""
         try:
-            image.load()  # a truncated or corrupt file fails here, not in a worker thread
-        except (OSError, struct.error) as error:  # PIL reads the file's data only now
+            image.load()
+            if image.info.get(_FROM_PATH):
+                image = ImageOps.exif_transpose(image).convert("RGB")
+        except (OSError, SyntaxError, struct.error) as error:  # PIL reads the data only now
             raise ValueError(f"images[{index}]: cannot read the image: {error}") from None
         return image
 
@@ -176,7 +214,10 @@ class ImagePixels(abc.ABC):
         if images is None:
             raise ValueError("images: expected one image or a list of images, got None")
         listed: Sequence[Any] = images if isinstance(images, (list, tuple)) else [images]
-        prepared = [self._prepared(i, image) for i, image in enumerate(listed)]
+        opened = [self._prepared(i, image) for i, image in enumerate(listed)]
+        # Decoding first (in the workers), so sizes are the loaded images' (a path's EXIF
+        # rotation applied), then one buffer for the batch, then the pixels (in the workers).
+        prepared = self._map(self._decoded, list(enumerate(opened)))
         layouts = [self._layout(i, image) for i, image in enumerate(prepared)]
         counts = [self._rows(layout) for layout in layouts]
         shape = (sum(counts), *self._row_shape())
@@ -192,11 +233,7 @@ class ImagePixels(abc.ABC):
                 prepared, layouts, starts[:-1], starts[1:], strict=True
             )
         ]
-        if self._pool is None:
-            for job in jobs:
-                self._fill(*job)
-        else:
-            list(self._pool.map(lambda job: self._fill(*job), jobs))
+        self._map(self._fill, jobs)
         return BatchFeature(
             data={"pixel_values": torch.from_numpy(pixel_values), **self._features(layouts)}
         )

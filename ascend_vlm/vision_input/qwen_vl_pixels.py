@@ -27,7 +27,7 @@ class QwenVLPixels(ImagePixels):
     """The image part of a Qwen2/2.5/3-VL processor: ``pixels(images)`` returns what
     ``reference(images=images, return_tensors="pt")`` returns (``pixel_values`` float32
     ``[sum of patches, C*T*P*P]`` and ``image_grid_thw`` int64 ``[images, 3]``), equal value
-    for value, for PIL images and uint8 HWC arrays.
+    for value, for PIL images, uint8 HWC arrays and local file paths.
 
     ``reference`` is the model's Hugging Face image processor (``processor.image_processor``);
     its settings are read once. Assign the instance to ``processor.image_processor`` to use it

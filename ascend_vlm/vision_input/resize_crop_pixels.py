@@ -30,7 +30,7 @@ def _standard_pipelines() -> tuple[Any, ...]:
 class ResizeCropPixels(ImagePixels):
     """The image part of a CLIP, SigLIP or LLaVA processor (PIL backend): ``pixels(images)``
     returns ``pixel_values`` float32 ``[images, 3, H, W]`` equal to the reference's, for PIL
-    images and uint8 HWC arrays.
+    images, uint8 HWC arrays and local file paths.
 
     ``reference`` must use the standard resize / crop / rescale / normalize pipeline (or
     LLaVA's, with its pad to square) and produce one size for every image: a centre crop, or a

@@ -45,3 +45,25 @@ def corpus() -> list:
         encoded(sixteen_bit, "PNG"),  # 16-bit PNG
         noise(77, 131, seed=8),  # a uint8 HxWxC array
     ]
+
+
+def saved_files(folder) -> list[str]:
+    """Image files of several kinds written into ``folder``: paths as a user passes them."""
+    rgb = Image.fromarray(noise(60, 90, seed=11))
+    paths = []
+    for name, image, options in [
+        ("plain.png", rgb, {}),
+        ("rgba.png", Image.fromarray(noise(40, 50, 4, seed=12)), {}),
+        ("gray.jpg", Image.fromarray(noise(70, 30, 1, seed=13)), {}),
+    ]:
+        image.save(folder / name, **options)
+        paths.append(str(folder / name))
+    palette = rgb.convert("P", palette=Image.Palette.ADAPTIVE)
+    palette.save(folder / "palette.png", transparency=3)
+    paths.append(str(folder / "palette.png"))
+    for orientation in (3, 6, 8):  # rotated 180, 90 and 270 degrees by its EXIF tag
+        exif = rgb.getexif()
+        exif[0x0112] = orientation
+        rgb.save(folder / f"exif{orientation}.jpg", exif=exif)
+        paths.append(str(folder / f"exif{orientation}.jpg"))
+    return paths

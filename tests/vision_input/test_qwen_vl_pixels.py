@@ -4,11 +4,12 @@ aspect ratios and image modes made here; a drop-in for the processor; bad input 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from image_corpus import corpus, noise
+from image_corpus import corpus, noise, saved_files
 from PIL import Image
 
 from ascend_vlm.vision_input import QwenVLPixels
@@ -55,8 +56,8 @@ def test_a_drop_in_for_the_processors_image_part(reference):
 
 def test_bad_input_is_named(reference):
     pixels = QwenVLPixels(reference, workers=1)
-    with pytest.raises(ValueError, match=r"images\[1\]: expected a PIL image or a uint8"):
-        pixels([Image.new("RGB", (8, 8)), "a.png"])
+    with pytest.raises(ValueError, match=r"images\[1\]: expected a PIL image, a uint8 array or"):
+        pixels([Image.new("RGB", (8, 8)), b"a.png"])
     with pytest.raises(ValueError, match=r"images\[0\]: expected a PIL image or a uint8 HxW"):
         pixels([np.zeros((4, 4), dtype=np.float32)])
     with pytest.raises(ValueError, match=r"images\[0\]: absolute aspect ratio must be smaller"):
@@ -98,3 +99,27 @@ def test_qwen3_vl_settings_equal_hugging_faces():
     assert got["pixel_values"].shape[1] == 3 * 2 * 16 * 16
     assert torch.equal(got["image_grid_thw"], expected["image_grid_thw"])
     assert torch.equal(got["pixel_values"], expected["pixel_values"])
+
+
+def test_file_paths_load_as_hugging_faces_do_and_decode_in_the_workers(reference, tmp_path):
+    paths = saved_files(tmp_path)
+    expected = reference(images=paths, return_tensors="pt")
+    got = QwenVLPixels(reference, workers=2)(paths)
+    # EXIF orientation 6 and 8 turn the 60x90 image upright as 90x60: grids swap.
+    assert expected["image_grid_thw"][-2].tolist() != expected["image_grid_thw"][-3].tolist()
+    assert torch.equal(got["image_grid_thw"], expected["image_grid_thw"])
+    assert torch.equal(got["pixel_values"], expected["pixel_values"])
+
+
+def test_bad_paths_are_named(reference, tmp_path):
+    pixels = QwenVLPixels(reference, workers=2)
+    good = saved_files(tmp_path)[0]
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(Path(good).read_bytes()[:300])
+    with pytest.raises(ValueError, match=r"images\[1\]: cannot read the image"):
+        pixels([good, str(truncated)])  # fails in a worker thread, named in the caller
+    with pytest.raises(ValueError, match=r"images\[0\]: .*not a file \(URLs and base64"):
+        pixels(["https://example.com/a.png"])
+    (tmp_path / "text.png").write_text("not an image")
+    with pytest.raises(ValueError, match=r"images\[0\]: cannot open"):
+        pixels([tmp_path / "text.png"])

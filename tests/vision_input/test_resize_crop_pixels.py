@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from image_corpus import corpus, noise
+from image_corpus import corpus, noise, saved_files
 from PIL import Image
 
 from ascend_vlm.vision_input import ResizeCropPixels
@@ -102,3 +102,10 @@ def test_other_pipelines_and_varying_sizes_are_refused():
         ResizeCropPixels(CLIPImageProcessorPil(do_resize=False))
     with pytest.raises(ValueError, match=r"images\[0\]: expected a PIL image or a uint8"):
         ResizeCropPixels(CLIPImageProcessorPil(), workers=1)([np.zeros((2, 2), np.int32)])
+
+
+def test_file_paths_load_as_hugging_faces_do(tmp_path):
+    reference = _references()["llava-pad"]
+    paths = saved_files(tmp_path)
+    expected = reference(images=paths, return_tensors="pt")["pixel_values"]
+    assert torch.equal(ResizeCropPixels(reference, workers=2)(paths)["pixel_values"], expected)
