@@ -115,6 +115,14 @@ class EvalCommand:
         parser.add_argument("--batch-size", type=int, default=8, help="samples per generate")
         parser.add_argument("--max-new-tokens", type=int, default=8, help="answer token limit")
         parser.add_argument(
+            "--no-prefetch",
+            dest="prefetch",
+            action="store_false",
+            help="prepare each batch only when it is due (by default the next batch is read, "
+            "encoded and uploaded in a thread while one generates, which on a CPU shares cores "
+            "with the timed generation)",
+        )
+        parser.add_argument(
             "--compare", nargs=2, metavar=("A", "B"), help="two configurations (see below)"
         )
         parser.add_argument("--json", metavar="OUT", help="write the full report to OUT")
@@ -269,13 +277,18 @@ class EvalCommand:
                 batch_size=args.batch_size,
                 max_new_tokens=args.max_new_tokens,
                 description=configuration.label,
+                prefetch=args.prefetch,
             )
             options = self.registry.finish(model, configuration.args, options)
             entries.append(
                 configuration_entry(configuration.label, str(configuration.model), options, result)
             )
             del model, processor  # release A before B loads
-        settings = {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens}
+        settings = {
+            "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens,
+            "prefetch": args.prefetch,
+        }
         report = build_report(dataset.description, settings, entries)
         if args.json is not None:
             write_json(report, args.json)

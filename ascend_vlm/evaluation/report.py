@@ -5,7 +5,7 @@ Report layout (``FORMAT``)::
 
     {"format": "ascend_vlm.eval/2",
      "dataset": {"name": "shapes_vqa" | "jsonl", ..., "samples": N},
-     "settings": {"batch_size": B, "max_new_tokens": T},
+     "settings": {"batch_size": B, "max_new_tokens": T, "prefetch": bool},
      "configurations": [
         {"label": str, "model": str, "options": {name: {"summary": str, ...}},
          "accuracy": {metric: {"overall": CELL, "by_type": {type: CELL}}},

@@ -3,6 +3,7 @@ generation, batch by batch, timing each batch's stages and the run's peak memory
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +15,8 @@ from ascend_vlm.evaluation.stages import (
     StageTimes,
     generate_with_stage_times,
 )
+from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 from ascend_vlm.vision_input.prefetch import device_prefetcher
-from ascend_vlm.vision_input.qwen_vl_pixels import with_fast_pixels
 from ascend_vlm.vision_input.staging import StagingPool
 
 
@@ -63,13 +64,20 @@ def generate_answers(
     max_new_tokens: int,
     progress: bool = True,
     description: str = "eval",
+    prefetch: bool = True,
 ) -> RunResult:
     """Greedy answers of ``model`` to every sample of ``dataset``, ``batch_size`` at a time.
 
     Prompts are the processor's chat template over the question and image (as the fine-tune
     script trains), left-padded so every answer starts right after its prompt. Before the first
     batch is timed, a two-token generation of it (a prefill and a decode step) runs once
-    untimed (first-call set-up is not latency). A tqdm bar on stderr counts samples unless ``progress`` is False.
+    untimed (first-call set-up is not latency). A tqdm bar on stderr counts samples unless
+    ``progress`` is False.
+
+    With ``prefetch`` the next batch is read, encoded (with its own tokenizer copy and the
+    fast image preprocessor where one applies) and, on an NPU, uploaded in a background thread
+    while the current one generates; on a CPU that thread shares the cores with the timed
+    stages. Without it each batch is prepared when due, in this thread.
     """
     from tqdm import tqdm
 
@@ -87,22 +95,27 @@ def generate_answers(
         range(start, min(start + batch_size, len(dataset)))
         for start in range(0, len(dataset), batch_size)
     ]
-    # The next batch's images are read, preprocessed (and on an NPU uploaded) while this one
-    # generates and is decoded.
+    # With prefetch, batches are encoded in another thread while answers are decoded here,
+    # so the encoding processor has its own tokenizer.
     encoding = with_fast_pixels(processor_for_another_thread(processor))
-    batches = device_prefetcher(
-        chunks,
-        lambda indices, staging: _batch_inputs(encoding, dataset, indices, staging),
-        device,
-        describe=lambda indices: f"samples {indices.start}-{indices.stop - 1}",
-    )
+    if prefetch:
+        batches: Any = device_prefetcher(
+            chunks,
+            lambda indices, staging: _batch_inputs(encoding, dataset, indices, staging),
+            device,
+            describe=lambda indices: f"samples {indices.start}-{indices.stop - 1}",
+        )
+    else:
+        batches = contextlib.nullcontext(
+            _batch_inputs(encoding, dataset, indices, None) for indices in chunks
+        )
     with (
-        batches,
+        batches as prepared,
         torch.no_grad(),
         PeakRSS() as memory,
         tqdm(total=len(dataset), desc=description, unit="sample", disable=not progress) as bar,
     ):
-        for indices, batch in zip(chunks, batches, strict=True):
+        for indices, batch in zip(chunks, prepared, strict=True):
             start = indices.start
             samples = batch.pop("_samples")
             inputs = {key: value.to(device) for key, value in batch.items()}

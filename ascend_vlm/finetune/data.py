@@ -18,9 +18,9 @@ image and the question, then the assistant's answer) and supervises only the ans
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -282,19 +282,13 @@ def collate(
                 rows.append(torch.cat(parts))
             batch[key] = torch.stack(rows)
         elif key == PIXEL_KEY and staging is not None:
-            batch[key] = torch.cat(values, out=staged_like(staging, values))
+            rows = sum(value.shape[0] for value in values)
+            dtype = functools.reduce(torch.promote_types, [value.dtype for value in values])
+            staged = staging.tensor((rows, *values[0].shape[1:]), dtype)
+            batch[key] = torch.cat(values, out=staged)
         else:
             batch[key] = torch.cat(values)
     return batch
-
-
-def staged_like(staging: StagingPool, parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """A tensor in a ``staging`` slot shaped as ``parts`` concatenated along dim 0."""
-    rows = sum(part.shape[0] for part in parts)
-    shape = (rows, *parts[0].shape[1:])
-    dtype = parts[0].dtype
-    nbytes = math.prod(shape) * dtype.itemsize
-    return torch.frombuffer(staging.acquire(nbytes), dtype=dtype).view(shape)
 
 
 class EncodedDataset:

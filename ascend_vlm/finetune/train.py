@@ -48,7 +48,7 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -86,7 +86,7 @@ from ascend_vlm.finetune.shapes_vqa import (
 )
 from ascend_vlm.models.parts import model_part
 from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
-from ascend_vlm.vision_input.qwen_vl_pixels import with_fast_pixels
+from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
 logger = logging.getLogger(__name__)
 
@@ -519,22 +519,39 @@ def answer_token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     )
 
 
+class _MicroBatch(NamedTuple):
+    """One micro-batch and what the loop needs of it, counted on the CPU before any upload
+    (so the loop reads no count back from the device)."""
+
+    epoch: int
+    next_index: int
+    batch: dict[str, torch.Tensor]
+    answer_tokens: int  # supervised tokens (labels after the first position)
+    seen_tokens: int  # attended tokens
+
+
 def _prefetched_micro_batches(
     indices: Iterator[tuple[int, int, list[int]]],
     train_set: EncodedDataset,
     pad_id: int,
     device: torch.device,
     config: TrainConfig,
-) -> Generator[tuple[int, int, dict[str, torch.Tensor]], None, None]:
-    """``(epoch, next_index, batch)`` for the micro-batch ``indices``, collated (and on an NPU
-    uploaded on the runtime's stream) ``config.prefetch`` micro-batches ahead in a background
-    thread, or in the loop's thread with ``prefetch=0``; ``close()`` stops the thread."""
+) -> Generator[_MicroBatch, None, None]:
+    """The micro-batches of ``indices``, collated (and on an NPU uploaded on the runtime's
+    stream) ``config.prefetch`` micro-batches ahead in a background thread, or in the loop's
+    thread with ``prefetch=0``; ``close()`` stops the thread."""
     from ascend_vlm.vision_input.prefetch import device_prefetcher
 
     def prepare(item: tuple[int, int, list[int]], staging: Any) -> dict[str, Any]:
         epoch, next_index, chunk = item
         batch = collate([train_set[i] for i in chunk], pad_id, staging=staging)
-        return {**batch, "_epoch": epoch, "_next_index": next_index}
+        return {
+            **batch,
+            "_epoch": epoch,
+            "_next_index": next_index,
+            "_answer_tokens": int((batch["labels"][:, 1:] != IGNORE_INDEX).sum()),
+            "_seen_tokens": int(batch["attention_mask"].sum()),
+        }
 
     if config.prefetch == 0:
         prepared: Iterator[dict[str, Any]] = (prepare(item, None) for item in indices)
@@ -545,12 +562,17 @@ def _prefetched_micro_batches(
             prepare,
             device,
             depth=config.prefetch,
-            held=config.grad_accum,
             describe=lambda item: f"epoch {item[0]}, samples {item[2]}",
         )
     with closer:
         for batch in prepared:
-            yield batch.pop("_epoch"), batch.pop("_next_index"), batch
+            yield _MicroBatch(
+                batch.pop("_epoch"),
+                batch.pop("_next_index"),
+                batch,
+                batch.pop("_answer_tokens"),
+                batch.pop("_seen_tokens"),
+            )
 
 
 def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -1000,15 +1022,13 @@ def _train(config: TrainConfig) -> TrainResult:
         while step < stop_at:
             running = step + 1
             started = time.perf_counter()
-            micro = []
-            for _ in range(config.grad_accum):
-                epoch, next_index, batch = next(batches)
-                micro.append(batch)
-            del batch  # a held micro-batch keeps its staging slot
-            local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)
+            micro = [next(batches) for _ in range(config.grad_accum)]
+            epoch, next_index = micro[-1].epoch, micro[-1].next_index
+            local_tokens = sum(part.answer_tokens for part in micro)
             (global_answer_tokens,) = placement.all_reduce_sum([local_tokens])
             local_loss = 0.0
-            for position, batch in enumerate(micro):
+            for position, part in enumerate(micro):
+                batch = part.batch
                 last = position == len(micro) - 1
                 sync = (
                     contextlib.nullcontext() if last or ddp_model is model else ddp_model.no_sync()
@@ -1027,7 +1047,7 @@ def _train(config: TrainConfig) -> TrainResult:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            local_seen = sum(int(b["attention_mask"].sum()) for b in micro)
+            local_seen = sum(part.seen_tokens for part in micro)
             loss_total, tokens_seen = placement.all_reduce_sum([local_loss, local_seen])
             elapsed = time.perf_counter() - started
             record = {

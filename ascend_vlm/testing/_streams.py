@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -138,7 +139,13 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
                 self._native.synchronize()
 
     default_streams: dict[int, Stream] = {}
-    current: dict[int, Stream] = {}
+    # The current stream per device is per thread, as in torch_npu (c10_npu's thread-local).
+    local = threading.local()
+
+    def _current() -> dict[int, Stream]:
+        if not hasattr(local, "streams"):
+            local.streams = {}
+        return local.streams
 
     def default_stream(device: Any = None) -> Stream:
         index = state["device"] if device is None else _device_index(device)
@@ -148,7 +155,7 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
 
     def current_stream(device: Any = None) -> Stream:
         index = state["device"] if device is None else _device_index(device)
-        return current.get(index) or default_stream(index)
+        return _current().get(index) or default_stream(index)
 
     @contextlib.contextmanager
     def stream(selected: Stream | None) -> Iterator[None]:
@@ -156,6 +163,7 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
         if selected is None:
             yield
             return
+        current = _current()
         previous = current.get(selected.device_index)
         current[selected.device_index] = selected
         try:

@@ -39,6 +39,19 @@ _FROM_PATH = "ascend_vlm_from_path"
 REQUIRED_STEPS = ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize")
 
 
+def _flat_images(images: Any) -> list[Any]:
+    """The images of a call as one list, as Hugging Face flattens them: one image, a list, a
+    list of per-sample lists, or a 4-D array of images."""
+    if isinstance(images, np.ndarray) and images.ndim == 4:
+        return list(images)
+    if not isinstance(images, (list, tuple)):
+        return [images]
+    flat: list[Any] = []
+    for item in images:
+        flat.extend(item if isinstance(item, (list, tuple)) else [item])
+    return flat
+
+
 class ImagePixels(abc.ABC):
     """Base of the fast preprocessors: ``pixels(images)`` returns what
     ``reference(images=images, return_tensors="pt")`` returns, equal value for value.
@@ -61,6 +74,12 @@ class ImagePixels(abc.ABC):
             raise ValueError(
                 f"reference: expected {self.family}, got {type(reference).__name__} without "
                 f"{missing}"
+            )
+        if getattr(reference, "backend", "pil") != "pil":
+            raise ValueError(
+                f"reference: expected the PIL backend of {self.family} (its resize is the one "
+                f"reproduced here), got {type(reference).__name__} with backend "
+                f"{reference.backend!r}; use the model's ...ImageProcessorPil class"
             )
         disabled = [step for step in REQUIRED_STEPS if not getattr(reference, step, False)]
         if disabled:
@@ -169,12 +188,18 @@ class ImagePixels(abc.ABC):
             opened.info[_FROM_PATH] = True
             return opened
         if isinstance(image, np.ndarray):
-            if image.dtype != np.uint8 or image.ndim not in (2, 3):
+            channels = (1, 3, 4)
+            if (
+                image.dtype != np.uint8
+                or image.ndim != 3
+                or not (image.shape[0] in channels or image.shape[-1] in channels)
+            ):
                 raise ValueError(
-                    f"images[{index}]: expected a PIL image or a uint8 HxW or HxWxC array, got "
-                    f"a {image.dtype} array of shape {image.shape}"
+                    f"images[{index}]: expected a PIL image or a uint8 array of shape HxWxC or "
+                    f"CxHxW with C in {channels}, got a {image.dtype} array of shape "
+                    f"{image.shape}"
                 )
-            image = Image.fromarray(image)
+            return image  # converted to RGB in a worker, by the reference's array rule
         if not isinstance(image, Image.Image):
             raise ValueError(
                 f"images[{index}]: expected a PIL image, a uint8 array or a local file path, got "
@@ -182,9 +207,19 @@ class ImagePixels(abc.ABC):
             )
         return image
 
-    def _decoded(self, index: int, image: Image.Image) -> Image.Image:
-        """``image``'s pixels read (and a path's image upright and RGB); a truncated or
-        corrupt file raises ``ValueError`` naming it."""
+    def _decoded(self, index: int, image: Image.Image | np.ndarray) -> Image.Image:
+        """``image``'s pixels read (a path's image upright and RGB, an array in RGB by the
+        reference's own conversion); a truncated or corrupt file raises ``ValueError`` naming
+        it."""
+        if isinstance(image, np.ndarray):
+            from transformers.image_utils import ChannelDimension, infer_channel_dimension_format
+
+            # As the reference: its conversion infers the channel axis (the first one when
+            # ambiguous) and keeps it; the result's axis is inferred again.
+            rgb = np.asarray(self.reference.convert_to_rgb(image))
+            if infer_channel_dimension_format(rgb, num_channels=(3,)) == ChannelDimension.FIRST:
+                rgb = np.moveaxis(rgb, 0, -1)
+            return Image.fromarray(np.ascontiguousarray(rgb))
         try:
             image.load()
             if image.info.get(_FROM_PATH):
@@ -213,7 +248,9 @@ class ImagePixels(abc.ABC):
             )
         if images is None:
             raise ValueError("images: expected one image or a list of images, got None")
-        listed: Sequence[Any] = images if isinstance(images, (list, tuple)) else [images]
+        listed = _flat_images(images)
+        if not listed:
+            raise ValueError("images: expected at least one image, got none")
         opened = [self._prepared(i, image) for i, image in enumerate(listed)]
         # Decoding first (in the workers), so sizes are the loaded images' (a path's EXIF
         # rotation applied), then one buffer for the batch, then the pixels (in the workers).
@@ -222,20 +259,18 @@ class ImagePixels(abc.ABC):
         counts = [self._rows(layout) for layout in layouts]
         shape = (sum(counts), *self._row_shape())
         if staging is None:
-            pixel_values = np.empty(shape, dtype=np.float32)
+            pixel_values = torch.empty(shape, dtype=torch.float32)
         else:
-            slot = staging.acquire(4 * int(np.prod(shape)))
-            pixel_values = slot.view(np.float32).reshape(shape)
+            pixel_values = staging.tensor(shape, torch.float32)
         starts = np.cumsum([0, *counts])
+        values = pixel_values.numpy()
         jobs = [
-            (image, layout, pixel_values[start:end])
+            (image, layout, values[start:end])
             for image, layout, start, end in zip(
                 prepared, layouts, starts[:-1], starts[1:], strict=True
             )
         ]
         self._map(self._fill, jobs)
-        return BatchFeature(
-            data={"pixel_values": torch.from_numpy(pixel_values), **self._features(layouts)}
-        )
+        return BatchFeature(data={"pixel_values": pixel_values, **self._features(layouts)})
 
     preprocess = __call__

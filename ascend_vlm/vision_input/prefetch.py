@@ -36,6 +36,27 @@ class _Failure:
 
 
 _END = object()
+_NO_ITEM = object()  # the source failed before yielding the batch's item
+
+
+def _noted(
+    error: BaseException, position: int, item: Any, describe: Callable[[Any], str]
+) -> BaseException:
+    """``error`` with a note naming the batch it was raised for (``__notes__``, which
+    tracebacks show from Python 3.11 on)."""
+    if item is _NO_ITEM:
+        described = "the source"
+    else:
+        try:
+            described = describe(item)
+        except Exception as describe_error:  # the note must not hide the error itself
+            described = f"an item describe() failed on: {describe_error!r}"
+    note = f"while preparing batch {position} ({described}) ahead"
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", []), note]
+    return error
 
 
 class _Producer:
@@ -63,7 +84,7 @@ class _Producer:
     def run(self) -> None:
         position = 0
         while not self.stopping.is_set():
-            item: Any = None
+            item: Any = _NO_ITEM
             try:
                 try:
                     item = next(self.source)
@@ -84,9 +105,7 @@ class _Producer:
             except BaseException as error:  # every failure is handed to the consumer
                 if self.stopping.is_set():
                     return
-                described = "the source" if item is None else self.describe(item)
-                error.add_note(f"while preparing batch {position} ({described}) ahead")
-                self.put(_Failure(error))
+                self.put(_Failure(_noted(error, position, item, self.describe)))
                 return
             self.put(prepared)
             del prepared, item
@@ -106,7 +125,8 @@ class _Producer:
         close the uploader and the staging pool."""
         self.stopping.set()
         if self.staging is not None:
-            self.staging.interrupt_waiters()
+            # Closing first makes any wait for a slot, now or later, raise in the producer.
+            self.staging.close()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join()
         while True:
@@ -116,8 +136,6 @@ class _Producer:
                 break
         if self.uploader is not None:
             self.uploader.close()
-        if self.staging is not None:
-            self.staging.close()
 
 
 class Prefetcher(Generic[Item]):
@@ -214,25 +232,27 @@ def device_prefetcher(
     prepare: Callable[[Any, StagingPool | None], Mapping[str, Any]],
     device: torch.device,
     depth: int = 2,
-    held: int = 1,
     describe: Callable[[Any], str] = repr,
+    upload: bool | None = None,
 ) -> Prefetcher[dict[str, Any]]:
     """A :class:`Prefetcher` of batches for a model on ``device``, as the library's paths use it.
 
     ``prepare(item, staging)`` builds one batch (a mapping; its tensors on the CPU), writing its
-    pixels into ``staging`` when that is not None. On an NPU, ``staging`` is a pool of
-    ``depth + held + 1`` page-locked slots (``held``: batches the consumer keeps at once) and
-    batches are uploaded by a :class:`BatchUploader` on its own stream, arriving as NPU tensors
-    ordered before the consumer's stream. On the CPU the batches are the prepared ones.
+    pixels into ``staging`` when that is not None. On an NPU, ``staging`` is a page-locked pool
+    and batches are uploaded to ``device`` by a :class:`BatchUploader` on its own stream,
+    arriving as NPU tensors ordered before the consumer's stream. The producer waits for each
+    batch's copies before preparing the next, so its slot is back by then and one slot serves.
+    On the CPU the batches are the prepared ones.
+    ``upload`` overrides that choice (True: the NPU path, e.g. under the mock torch_npu).
     """
-    if device.type != "npu":
+    if not (device.type == "npu" if upload is None else upload):
         return Prefetcher(source, lambda item: prepare(item, None), depth, describe=describe)
-    staging = StagingPool(slots=depth + held + 1)
+    staging = StagingPool(slots=1)
     return Prefetcher(
         source,
         lambda item: prepare(item, staging),
         depth,
-        uploader=BatchUploader("npu"),
+        uploader=BatchUploader("npu", device),
         staging=staging,
         describe=describe,
     )

@@ -12,7 +12,6 @@ byte per value), then looked up through the rescale-and-normalize table
 
 from __future__ import annotations
 
-import copy
 import sys
 from typing import Any
 
@@ -96,17 +95,3 @@ class QwenVLPixels(ImagePixels):
     def _features(self, layouts: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
         grid_thw = torch.tensor([[1, h, w] for h, w in layouts], dtype=torch.int64)
         return {"image_grid_thw": grid_thw}
-
-
-def with_fast_pixels(processor: Any, workers: int = 1) -> Any:
-    """A shallow copy of ``processor`` whose image part is a :class:`QwenVLPixels`, when its
-    image processor is a Qwen2/2.5/3-VL one with the default steps on (same tensors, faster);
-    otherwise ``processor`` itself. The original keeps its image processor, so saving it is
-    unchanged."""
-    try:
-        fast = QwenVLPixels(processor.image_processor, workers=workers)
-    except ValueError:
-        return processor
-    clone = copy.copy(processor)
-    clone.image_processor = fast
-    return clone

@@ -43,10 +43,20 @@ class ResizeCropPixels(ImagePixels):
     def __init__(self, reference: Any, workers: int = 2) -> None:
         super().__init__(reference, workers)
         try:
-            if type(reference)._preprocess not in _standard_pipelines():
+            standard, llava = _standard_pipelines()
+            pipeline = type(reference)._preprocess
+            if pipeline not in (standard, llava):
                 raise ValueError(
                     f"reference: expected {self.family}; {type(reference).__name__} has its "
                     f"own preprocessing steps"
+                )
+            # LLaVA's do_pad pads to a square before resizing; the standard pipeline's pads
+            # the normalized batch to a common size, which is not reproduced here.
+            self._pad = bool(getattr(reference, "do_pad", False))
+            if self._pad and pipeline is standard:
+                raise ValueError(
+                    f"reference: expected do_pad off (padding the normalized images to "
+                    f"pad_size is not reproduced), got {type(reference).__name__} with do_pad"
                 )
             self._crop = bool(getattr(reference, "do_center_crop", False))
             target = reference.crop_size if self._crop else reference.size
@@ -56,14 +66,22 @@ class ResizeCropPixels(ImagePixels):
                     f"resize to height and width), got size={dict(reference.size)} without a "
                     f"crop"
                 )
-            self._pad = bool(getattr(reference, "do_pad", False))
-            if not (
-                (reference.size.height and reference.size.width) or reference.size.shortest_edge
-            ):
+            size = reference.size
+            # The reference tries its size rules in this order: shortest edge (with a longest
+            # edge, not reproduced), max height and width (not reproduced), height and width.
+            size = reference.size
+            shortest = bool(size.shortest_edge) and not size.longest_edge
+            fixed = (
+                not size.shortest_edge
+                and not (size.max_height and size.max_width)
+                and bool(size.height and size.width)
+            )
+            if not (shortest or fixed):
                 raise ValueError(
-                    f"reference: expected a resize to a shortest edge or to height and width, "
-                    f"got size={dict(reference.size)}"
+                    f"reference: expected a resize to a shortest edge alone or to height and "
+                    f"width, got size={dict(size)}"
                 )
+            self._fixed_size = fixed
         except ValueError:
             self.close()
             raise
@@ -82,7 +100,7 @@ class ResizeCropPixels(ImagePixels):
     def _resized_size(self, height: int, width: int) -> tuple[int, int]:
         """``(height, width)`` the reference resizes an image of that size to."""
         size = self.reference.size
-        if size.height and size.width:
+        if self._fixed_size:
             return int(size.height), int(size.width)
         from transformers.image_transforms import get_resize_output_image_size
         from transformers.image_utils import ChannelDimension

@@ -18,11 +18,13 @@ would still be uploaded through its host address, exactly like a pinned one.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
 
 import numpy as np
+import torch
 
 from ascend_vlm.runtime import PinnedBuffer
 
@@ -34,12 +36,17 @@ class StagingExhausted(TimeoutError):
 class StagingPool:
     """At most ``slots`` page-locked host buffers, reused across batches.
 
-    :meth:`acquire` returns a writable uint8 array of the requested size over a free buffer,
-    replacing that buffer by one of the next power of two bytes when it is smaller (one
-    ``aclrtMallocHost`` per growth), and blocks
-    while all ``slots`` are in use: that wait is the backpressure of a pipeline that prepares
-    batches ahead of its consumer. ``allocations`` counts the buffers ever allocated and
-    ``in_use`` the slots currently handed out.
+    :meth:`acquire` returns a writable uint8 array of the requested size over the smallest free
+    buffer that holds it; when none does, the largest is replaced by one of the next power of
+    two bytes (one ``aclrtMallocHost`` per growth, at most twice the bytes asked for). It
+    blocks while all ``slots`` are in use: that wait is the backpressure of a pipeline that
+    prepares batches ahead of its consumer. ``allocations`` counts the buffers ever allocated
+    and ``in_use`` the slots currently handed out.
+
+    A slot returns when the last Python reference to its array goes: a copy still reading it
+    that holds no reference (``tensor.to("npu", non_blocking=True)`` of a dropped tensor) is
+    not covered; upload slots with :class:`~ascend_vlm.vision_input.BatchUploader`, which
+    keeps them until its copies are done, or synchronously.
     """
 
     def __init__(self, slots: int = 3) -> None:
@@ -50,7 +57,6 @@ class StagingPool:
         self._free: list[PinnedBuffer | None] = [None] * slots  # None: not allocated yet
         self._in_use = 0
         self._waiting = 0
-        self._interrupts = 0
         self._closed = False
         self._changed = threading.Condition()
 
@@ -59,13 +65,6 @@ class StagingPool:
         """Threads blocked in :meth:`acquire` for a slot."""
         with self._changed:
             return self._waiting
-
-    def interrupt_waiters(self) -> None:
-        """Make the threads blocked in :meth:`acquire` now raise ``RuntimeError`` (a consumer
-        stopping a producer that waits for a slot)."""
-        with self._changed:
-            self._interrupts += 1
-            self._changed.notify_all()
 
     @property
     def in_use(self) -> int:
@@ -83,10 +82,9 @@ class StagingPool:
             raise ValueError(f"nbytes: expected an int >= 1, got {nbytes!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            interrupts = self._interrupts
             self._waiting += 1
             try:
-                while not self._free and not self._closed and interrupts == self._interrupts:
+                while not self._free and not self._closed:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise StagingExhausted(
@@ -98,9 +96,7 @@ class StagingPool:
                 self._waiting -= 1
             if self._closed:
                 raise RuntimeError("acquire: the staging pool is closed")
-            if not self._free:
-                raise RuntimeError("acquire: interrupted while waiting for a staging slot")
-            buffer = self._free.pop()
+            buffer = self._free.pop(self._best_fit(nbytes))
             self._in_use += 1
         try:
             if buffer is None or buffer.nbytes < nbytes:
@@ -117,6 +113,23 @@ class StagingPool:
         weakref.finalize(array, self._put_back, buffer)
         return array
 
+    def _best_fit(self, nbytes: int) -> int:
+        """Index in the free list of the smallest buffer holding ``nbytes``, else of the
+        largest one (grown, or an unallocated slot)."""
+        sizes = [0 if buffer is None else buffer.nbytes for buffer in self._free]
+        fitting = [i for i, size in enumerate(sizes) if size >= nbytes]
+        if fitting:
+            return min(fitting, key=sizes.__getitem__)
+        return max(range(len(sizes)), key=sizes.__getitem__)
+
+    def tensor(
+        self, shape: tuple[int, ...], dtype: torch.dtype, timeout: float | None = None
+    ) -> torch.Tensor:
+        """A ``torch.Tensor`` of ``shape`` and ``dtype`` in a slot (:meth:`acquire`); the slot
+        stays taken while the tensor or any view of it lives."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        return torch.frombuffer(self.acquire(nbytes, timeout), dtype=dtype).view(shape)
+
     def _put_back(self, buffer: PinnedBuffer | None) -> None:
         with self._changed:
             self._in_use -= 1
@@ -128,7 +141,8 @@ class StagingPool:
             self._changed.notify()
 
     def close(self) -> None:
-        """Free the idle buffers now and the others when their arrays go; wake waiters.
+        """Free the idle buffers now and the others when their arrays go; waiting and later
+        :meth:`acquire` calls raise ``RuntimeError``.
 
         Idempotent. Arrays already handed out stay valid until they are dropped.
         """

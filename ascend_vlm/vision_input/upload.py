@@ -1,16 +1,22 @@
 """Host-to-device uploads of prepared batches on a dedicated runtime stream.
 
-The copies are queued on a :class:`~ascend_vlm.runtime.Stream` of this runtime, so they overlap
-with the model's compute on torch_npu's stream, and an :class:`~ascend_vlm.runtime.Event`
-recorded after them orders the consumer: ``aclrtStreamWaitEvent`` on torch_npu's current
-stream through its raw handle (``torch.npu.current_stream().npu_stream``), so the host never
-waits for the copy. The destination tensors are allocated by torch_npu's caching allocator
-while the consumer's stream is current, which ties their blocks to that stream: once the
-consumer frees them, the allocator hands them out again only to work ordered after the copy.
+The copies are queued on a :class:`~ascend_vlm.runtime.Stream` of this runtime, so they
+overlap with the model's compute on torch_npu's stream, and an
+:class:`~ascend_vlm.runtime.Event` recorded after them orders the consumer:
+``aclrtStreamWaitEvent`` on torch_npu's current stream through its raw handle
+(``torch.npu.current_stream().npu_stream``), so the consumer's thread never waits for a copy.
+
+torch_npu's caching allocator reuses a freed block for the next allocation on the same stream
+at once, assuming that allocation's work is queued after the block's last reader. A copy on
+another stream breaks that assumption, so the destination tensors are allocated on a side
+stream of the uploader's own (no kernel ever runs on it; its blocks are reused only by later
+uploads, each issued after the previous one completed), and :meth:`UploadedBatch.ready`
+records the consumer's stream on them (``Tensor.record_stream``), so a block the consumer
+frees is not handed out again before the consumer's queued work is done.
 
 Two destinations:
 
-* ``"npu"``: torch_npu tensors on the current device. Under the mock torch_npu
+* ``"npu"``: torch_npu tensors on the given device. Under the mock torch_npu
   (:mod:`ascend_vlm.testing.mock_npu`) NPU tensors are CPU tensors: each copy goes up to a
   simulated device buffer and back into the tensor on the same stream (``h2d`` then ``d2h``
   bytes in the simulator's counters), and the stream ordering runs through the simulated
@@ -26,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ascend_vlm import kernel_backend
+from ascend_vlm import kernel_backend, runtime
 from ascend_vlm.runtime import DeviceBuffer, Event, Stream
 
 UPLOAD_DESTINATIONS = ("npu", "runtime")
@@ -46,28 +52,36 @@ class UploadedBatch:
 
     def ready(self) -> dict[str, Any]:
         """``values``, with the consumer ordered after the copies: torch_npu's stream waits
-        for ``event`` on the device ("npu"); the host waits for it ("runtime")."""
-        if self._consumer_stream is None:
+        for ``event`` on the device and is recorded on the NPU tensors ("npu"); the host
+        waits for it ("runtime")."""
+        consumer = self._consumer_stream
+        if consumer is None:
             self.event.synchronize()
-        else:
-            self.event.make_stream_wait(self._consumer_stream.npu_stream)
+            return self.values
+        self.event.make_stream_wait(consumer.npu_stream)
+        for value in self.values.values():
+            if isinstance(value, torch.Tensor) and value.device.type == "npu":
+                value.record_stream(consumer)
         return self.values
 
 
 class BatchUploader:
     """Copies the CPU tensors of a batch to ``destination`` on its own runtime stream.
 
-    Create it in the consumer's thread: with ``"npu"`` the consumer is torch_npu's current
-    stream at that moment. ``upload`` may then be called from any thread.
+    ``device`` (``"npu"`` only): the NPU the tensors go to (default: torch_npu's current
+    device); its current stream at construction is the consumer, and the runtime's device is
+    set to it, since a runtime stream belongs to the device current when it is made. Create
+    the uploader in the consumer's thread; ``upload`` may then be called from any thread.
     """
 
-    def __init__(self, destination: str = "npu") -> None:
+    def __init__(self, destination: str = "npu", device: torch.device | None = None) -> None:
         if destination not in UPLOAD_DESTINATIONS:
             raise ValueError(
                 f"destination: expected one of {UPLOAD_DESTINATIONS}, got {destination!r}"
             )
         self.destination = destination
         self._consumer_stream = None
+        self._allocation_stream = None
         self._device = torch.device("cpu")
         if destination == "npu":
             backend = kernel_backend.active_backend()
@@ -76,9 +90,14 @@ class BatchUploader:
                     "destination: 'npu' needs torch_npu (or the mock), and the kernel backend "
                     "is 'cpu'; use 'runtime' or no uploader"
                 )
-            self._consumer_stream = torch.npu.current_stream()
+            index = torch.npu.current_device()
+            if device is not None and device.type == "npu" and device.index is not None:
+                index = device.index
+            runtime.set_device(index)
+            self._consumer_stream = torch.npu.current_stream(index)
+            self._allocation_stream = torch.npu.Stream(index)
             if backend == "npu":
-                self._device = torch.device("npu", torch.npu.current_device())
+                self._device = torch.device("npu", index)
         self.stream = Stream()
 
     def upload(self, batch: Mapping[str, Any]) -> UploadedBatch:
@@ -104,12 +123,12 @@ class BatchUploader:
             raise ValueError(f"batch[{key!r}]: expected a CPU tensor, got one on {tensor.device}")
         source = tensor.contiguous()
         nbytes = source.numel() * source.element_size()
-        if self._consumer_stream is None:
+        if self._allocation_stream is None:
             target: Any = DeviceBuffer(max(nbytes, 1))
             if nbytes:
                 self.stream.memcpy_async(target, source, nbytes)
             return target
-        with torch.npu.stream(self._consumer_stream):
+        with torch.npu.stream(self._allocation_stream):
             target = torch.empty(source.shape, dtype=source.dtype, device=self._device)
         if not nbytes:
             return target

@@ -76,7 +76,11 @@ def test_json_report_has_every_field(single_run, tiny_model_path):
         "image_size": 112,
         "samples": LIMIT,
     }
-    assert report["settings"] == {"batch_size": BATCH, "max_new_tokens": NEW_TOKENS}
+    assert report["settings"] == {
+        "batch_size": BATCH,
+        "max_new_tokens": NEW_TOKENS,
+        "prefetch": True,
+    }
     assert report["comparison"] is None
     (entry,) = report["configurations"]
     assert set(entry) == {

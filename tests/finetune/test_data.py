@@ -149,3 +149,35 @@ def test_collate_pads_tokens_and_concatenates_pixels(processor, side):
 def test_normalise_answer():
     assert normalise_answer("  Red. ") == "red"
     assert normalise_answer("blue") == normalise_answer("BLUE")
+
+
+def test_collate_into_a_staging_slot_equals_plain_collate():
+    from ascend_vlm.vision_input.staging import StagingPool
+
+    parts = [
+        {"input_ids": torch.tensor([1, 2]), "pixel_values": torch.rand(4, 6)},
+        {"input_ids": torch.tensor([3]), "pixel_values": torch.rand(2, 6, dtype=torch.float64)},
+    ]
+    plain = collate(parts, pad_token_id=0)
+    with StagingPool(slots=1) as pool:
+        staged = collate(parts, pad_token_id=0, staging=pool)
+        assert staged["pixel_values"].dtype == torch.float64  # promoted, as torch.cat does
+        assert torch.equal(staged["pixel_values"], plain["pixel_values"])
+        assert torch.equal(staged["input_ids"], plain["input_ids"])
+        assert pool.in_use == 1
+        del staged
+        assert pool.in_use == 0
+
+
+def test_processor_for_another_thread_owns_its_tokenizer():
+    from ascend_vlm.default_model import default_model_path, load_processor
+    from ascend_vlm.finetune.data import processor_for_another_thread
+
+    processor = load_processor(default_model_path())
+    copy = processor_for_another_thread(processor)
+    assert copy.tokenizer is not processor.tokenizer
+    assert copy.image_processor is processor.image_processor
+    assert (
+        copy.tokenizer("a red square")["input_ids"]
+        == processor.tokenizer("a red square")["input_ids"]
+    )

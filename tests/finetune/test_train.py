@@ -473,3 +473,25 @@ def test_a_failing_sample_is_named_from_the_prefetch_thread(tmp_path, monkeypatc
     with pytest.raises(OSError, match="truncated") as caught:
         train(tiny_config(tmp_path / "out", prefetch=2))
     assert any("while preparing batch 0 (epoch 0, samples [" in n for n in caught.value.__notes__)
+
+
+@pytest.mark.mock_npu
+def test_staged_uploaded_micro_batches_train_as_batches_made_in_the_loop(tmp_path, monkeypatch):
+    from ascend_vlm import runtime
+    from ascend_vlm.vision_input import prefetch
+
+    force_upload = prefetch.device_prefetcher
+    monkeypatch.setattr(
+        prefetch,
+        "device_prefetcher",
+        lambda *args, **kwargs: force_upload(*args, **kwargs, upload=True),
+    )
+    runs = {}
+    for depth in (0, 2):
+        runtime.sim_reset_stats()
+        out = tmp_path / f"prefetch{depth}"
+        train(tiny_config(out, prefetch=depth, grad_accum=2, max_steps=2))
+        runs[depth] = (_losses(out), runtime.sim_stats())
+    assert runs[0][0] == runs[2][0]
+    assert runs[0][1]["h2d"] == 0 and runs[2][1]["h2d"] > 0  # the batches went up
+    assert runs[2][1]["h2h"] == 0

@@ -104,7 +104,8 @@ def test_a_failing_source_is_named():
 
 @pytest.mark.parametrize("where", ["waiting for room", "waiting for a slot", "preparing"])
 def test_close_stops_the_producer_wherever_it_waits(where):
-    pool = StagingPool(slots=1)
+    # Enough slots for the queue, so "waiting for room" really waits on the full queue.
+    pool = StagingPool(slots=1 if where == "waiting for a slot" else 4)
     release = threading.Event()
 
     def prepare(i: int):
@@ -115,6 +116,10 @@ def test_close_stops_the_producer_wherever_it_waits(where):
     batches = Prefetcher(range(10), prepare, depth=1, staging=pool)
     held = next(batches) if where == "waiting for a slot" else None
     time.sleep(0.1)
+    if where == "waiting for a slot":
+        assert pool.waiting == 1
+    if where == "waiting for room":
+        assert pool.waiting == 0 and pool.in_use == 2  # one queued, one waiting to be
     started = time.monotonic()
     batches.close()
     assert time.monotonic() - started < 2 and not _prefetch_threads()
@@ -123,6 +128,22 @@ def test_close_stops_the_producer_wherever_it_waits(where):
     assert pool.in_use == 0
     with pytest.raises(StopIteration):
         next(batches)
+
+
+def test_close_while_the_producer_prepares_and_every_slot_is_taken_does_not_hang():
+    pool = StagingPool(slots=2)
+
+    def prepare(i: int):
+        if i == 2:
+            time.sleep(0.3)  # close() arrives now; the slot wait comes after it
+        return pool.acquire(8)
+
+    batches = Prefetcher(range(10), prepare, depth=1, staging=pool)
+    held = [next(batches), next(batches)]  # every slot taken by the consumer
+    started = time.monotonic()
+    batches.close()
+    assert time.monotonic() - started < 2 and not _prefetch_threads()
+    del held
 
 
 def test_an_abandoned_prefetcher_stops_its_thread():
@@ -185,3 +206,35 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match="an uploaded batch must be a mapping"):
         list(Prefetcher([1], lambda i: [i], uploader=uploader))
     uploader.close()
+
+
+@pytest.mark.mock_npu
+def test_the_npu_path_stages_uploads_and_returns_every_slot_under_the_mock():
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    from ascend_vlm.vision_input.prefetch import device_prefetcher
+
+    reference = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
+    pixels = QwenVLPixels(reference, workers=1)
+    rng = np.random.default_rng(1)
+    sources = [
+        [Image.fromarray(rng.integers(0, 256, (64, 64 + 8 * k, 3), dtype=np.uint8))]
+        for k in range(5)
+    ]
+    staging_pools: list[StagingPool] = []
+
+    def prepare(images, staging):
+        staging_pools.append(staging)
+        return dict(pixels(images, staging=staging))
+
+    runtime.sim_reset_stats()
+    batches = device_prefetcher(sources, prepare, torch.device("cpu"), depth=2, upload=True)
+    for images, batch in zip(sources, batches, strict=True):
+        expected = reference(images=images, return_tensors="pt")
+        assert torch.equal(batch["pixel_values"], expected["pixel_values"])
+        assert torch.equal(batch["image_grid_thw"], expected["image_grid_thw"])
+    pool = staging_pools[0]
+    # The producer waits for each upload, so one slot serves every batch.
+    assert all(staging is pool for staging in staging_pools) and pool.slots == 1
+    assert pool.in_use == 0 and runtime.sim_stats()["h2h"] == 0
+    pixels.close()

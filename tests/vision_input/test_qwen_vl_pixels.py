@@ -58,7 +58,7 @@ def test_bad_input_is_named(reference):
     pixels = QwenVLPixels(reference, workers=1)
     with pytest.raises(ValueError, match=r"images\[1\]: expected a PIL image, a uint8 array or"):
         pixels([Image.new("RGB", (8, 8)), b"a.png"])
-    with pytest.raises(ValueError, match=r"images\[0\]: expected a PIL image or a uint8 HxW"):
+    with pytest.raises(ValueError, match=r"images\[0\]: expected a PIL image or a uint8 array of"):
         pixels([np.zeros((4, 4), dtype=np.float32)])
     with pytest.raises(ValueError, match=r"images\[0\]: absolute aspect ratio must be smaller"):
         pixels([Image.new("RGB", (3000, 10))])
@@ -123,3 +123,37 @@ def test_bad_paths_are_named(reference, tmp_path):
     (tmp_path / "text.png").write_text("not an image")
     with pytest.raises(ValueError, match=r"images\[0\]: cannot open"):
         pixels([tmp_path / "text.png"])
+
+
+def test_arrays_of_every_channel_layout_and_nested_lists_as_hugging_face(reference):
+    rng = np.random.default_rng(5)
+    shapes = [(60, 40, 1), (1, 60, 40), (3, 60, 40), (60, 40, 4), (4, 60, 40), (3, 60, 3)]
+    arrays = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in shapes]
+    pixels = QwenVLPixels(reference, workers=2)
+    for images in (arrays, [[arrays[0]], arrays[1:3]], np.stack([arrays[2], arrays[2]])):
+        expected = reference(images=images, return_tensors="pt")
+        got = pixels(images)
+        assert torch.equal(got["image_grid_thw"], expected["image_grid_thw"])
+        assert torch.equal(got["pixel_values"], expected["pixel_values"])
+    with pytest.raises(ValueError, match="images: expected at least one image, got none"):
+        pixels([])
+    with pytest.raises(ValueError, match=r"images\[0\]: .*got a uint8 array of shape \(5, 5\)"):
+        pixels([np.zeros((5, 5), np.uint8)])  # refused by Hugging Face too
+
+
+def test_a_torchvision_backend_reference_is_refused_and_with_fast_pixels_falls_back(reference):
+    from types import SimpleNamespace
+
+    from ascend_vlm.vision_input.fast_processor import with_fast_pixels
+
+    class TorchvisionQwen(type(reference)):
+        backend = "torchvision"
+
+    with pytest.raises(ValueError, match=r"expected the PIL backend .* backend 'torchvision'"):
+        QwenVLPixels(TorchvisionQwen())
+    other = SimpleNamespace(image_processor=TorchvisionQwen())
+    assert with_fast_pixels(other) is other
+    processor = SimpleNamespace(image_processor=reference, tokenizer="t")
+    fast = with_fast_pixels(processor)
+    assert isinstance(fast.image_processor, QwenVLPixels) and fast.tokenizer == "t"
+    assert processor.image_processor is reference  # the original is left as it was

@@ -96,6 +96,10 @@ def test_other_pipelines_and_varying_sizes_are_refused():
         ResizeCropPixels(Idefics3ImageProcessorPil())
     with pytest.raises(ValueError, match="Qwen2VLImageProcessorPil has its own preprocessing"):
         ResizeCropPixels(Qwen2VLImageProcessorPil())
+    with pytest.raises(ValueError, match="expected do_pad off"):
+        ResizeCropPixels(CLIPImageProcessorPil(do_pad=True, pad_size={"height": 240, "width": 240}))
+    with pytest.raises(ValueError, match="expected a resize to a shortest edge alone"):
+        ResizeCropPixels(CLIPImageProcessorPil(size={"shortest_edge": 224, "longest_edge": 400}))
     with pytest.raises(ValueError, match="expected one output size for every image"):
         ResizeCropPixels(CLIPImageProcessorPil(do_center_crop=False))
     with pytest.raises(ValueError, match=r"got \['do_resize'\] off"):

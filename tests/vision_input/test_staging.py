@@ -57,7 +57,7 @@ def test_acquire_blocks_until_a_slot_returns_and_grows_a_small_buffer():
         assert pool.allocations == 2  # the 16-byte buffer was replaced
 
 
-def test_interrupt_and_close_wake_waiters_with_an_error():
+def test_close_wakes_waiters_and_refuses_later_acquires():
     pool = StagingPool(slots=1)
     held = pool.acquire(16)
     errors: list[BaseException] = []
@@ -72,15 +72,32 @@ def test_interrupt_and_close_wake_waiters_with_an_error():
     waiter.start()
     while pool.waiting == 0:
         threading.Event().wait(0.01)
-    pool.interrupt_waiters()
-    waiter.join(5)
-    assert "interrupted" in str(errors[0])
     pool.close()
+    waiter.join(5)
+    assert not waiter.is_alive() and "closed" in str(errors[0])
     with pytest.raises(RuntimeError, match="closed"):
         pool.acquire(16)
     held[:] = 7  # handed-out memory stays valid after close
     assert held.sum() == 7 * 16
     del held
+
+
+def test_the_smallest_fitting_buffer_serves_and_tensors_keep_their_slot():
+    with StagingPool(slots=2) as pool:
+        big, small = pool.acquire(4096), pool.acquire(64)
+        big_address, small_address = big.ctypes.data, small.ctypes.data
+        del big, small
+        again_small = pool.acquire(60)  # not the 4 KiB buffer
+        assert again_small.ctypes.data == small_address
+        tensor = pool.tensor((8, 16), torch.bfloat16)
+        assert tensor.shape == (8, 16) and tensor.dtype == torch.bfloat16
+        assert tensor.data_ptr() == big_address and pool.allocations == 2
+        del again_small
+        view = tensor[2:4]
+        del tensor
+        assert pool.in_use == 1  # the view keeps the slot
+        del view
+        assert pool.in_use == 0
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])

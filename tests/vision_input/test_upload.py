@@ -110,7 +110,17 @@ def test_mock_npu_tensors_arrive_after_torch_npus_stream_waits_for_the_upload():
         assert not done.wait(0.2)  # the mock's host-memory tensors need the stream to reach them
         gate.set()
         producer.join(10)
-        values = result["uploaded"].ready()
+        waits: list[int] = []
+        make_stream_wait = Event.make_stream_wait
+
+        def spy(event, handle):
+            waits.append(handle)
+            make_stream_wait(event, handle)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Event, "make_stream_wait", spy)
+            values = result["uploaded"].ready()
+        assert waits == [torch.npu.current_stream().npu_stream]  # ordered on the device
         current = torch.npu.current_stream()
         marker = Event(timing=False)
         marker.record(current._native)
