@@ -133,6 +133,7 @@ def run_command(args: argparse.Namespace) -> int:
     from ascend_vlm.batching.budgets import BudgetError
     from ascend_vlm.batching.generator import BatchGenerator
     from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_checkpoint
+    from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
     parser = args.parser
     for flag in ("max_batch_tokens", "max_visual_tokens", "max_kv_mib", "max_batch_size"):
@@ -149,6 +150,8 @@ def run_command(args: argparse.Namespace) -> int:
     except (FileNotFoundError, RequestFileError) as error:
         parser.error(str(error))
     model, processor = load_checkpoint(args.model, "--model")
+    # Every request is encoded at submission; the fast image part gives the same tensors.
+    processor = with_fast_pixels(processor, workers=2)
     if args.patch:
         import ascend_vlm
 
