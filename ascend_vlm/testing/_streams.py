@@ -3,8 +3,9 @@
 Mirrors the torch_npu API the project uses (Ascend/pytorch ``torch_npu/npu/streams.py``;
 npu_api.md §3): ``Stream(device=None, priority=0)`` with ``wait_event``, ``wait_stream``,
 ``record_event``, ``query``, ``synchronize`` and ``npu_stream`` (the raw ``aclrtStream``);
-``Event(enable_timing=False, blocking=False, interprocess=False)`` with ``record``, ``wait``, ``query``, ``elapsed_time``, ``synchronize``;
-``current_stream``, ``default_stream`` and the ``stream(s)`` context manager.
+``Event(enable_timing=False, blocking=False, interprocess=False)`` with ``record``, ``wait``,
+``query``, ``elapsed_time``, ``synchronize``; ``current_stream``, ``default_stream`` and the
+``stream(s)`` context manager (the current stream is per thread, as in torch_npu).
 
 When ``ascend_vlm._C`` is built, streams and events are backed by ``ascend_vlm.runtime``'s
 ``Stream``/``Event`` (the simulated AscendCL runtime), so ordering bugs show up there. Without

@@ -5,6 +5,7 @@
 ``npu_weight_quant_batchmatmul``, ``npu_convert_weight_to_int4pack`` and an ``npu`` submodule)
 and sets ``torch.npu`` to that submodule (``is_available``, ``device_count``, ``current_device``,
 ``set_device``, ``synchronize``, ``Stream``, ``Event``, ``current_stream``, ``stream``,
+``recorded_streams`` (what ``Tensor.record_stream``, patched as torch_npu patches it, got),
 ``mstx`` (profiler ranges), ``get_device_name``, which reports an Atlas A2 SoC, :data:`MOCK_SOC_NAME`), and selects the
 ``"mock"`` kernel backend (:mod:`ascend_vlm.kernel_backend`).
 ``uninstall_mock_npu()`` restores exactly what was there before, the backend selection included.
@@ -740,6 +741,7 @@ def _build_modules(device_count: int) -> tuple[types.ModuleType, types.ModuleTyp
     for name, value in make_stream_api(device_count).items():
         setattr(npu, name, value)
     npu.get_device_name = get_device_name
+    npu.recorded_streams = []
     npu.mstx = _make_mstx(npu)
     mock.npu = npu
     return mock, npu
@@ -770,6 +772,8 @@ def install_mock_npu(device_count: int = 1) -> types.ModuleType:
         sys.modules["torch_npu"] = mock
         sys.modules["torch_npu.npu"] = npu
         torch.npu = npu
+        saved["record_stream"] = torch.Tensor.record_stream
+        torch.Tensor.record_stream = _record_stream(npu, torch.Tensor.record_stream)
         saved["backend"] = kernel_backend.set_backend("mock")
         _SAVED.append(saved)
         return mock
@@ -791,7 +795,23 @@ def uninstall_mock_npu() -> None:
             torch.__dict__.pop("npu", None)
         else:
             torch.npu = saved["torch.npu"]
+        torch.Tensor.record_stream = saved["record_stream"]
         kernel_backend.set_backend(saved["backend"])
+
+
+def _record_stream(npu: types.ModuleType, original: Any) -> Any:
+    """``Tensor.record_stream`` taking the mock's streams, as torch_npu's patch makes it take
+    NPU streams: the mock's (CPU) "NPU tensors" record ``(tensor, stream)`` in
+    ``torch.npu.recorded_streams`` (there is no caching allocator to tell); other streams go
+    to torch's own method."""
+
+    def record_stream(tensor: torch.Tensor, stream: Any) -> None:
+        if not isinstance(stream, npu.Stream):
+            return original(tensor, stream)
+        npu.recorded_streams.append((tensor, stream))
+        return None
+
+    return record_stream
 
 
 @contextlib.contextmanager

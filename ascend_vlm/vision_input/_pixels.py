@@ -216,9 +216,16 @@ class ImagePixels(abc.ABC):
 
             # As the reference: its conversion infers the channel axis (the first one when
             # ambiguous) and keeps it; the result's axis is inferred again.
-            rgb = np.asarray(self.reference.convert_to_rgb(image))
-            if infer_channel_dimension_format(rgb, num_channels=(3,)) == ChannelDimension.FIRST:
-                rgb = np.moveaxis(rgb, 0, -1)
+            try:
+                rgb = np.asarray(self.reference.convert_to_rgb(image))
+                first = ChannelDimension.FIRST
+                if infer_channel_dimension_format(rgb, num_channels=(3,)) == first:
+                    rgb = np.moveaxis(rgb, 0, -1)
+            except ValueError as error:  # older references convert fewer channel layouts
+                raise ValueError(
+                    f"images[{index}]: the reference cannot convert an array of shape "
+                    f"{image.shape} to RGB: {error}"
+                ) from None
             return Image.fromarray(np.ascontiguousarray(rgb))
         try:
             image.load()

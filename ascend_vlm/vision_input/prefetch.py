@@ -205,9 +205,10 @@ class Prefetcher(Generic[Item]):
         if staging.waiting and staging.in_use >= staging.slots and self._producer.queue.empty():
             self.close()
             raise RuntimeError(
-                f"all {staging.slots} staging slots are held by batches already taken from "
-                f"the prefetcher, so the next one cannot be prepared; drop each batch before "
-                f"taking the next, or give the pool more slots (depth + 2 for one held batch)"
+                f"all {staging.slots} staging slots are held, by batches already taken from "
+                f"the prefetcher or by the batch being prepared, so the next one cannot be "
+                f"prepared; drop each batch before taking the next, take at most one slot per "
+                f"batch, or give the pool more slots (depth + 2 for one held batch)"
             )
 
     def close(self) -> None:
@@ -241,7 +242,8 @@ def device_prefetcher(
     pixels into ``staging`` when that is not None. On an NPU, ``staging`` is a page-locked pool
     and batches are uploaded to ``device`` by a :class:`BatchUploader` on its own stream,
     arriving as NPU tensors ordered before the consumer's stream. The producer waits for each
-    batch's copies before preparing the next, so its slot is back by then and one slot serves.
+    batch's copies before preparing the next, so its slot is back by then and one slot serves:
+    ``prepare`` may take at most one slot per batch.
     On the CPU the batches are the prepared ones.
     ``upload`` overrides that choice (True: the NPU path, e.g. under the mock torch_npu).
     """

@@ -26,7 +26,7 @@ class QwenVLPixels(ImagePixels):
     """The image part of a Qwen2/2.5/3-VL processor: ``pixels(images)`` returns what
     ``reference(images=images, return_tensors="pt")`` returns (``pixel_values`` float32
     ``[sum of patches, C*T*P*P]`` and ``image_grid_thw`` int64 ``[images, 3]``), equal value
-    for value, for PIL images, uint8 HWC arrays and local file paths.
+    for value, for PIL images, uint8 arrays (HxWxC or CxHxW) and local file paths.
 
     ``reference`` is the model's Hugging Face image processor (``processor.image_processor``);
     its settings are read once. Assign the instance to ``processor.image_processor`` to use it
@@ -44,7 +44,7 @@ class QwenVLPixels(ImagePixels):
 
     def __init__(self, reference: Any, workers: int = 2) -> None:
         super().__init__(reference, workers)
-        # The size rule of the reference's own module, whichever backend it is.
+        # The size rule of the reference's own module.
         smart_resize = getattr(sys.modules[type(reference).__module__], "smart_resize", None)
         if smart_resize is None:
             self.close()

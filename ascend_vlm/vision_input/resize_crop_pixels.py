@@ -30,7 +30,7 @@ def _standard_pipelines() -> tuple[Any, ...]:
 class ResizeCropPixels(ImagePixels):
     """The image part of a CLIP, SigLIP or LLaVA processor (PIL backend): ``pixels(images)``
     returns ``pixel_values`` float32 ``[images, 3, H, W]`` equal to the reference's, for PIL
-    images, uint8 HWC arrays and local file paths.
+    images, uint8 arrays (HxWxC or CxHxW) and local file paths.
 
     ``reference`` must use the standard resize / crop / rescale / normalize pipeline (or
     LLaVA's, with its pad to square) and produce one size for every image: a centre crop, or a
@@ -66,7 +66,6 @@ class ResizeCropPixels(ImagePixels):
                     f"resize to height and width), got size={dict(reference.size)} without a "
                     f"crop"
                 )
-            size = reference.size
             # The reference tries its size rules in this order: shortest edge (with a longest
             # edge, not reproduced), max height and width (not reproduced), height and width.
             size = reference.size

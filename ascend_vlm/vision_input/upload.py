@@ -42,7 +42,8 @@ class UploadedBatch:
     """A batch whose tensors were queued for upload; :meth:`ready` hands them out in order.
 
     ``values`` maps each key of the host batch to its device copy (a tensor or a
-    ``DeviceBuffer``; non-tensor values as they were); ``event`` completes with the copies.
+    ``DeviceBuffer``; non-tensor values as they were); ``event`` completes with the copies
+    (and with any later upload's: the uploader records one event again each time).
     """
 
     def __init__(self, values: dict[str, Any], event: Event, consumer_stream: Any) -> None:
@@ -60,7 +61,7 @@ class UploadedBatch:
             return self.values
         self.event.make_stream_wait(consumer.npu_stream)
         for value in self.values.values():
-            if isinstance(value, torch.Tensor) and value.device.type == "npu":
+            if isinstance(value, torch.Tensor):
                 value.record_stream(consumer)
         return self.values
 
@@ -68,10 +69,11 @@ class UploadedBatch:
 class BatchUploader:
     """Copies the CPU tensors of a batch to ``destination`` on its own runtime stream.
 
-    ``device`` (``"npu"`` only): the NPU the tensors go to (default: torch_npu's current
-    device); its current stream at construction is the consumer, and the runtime's device is
-    set to it, since a runtime stream belongs to the device current when it is made. Create
-    the uploader in the consumer's thread; ``upload`` may then be called from any thread.
+    ``device`` (``"npu"`` only): the NPU the tensors go to, which must be torch_npu's current
+    device (default: that one); its current stream at construction is the consumer, and the
+    runtime's device is set to it, since a runtime stream belongs to the device current when
+    it is made. Create the uploader in the consumer's thread; ``upload`` may then be called
+    from one thread at a time.
     """
 
     def __init__(self, destination: str = "npu", device: torch.device | None = None) -> None:
@@ -91,14 +93,21 @@ class BatchUploader:
                     "is 'cpu'; use 'runtime' or no uploader"
                 )
             index = torch.npu.current_device()
-            if device is not None and device.type == "npu" and device.index is not None:
-                index = device.index
+            if device is not None and device.type == "npu" and device.index not in (None, index):
+                raise ValueError(
+                    f"device: expected torch_npu's current device npu:{index} (the uploader's "
+                    f"streams belong to it), got {device}; call torch.npu.set_device"
+                    f"({device.index}) first"
+                )
             runtime.set_device(index)
             self._consumer_stream = torch.npu.current_stream(index)
             self._allocation_stream = torch.npu.Stream(index)
             if backend == "npu":
                 self._device = torch.device("npu", index)
         self.stream = Stream()
+        # Made now, on the stream's device, and recorded again by each upload: a consumer
+        # that waits for an earlier batch may wait for later copies too, never for fewer.
+        self._event = Event(timing=False)
 
     def upload(self, batch: Mapping[str, Any]) -> UploadedBatch:
         """Queue a copy of every CPU tensor of ``batch`` and record the event after them.
@@ -114,9 +123,8 @@ class BatchUploader:
                 values[key] = self._copy(key, value)
             else:
                 values[key] = value
-        event = Event(timing=False)
-        event.record(self.stream)
-        return UploadedBatch(values, event, self._consumer_stream)
+        self._event.record(self.stream)
+        return UploadedBatch(values, self._event, self._consumer_stream)
 
     def _copy(self, key: str, tensor: torch.Tensor) -> Any:
         if tensor.device.type != "cpu":

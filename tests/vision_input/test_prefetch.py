@@ -115,11 +115,18 @@ def test_close_stops_the_producer_wherever_it_waits(where):
 
     batches = Prefetcher(range(10), prepare, depth=1, staging=pool)
     held = next(batches) if where == "waiting for a slot" else None
-    time.sleep(0.1)
-    if where == "waiting for a slot":
-        assert pool.waiting == 1
+    reached = {
+        "waiting for a slot": lambda: pool.waiting == 1,
+        "waiting for room": lambda: pool.in_use == 2,  # one queued, one waiting to be
+        "preparing": lambda: True,
+    }[where]
+    deadline = time.monotonic() + 5
+    while not reached() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reached()
     if where == "waiting for room":
-        assert pool.waiting == 0 and pool.in_use == 2  # one queued, one waiting to be
+        time.sleep(0.05)
+        assert pool.waiting == 0 and pool.in_use == 2  # blocked on the full queue
     started = time.monotonic()
     batches.close()
     assert time.monotonic() - started < 2 and not _prefetch_threads()
@@ -155,7 +162,7 @@ def test_an_abandoned_prefetcher_stops_its_thread():
 def test_holding_every_slot_raises_instead_of_waiting_forever():
     pool = StagingPool(slots=2)
     held = []
-    with pytest.raises(RuntimeError, match="all 2 staging slots are held by batches already"):
+    with pytest.raises(RuntimeError, match="all 2 staging slots are held, by batches already"):
         for batch in Prefetcher(range(10), lambda i: pool.acquire(8), depth=1, staging=pool):
             held.append(batch)
     assert len(held) == 2

@@ -150,3 +150,41 @@ def test_torch_npus_stream_waits_on_the_device_through_its_raw_handle():
     with pytest.raises(AclError, match="aclrtStreamWaitEvent"):
         event.make_stream_wait(12345)  # not a stream AscendCL knows
     upload_stream.destroy()
+
+
+@pytest.mark.mock_npu
+def test_handing_over_records_the_consumer_stream_and_allocates_on_a_side_stream():
+    uploader = BatchUploader("npu")
+    consumer = torch.npu.current_stream()
+    assert uploader._allocation_stream is not consumer
+    with StagingPool(slots=1) as pool:
+        uploaded = uploader.upload(_staged_batch(pool, rows=2))
+        torch.npu.recorded_streams.clear()
+        values = uploaded.ready()
+    recorded = {id(tensor): stream for tensor, stream in torch.npu.recorded_streams}
+    tensors = [value for value in values.values() if isinstance(value, torch.Tensor)]
+    assert len(tensors) == 2 and all(recorded[id(t)] is consumer for t in tensors)
+    uploader.close()
+
+
+def test_the_target_must_be_torch_npus_current_device():
+    from ascend_vlm.testing.mock_npu import mock_npu
+
+    with mock_npu(device_count=2):
+        with pytest.raises(ValueError, match=r"expected torch_npu's current device npu:0"):
+            BatchUploader("npu", _npu(1))
+        torch.npu.set_device(1)
+        uploader = BatchUploader("npu", _npu(1))
+        assert uploader.stream.device == 1
+        assert uploader._consumer_stream.device_index == 1
+        assert uploader._allocation_stream.device_index == 1
+        uploader.close()
+        torch.npu.set_device(0)
+        runtime.set_device(0)
+
+
+def _npu(index: int):
+    """A stand-in for torch.device("npu", index), which the CPU build of torch refuses."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(type="npu", index=index)
