@@ -95,25 +95,28 @@ def generate_answers(
         range(start, min(start + batch_size, len(dataset)))
         for start in range(0, len(dataset), batch_size)
     ]
-    # With prefetch, batches are encoded in another thread while answers are decoded here,
-    # so the encoding processor has its own tokenizer.
-    encoding = with_fast_pixels(processor_for_another_thread(processor))
-    if prefetch:
-        batches: Any = device_prefetcher(
+
+    def batches() -> Any:
+        if not prefetch:
+            encoding = with_fast_pixels(processor)
+            return contextlib.nullcontext(
+                _batch_inputs(encoding, dataset, indices, None) for indices in chunks
+            )
+        # Encoded in another thread while answers are decoded here: its own tokenizer.
+        encoding = with_fast_pixels(processor_for_another_thread(processor))
+        return device_prefetcher(
             chunks,
             lambda indices, staging: _batch_inputs(encoding, dataset, indices, staging),
             device,
             describe=lambda indices: f"samples {indices.start}-{indices.stop - 1}",
         )
-    else:
-        batches = contextlib.nullcontext(
-            _batch_inputs(encoding, dataset, indices, None) for indices in chunks
-        )
+
+    # The batches start last, so their preparation counts in the measured peak memory.
     with (
-        batches as prepared,
         torch.no_grad(),
         PeakRSS() as memory,
         tqdm(total=len(dataset), desc=description, unit="sample", disable=not progress) as bar,
+        batches() as prepared,
     ):
         for indices, batch in zip(chunks, prepared, strict=True):
             start = indices.start
