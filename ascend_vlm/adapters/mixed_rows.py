@@ -93,7 +93,7 @@ def plain_lora_layers(layers: Sequence[nn.Module], names: Sequence[str]) -> bool
     return True
 
 
-class _AdapterRows:
+class AdapterRows:
     """Ledger feature ``"adapter_rows"``: every layer of ``stacks`` adds row i's adapter
     ``row_adapters[i]`` (None: the base, nothing added) to its output."""
 
@@ -156,7 +156,7 @@ def rows_through_stacks(
     if not any(name is not None for name in row_adapters):  # every row is the base
         yield
         return
-    rows = _AdapterRows(stacks, row_adapters)
+    rows = AdapterRows(stacks, row_adapters)
     apply_feature(model, rows)
     try:
         yield

@@ -34,11 +34,11 @@ from ascend_vlm._compat import (
 from ascend_vlm.patching.ledger import Edits
 
 TAPPED_ATTENTION = "ascend_vlm_tapped"
-# The tapped config copy carries the implementation it wraps, the config it replaced and the
-# callback.
+# The tapped config copy carries the implementation it runs, the config it replaced and the
+# callbacks, innermost tap first.
 _INNER_ATTENTION = "_ascend_vlm_inner_attention"
 _INNER_CONFIG = "_ascend_vlm_inner_config"
-_CALLBACK = "_ascend_vlm_tap_callback"
+_CALLBACKS = "_ascend_vlm_tap_callbacks"
 # Marks a copy made by `tap_for_call`, which `untap_after_call` may replace; a persistent
 # `AttentionTap` copy belongs to the ledger.
 _FOR_CALL = "_ascend_vlm_tap_for_call"
@@ -59,20 +59,26 @@ def tapped_attention(
     settings = module.config.__dict__
     inner = attention_function(module, settings[_INNER_ATTENTION])
     result = inner(module, query, key, value, attention_mask, **kwargs)
-    settings[_CALLBACK](module, query, key, attention_mask, kwargs.get("scaling"))
+    for callback in settings[_CALLBACKS]:
+        callback(module, query, key, attention_mask, kwargs.get("scaling"))
     return result
 
 
+def tapped_implementation(config: Any) -> str:
+    """The attention implementation ``config`` runs, looking through any taps."""
+    return config.__dict__.get(_INNER_ATTENTION, config._attn_implementation)
+
+
 def _tapped_config(config: Any, callback: TapCallback, *, for_call: bool) -> Any:
-    """A shallow copy of ``config`` naming :data:`TAPPED_ATTENTION`, carrying the
-    implementation it wraps, ``config`` itself, ``callback`` and whether `tap_for_call` made
-    it."""
+    """A shallow copy of ``config`` naming :data:`TAPPED_ATTENTION` that runs the
+    implementation ``config`` runs, then ``config``'s callbacks (when it is tapped already),
+    then ``callback``; it keeps ``config`` and whether `tap_for_call` made it."""
     register_attention_function(TAPPED_ATTENTION, tapped_attention)
     tapped = copy.copy(config)
     set_attention_implementation(tapped, TAPPED_ATTENTION)
-    tapped.__dict__[_INNER_ATTENTION] = config._attn_implementation
+    tapped.__dict__[_INNER_ATTENTION] = tapped_implementation(config)
     tapped.__dict__[_INNER_CONFIG] = config
-    tapped.__dict__[_CALLBACK] = callback
+    tapped.__dict__[_CALLBACKS] = (*config.__dict__.get(_CALLBACKS, ()), callback)
     tapped.__dict__[_FOR_CALL] = for_call
     return tapped
 

@@ -33,7 +33,11 @@ from ascend_vlm._compat import (
     replace_cached_states,
 )
 from ascend_vlm.observability import events
-from ascend_vlm.patching.attention_tap import tap_for_call, untap_after_call
+from ascend_vlm.patching.attention_tap import (
+    tap_for_call,
+    tapped_implementation,
+    untap_after_call,
+)
 from ascend_vlm.patching.ledger import Edits
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig, kept_count
 from ascend_vlm.pruning.families import PruningTarget
@@ -245,7 +249,7 @@ class TokenPruner:
         _ACTIVE.set(forward)
 
     def _check_prefill(self, cache: Any, recorded: dict) -> None:
-        implementation = self.target.layers[0].self_attn.config._attn_implementation
+        implementation = tapped_implementation(self.target.layers[0].self_attn.config)
         if implementation not in MASKED_ATTENTION:
             raise ValueError(
                 f"attn_implementation: token pruning re-indexes 4-D attention masks and runs "

@@ -15,10 +15,10 @@ The key of an image is its method, its pixels (or named key) and grid, and the a
 choose features (LLaVA's ``vision_feature_layer`` / strategy, resolved from the config when
 None); the entry also carries a fingerprint of everything else that changes the features:
 every vision parameter's and buffer's (quantized weights) identity, storage and in-place write
-counter, PEFT's active adapters, whether adapters are disabled and their scaling, and the
-autocast state. ``load_state_dict``,
-an optimizer step, ``p.data = ...``, a LoRA switch, ``model.to(...)`` or autocast therefore
-miss. Writes through ``p.data.copy_(...)`` bypass torch's write counter: call ``cache.clear()``
+counter, PEFT's active adapters, whether adapters are disabled and their scaling, the
+autocast state, and the ledger features stacked beneath the cache (``patch`` with its options,
+quantization), which choose the kernels. ``load_state_dict``, an optimizer step,
+``p.data = ...``, a LoRA switch, ``model.to(...)``, autocast or patching therefore miss. Writes through ``p.data.copy_(...)`` bypass torch's write counter: call ``cache.clear()``
 after them.
 """
 
@@ -157,7 +157,12 @@ def _steps_aside(kwargs: dict, method: _Method, towers: list[nn.Module]) -> bool
 
 
 def _cached_method(
-    cache: VisionCache, owner: nn.Module, owner_number: int, method: _Method, original: Callable
+    cache: VisionCache,
+    owner: nn.Module,
+    owner_number: int,
+    kernels: str,
+    method: _Method,
+    original: Callable,
 ) -> Callable:
     # generate() picks the encoder's keyword arguments from its signature: keep the original's.
     @functools.wraps(original)
@@ -182,7 +187,7 @@ def _cached_method(
         }
         selection = repr((method.name, args, sorted(chosen.items())))
         keys = [(key, selection) for key in cache.image_keys(items)]
-        fingerprint = _weights_fingerprint(towers, pixel_values.device.type)
+        fingerprint = (kernels, _weights_fingerprint(towers, pixel_values.device.type))
         # Host-tier hits copy back while the misses are encoded; they are waited for below.
         values = cache.lookup(owner_number, fingerprint, keys, wait=False)
         missing = [index for index, value in enumerate(values) if value is None]
@@ -225,25 +230,35 @@ class _CachedEncoding:
 
     name = "vision_cache"
 
-    def __init__(self, cache: VisionCache, multimodal: nn.Module, methods: tuple[_Method, ...]):
+    def __init__(
+        self,
+        cache: VisionCache,
+        model: nn.Module,
+        multimodal: nn.Module,
+        methods: tuple[_Method, ...],
+    ):
         self.cache = cache
+        self.model = model
         self.multimodal = multimodal
         self.methods = methods
 
     def install(self, edits: Edits) -> None:
         multimodal = self.multimodal
         owner_number = _OWNER_NUMBERS.setdefault(multimodal, next(_OWNERS))
+        # The features stacked beneath this one (the ledger installs them first and installs
+        # this one again whenever they change) choose the kernels the towers run: entries
+        # encoded under other kernels (patched or not) differ in rounding, so they miss.
+        kernels = repr(
+            [(f.name, getattr(f, "options", None)) for f in applied_features(self.model)]
+        )
         for method in self.methods:
             original = getattr(multimodal, method.name, None)
             if original is None or not all(hasattr(multimodal, t) for t in method.towers):
                 continue
-            wrapper = _cached_method(self.cache, multimodal, owner_number, method, original)
+            wrapper = _cached_method(
+                self.cache, multimodal, owner_number, kernels, method, original
+            )
             edits.set_attribute(multimodal, method.name, wrapper)
-
-
-def _applied_cache(model: nn.Module) -> _CachedEncoding | None:
-    applied = applied_features(model, _CachedEncoding.name)
-    return applied[0] if applied else None
 
 
 def enable_vision_cache(model: nn.Module, cache: VisionCache) -> None:
@@ -254,7 +269,7 @@ def enable_vision_cache(model: nn.Module, cache: VisionCache) -> None:
         raise TypeError(f"cache: expected a VisionCache, got {type(cache).__name__}")
     multimodal, methods = _multimodal(model)
     disable_vision_cache(model)
-    apply_feature(model, _CachedEncoding(cache, multimodal, methods))
+    apply_feature(model, _CachedEncoding(cache, model, multimodal, methods))
 
 
 def disable_vision_cache(model: nn.Module) -> None:
@@ -267,5 +282,5 @@ def disable_vision_cache(model: nn.Module) -> None:
 def vision_cache_of(model: nn.Module) -> VisionCache | None:
     """The cache ``model`` encodes through (None when none is enabled)."""
     _multimodal(model)
-    applied = _applied_cache(model)
-    return None if applied is None else applied.cache
+    applied = applied_features(model, _CachedEncoding.name)
+    return applied[0].cache if applied else None

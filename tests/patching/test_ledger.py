@@ -1,0 +1,192 @@
+"""The edit ledger (``patching/ledger.py``): every kind of edit undone exactly, features stacked in
+the canonical order whatever order they come in, a failed install leaving nothing, irreversible
+swaps refused, and the attention tap surviving ``unpatch``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ascend_vlm
+from ascend_vlm import PatchError
+from ascend_vlm.models import tiny
+from ascend_vlm.patching.attention_tap import (
+    TAPPED_ATTENTION,
+    AttentionTap,
+    tapped_implementation,
+)
+from ascend_vlm.patching.ledger import (
+    FEATURE_ORDER,
+    Edits,
+    applied_features,
+    apply_feature,
+    remove_feature,
+)
+
+
+class _Toy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class _Recording:
+    """A feature that writes its name into a shared log attribute (so the order in which the
+    ledger installs features is visible) and can be told to fail."""
+
+    def __init__(self, name: str, module: nn.Module, log: list, fail: bool = False) -> None:
+        self.name, self.module, self.log, self.fail = name, module, log, fail
+
+    def install(self, edits: Edits) -> None:
+        edits.set_attribute(self.module, "stack", (*getattr(self.module, "stack", ()), self.name))
+        edits.add_hook(self.module.register_forward_hook(lambda m, a, out: out + 1))
+        edits.on_undo(lambda: self.log.append(f"undo {self.name}"))
+        self.log.append(f"install {self.name}")
+        if self.fail:
+            raise RuntimeError("install failed on purpose")
+
+
+def _instance_state(model: nn.Module) -> dict:
+    """What an edit could change on each module: its instance attributes (by identity), its
+    children and its hooks."""
+    return {
+        name: (
+            {key: id(value) for key, value in vars(module).items()},
+            {key: id(child) for key, child in module._modules.items()},
+            tuple(module._forward_hooks),
+            tuple(module._forward_pre_hooks),
+        )
+        for name, module in model.named_modules()
+    }
+
+
+def test_every_kind_of_edit_is_undone_exactly():
+    model = _Toy()
+    before = _instance_state(model)
+    old_inner = model.inner
+    calls = []
+
+    class _Everything:
+        name = "patch"
+
+        def install(self, edits: Edits) -> None:
+            edits.set_attribute(model.inner, "forward", lambda x: x * 0)
+            edits.set_attribute(model, "training", False)
+            edits.swap_submodule(model, "inner", nn.Identity())
+            edits.add_hook(model.register_forward_pre_hook(lambda m, a: None))
+            edits.on_undo(lambda: calls.append("cleaned"))
+
+    feature = _Everything()
+    apply_feature(model, feature)
+    assert isinstance(model.inner, nn.Identity) and applied_features(model) == [feature]
+    assert remove_feature(model, "patch") == [feature]
+    assert model.inner is old_inner and calls == ["cleaned"]
+    assert _instance_state(model) == before
+    assert "_ascend_vlm_ledger" not in vars(model)
+
+
+def test_features_stack_in_the_canonical_order_whatever_order_they_come_in():
+    model, log = _Toy(), []
+    tracer = _Recording("tracer", model, log)
+    patch = _Recording("patch", model, log)
+    pruning = _Recording("token_pruning", model, log)
+    apply_feature(model, tracer)
+    apply_feature(model, pruning)
+    apply_feature(model, patch)
+    assert model.stack == ("patch", "token_pruning", "tracer")
+    assert [f.name for f in applied_features(model)] == ["patch", "token_pruning", "tracer"]
+    # applying patch beneath undid the two above, newest first, and installed them again
+    assert log[-5:] == [
+        "undo tracer",
+        "undo token_pruning",
+        "install patch",
+        "install token_pruning",
+        "install tracer",
+    ]
+    remove_feature(model, pruning)
+    assert model.stack == ("patch", "tracer")
+    x = torch.zeros(1, 3)
+    torch.testing.assert_close(model(x), model.inner(x) + 2)  # two hooks left, +1 each
+
+
+def test_a_failing_install_leaves_the_model_and_the_features_above_as_they_were():
+    model, log = _Toy(), []
+    apply_feature(model, _Recording("tracer", model, log))
+    before = _instance_state(model)
+    with pytest.raises(RuntimeError, match="on purpose"):
+        apply_feature(model, _Recording("patch", model, log, fail=True))
+    assert [f.name for f in applied_features(model)] == ["tracer"]
+    assert model.stack == ("tracer",)
+    # the tracer was installed again: same attributes, a new hook handle in the same place
+    assert _instance_state(model).keys() == before.keys()
+
+
+def test_a_swap_that_did_not_keep_the_module_refuses_to_be_undone():
+    model = _Toy()
+
+    class _Lossy:
+        name = "quantization"
+
+        def install(self, edits: Edits) -> None:
+            edits.swap_submodule(model, "inner", nn.Identity(), keep_previous=False)
+
+    apply_feature(model, _Lossy())
+    with pytest.raises(PatchError, match="quantization cannot be undone"):
+        remove_feature(model, "quantization")
+    assert isinstance(model.inner, nn.Identity)
+    # features above it still come and go
+    log = []
+    tracer = _Recording("tracer", model, log)
+    apply_feature(model, tracer)
+    remove_feature(model, tracer)
+    assert [f.name for f in applied_features(model)] == ["quantization"]
+
+
+def test_names_and_objects_are_checked():
+    model = _Toy()
+    with pytest.raises(ValueError, match=r"feature name: expected one of .*got 'unknown'"):
+        apply_feature(model, _Recording("unknown", model, []))
+    with pytest.raises(TypeError, match="feature: expected an object with name and install"):
+        apply_feature(model, object())
+    feature = _Recording("tracer", model, [])
+    apply_feature(model, feature)
+    with pytest.raises(ValueError, match="this tracer is already applied"):
+        apply_feature(model, feature)
+    assert remove_feature(_Toy(), "tracer") == []
+    assert set(FEATURE_ORDER) >= {"patch", "quantization", "token_pruning", "tracer"}
+
+
+def _sharpened_qwen():
+    """A tiny Qwen2-VL whose query/key weights are scaled up, so attention is far from uniform
+    and a tap that received the wrong queries would show."""
+    model = tiny.build_model("qwen2_vl", attn_implementation="sdpa")
+    with torch.no_grad():
+        for layer in model.model.language_model.layers:
+            layer.self_attn.q_proj.weight.mul_(4)
+            layer.self_attn.k_proj.weight.mul_(4)
+    return model
+
+
+def test_a_tap_survives_unpatch_and_taps_the_stock_attention():
+    model = _sharpened_qwen()
+    inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
+    with torch.no_grad():
+        stock = model(**inputs).logits
+    attention = model.model.language_model.layers[0].self_attn
+    seen = []
+    ascend_vlm.patch(model)
+    tap = AttentionTap([attention], lambda module, q, k, mask, scaling: seen.append(q.clone()))
+    apply_feature(model, tap)
+    ascend_vlm.unpatch(model)
+    assert attention.config._attn_implementation == TAPPED_ATTENTION
+    assert tapped_implementation(attention.config) == "sdpa"
+    with torch.no_grad():
+        tapped = model(**inputs).logits
+    assert torch.equal(tapped, stock) and len(seen) == 1
+    remove_feature(model, tap)
+    assert attention.config._attn_implementation == "sdpa"
+    assert not applied_features(model)
