@@ -1,7 +1,7 @@
 """The ``torch.npu`` namespace of the mock NPU: devices, streams and events.
 
 Mirrors the torch_npu API the project uses (Ascend/pytorch ``torch_npu/npu/streams.py``;
-npu_api.md §3): ``Stream(device=None, priority=0)`` with ``wait_event``, ``wait_stream``,
+npu_api.md §3): ``Stream(device=None, priority=0, **kwargs)`` with ``wait_event``, ``wait_stream``,
 ``record_event``, ``query``, ``synchronize`` and ``npu_stream`` (the raw ``aclrtStream``);
 ``Event(enable_timing=False, blocking=False, interprocess=False)`` with ``record``, ``wait``,
 ``query``, ``elapsed_time``, ``synchronize``; ``current_stream``, ``default_stream`` and the
@@ -100,7 +100,9 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
     class Stream:
         """An NPU stream (``torch.npu.Stream``)."""
 
-        def __init__(self, device: Any = None, priority: int = 0) -> None:
+        def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+            if kwargs:  # torch_npu passes them on to its C++ stream base (e.g. stream_id)
+                raise NotImplementedError(f"mock Stream: {sorted(kwargs)} are not implemented")
             self.device_index = state["device"] if device is None else _device_index(device)
             self.priority = priority
             self._native = runtime.Stream(priority=priority) if runtime else None
@@ -159,21 +161,21 @@ def make_stream_api(device_count: int) -> dict[str, Any]:
         return _current().get(index) or default_stream(index)
 
     @contextlib.contextmanager
-    def stream(selected: Stream | None) -> Iterator[None]:
-        """Make ``selected`` the current stream of its device inside the block."""
-        if selected is None:
+    def stream(stream: Stream | None) -> Iterator[None]:
+        """Make ``stream`` the current stream of its device inside the block."""
+        if stream is None:
             yield
             return
         current = _current()
-        previous = current.get(selected.device_index)
-        current[selected.device_index] = selected
+        previous = current.get(stream.device_index)
+        current[stream.device_index] = stream
         try:
             yield
         finally:
             if previous is None:
-                current.pop(selected.device_index, None)
+                current.pop(stream.device_index, None)
             else:
-                current[selected.device_index] = previous
+                current[stream.device_index] = previous
 
     def set_device(device: Any) -> None:
         state["device"] = _device_index(device)
