@@ -82,6 +82,8 @@ setup(
     license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=find_packages(include=["ascend_vlm", "ascend_vlm.*"]),
+    # The real torch_npu signatures the mock is held to (ascend_vlm.testing.torch_npu_schemas).
+    package_data={"ascend_vlm.testing": ["torch_npu_schemas.json"]},
     ext_modules=[CMakeExtension("ascend_vlm._C")],
     cmdclass={"build_ext": CMakeBuild, "build_py": BuildPyWithOpSpecs},
     install_requires=[

@@ -4,7 +4,6 @@ Oracle: torch SDPA / plain torch formulas, independent of the mock."""
 
 from __future__ import annotations
 
-import importlib
 import re
 import sys
 
@@ -12,10 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ascend_vlm.testing import install_mock_npu, mock_npu, uninstall_mock_npu
-
-# The module shares its name with the context manager that ascend_vlm.testing re-exports.
-mock = importlib.import_module("ascend_vlm.testing.mock_npu")
+from ascend_vlm.testing import install_mock_npu, mock_npu, mock_ops, uninstall_mock_npu
+from ascend_vlm.testing.npu_namespace import MOCK_SOC_NAME
 
 COMPRESSED_CAUSAL = torch.ones(2048, 2048, dtype=torch.bool).triu(diagonal=1)
 
@@ -46,15 +43,15 @@ def test_atten_mask_true_means_not_computed_and_inverting_it_changes_the_result(
     drop = torch.rand(2, 1, 3, 5, generator=torch.Generator().manual_seed(1)) < 0.3
     drop[..., 0] = False  # keep every row alive
     expected = _sdpa(q, k, v, keep=~drop, scale=0.5)
-    out = mock.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=drop, scale=0.5)[0]
+    out = mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=drop, scale=0.5)[0]
     torch.testing.assert_close(out, expected)
-    inverted = mock.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=~drop, scale=0.5)[0]
+    inverted = mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=~drop, scale=0.5)[0]
     assert not torch.allclose(inverted, expected, atol=1e-3)
 
 
 def test_scale_defaults_to_one_not_inverse_sqrt_d() -> None:
     q, k, v = _qkv()
-    out = mock.npu_fusion_attention(q, k, v, 4, "BNSD")[0]
+    out = mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD")[0]
     torch.testing.assert_close(out, _sdpa(q, k, v, scale=1.0))
     assert not torch.allclose(out, _sdpa(q, k, v), atol=1e-3)
 
@@ -62,10 +59,10 @@ def test_scale_defaults_to_one_not_inverse_sqrt_d() -> None:
 def test_sparse_modes_2_and_3_align_causality_top_left_and_bottom_right() -> None:
     q, k, v = _qkv(q_len=3, kv_len=5)
     rows, cols = torch.arange(3)[:, None], torch.arange(5)[None, :]
-    top_left = mock.npu_fusion_attention(
+    top_left = mock_ops.npu_fusion_attention(
         q, k, v, 4, "BNSD", atten_mask=COMPRESSED_CAUSAL, sparse_mode=2, scale=0.3
     )[0]
-    bottom_right = mock.npu_fusion_attention(
+    bottom_right = mock_ops.npu_fusion_attention(
         q, k, v, 4, "BNSD", atten_mask=COMPRESSED_CAUSAL, sparse_mode=3, scale=0.3
     )[0]
     torch.testing.assert_close(top_left, _sdpa(q, k, v, keep=cols <= rows, scale=0.3))
@@ -74,7 +71,7 @@ def test_sparse_modes_2_and_3_align_causality_top_left_and_bottom_right() -> Non
 
 def test_sparse_mode_without_mask_computes_full_attention() -> None:
     q, k, v = _qkv()
-    out = mock.npu_fusion_attention(q, k, v, 4, "BNSD", sparse_mode=3, scale=0.3)[0]
+    out = mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD", sparse_mode=3, scale=0.3)[0]
     torch.testing.assert_close(out, _sdpa(q, k, v, scale=0.3))
 
 
@@ -86,14 +83,14 @@ def test_sparse_mode_without_mask_computes_full_attention() -> None:
 def test_causal_modes_demand_the_compressed_triu_mask(mask: torch.Tensor) -> None:
     q, k, v = _qkv()
     with _raises(ValueError, "atten_mask: expected the compressed 2048x2048 triu(diagonal=1)"):
-        mock.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=mask, sparse_mode=3)
+        mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=mask, sparse_mode=3)
 
 
 @pytest.mark.parametrize("mode", [1, 4, 5, 6, 7, 8])
 def test_other_sparse_modes_are_not_implemented(mode: int) -> None:
     q, k, v = _qkv()
     with _raises(NotImplementedError, f"sparse_mode={mode} is not implemented"):
-        mock.npu_fusion_attention(
+        mock_ops.npu_fusion_attention(
             q, k, v, 4, "BNSD", atten_mask=COMPRESSED_CAUSAL, sparse_mode=mode
         )
 
@@ -107,7 +104,7 @@ def _to_layout(bnsd: torch.Tensor, layout: str) -> torch.Tensor:
 @pytest.mark.parametrize("layout", ["BNSD", "BSND", "BSH", "SBH"])
 def test_layouts_agree_and_output_keeps_the_layout(layout: str) -> None:
     q, k, v = _qkv()
-    out = mock.npu_fusion_attention(
+    out = mock_ops.npu_fusion_attention(
         *(_to_layout(t, layout) for t in (q, k, v)), 4, layout, scale=0.3
     )[0]
     torch.testing.assert_close(out, _to_layout(_sdpa(q, k, v, scale=0.3), layout))
@@ -116,63 +113,67 @@ def test_layouts_agree_and_output_keeps_the_layout(layout: str) -> None:
 def test_wrong_layout_is_rejected_or_changes_the_result() -> None:
     q, k, v = _qkv()
     with _raises(ValueError, "query: expected 3-D for input_layout 'BSH'"):
-        mock.npu_fusion_attention(q, k, v, 4, "BSH")
+        mock_ops.npu_fusion_attention(q, k, v, 4, "BSH")
     square_q, square_k, square_v = _qkv(heads=4, kv_heads=4, q_len=4, kv_len=4)
-    as_bnsd = mock.npu_fusion_attention(square_q, square_k, square_v, 4, "BNSD", scale=0.3)[0]
-    as_bsnd = mock.npu_fusion_attention(square_q, square_k, square_v, 4, "BSND", scale=0.3)[0]
+    as_bnsd = mock_ops.npu_fusion_attention(square_q, square_k, square_v, 4, "BNSD", scale=0.3)[0]
+    as_bsnd = mock_ops.npu_fusion_attention(square_q, square_k, square_v, 4, "BSND", scale=0.3)[0]
     assert not torch.allclose(as_bnsd, as_bsnd, atol=1e-3)
 
 
 BAD_ATTENTION_CALLS = {
     "head_num": (
-        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 2, "BNSD"),
+        lambda q, k, v: mock_ops.npu_fusion_attention(q, k, v, 2, "BNSD"),
         ValueError,
         "head_num: expected the query head count 4, got 2",
     ),
     "gqa": (
-        lambda q, k, v: mock.npu_fusion_attention(q[:, :3], k, v, 3, "BNSD"),
+        lambda q, k, v: mock_ops.npu_fusion_attention(q[:, :3], k, v, 3, "BNSD"),
         ValueError,
         "key: expected a head count dividing Nq=3",
     ),
     "fp64": (
-        lambda q, k, v: mock.npu_fusion_attention(q.double(), k.double(), v.double(), 4, "BNSD"),
+        lambda q, k, v: mock_ops.npu_fusion_attention(
+            q.double(), k.double(), v.double(), 4, "BNSD"
+        ),
         ValueError,
         "query: expected dtype in (float16, bfloat16, float32), got torch.float64",
     ),
     "mixed": (
-        lambda q, k, v: mock.npu_fusion_attention(q, k.half(), v, 4, "BNSD"),
+        lambda q, k, v: mock_ops.npu_fusion_attention(q, k.half(), v, 4, "BNSD"),
         ValueError,
         "key/value: expected dtype torch.float32 like query",
     ),
     "layout": (
-        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "NSD"),
+        lambda q, k, v: mock_ops.npu_fusion_attention(q, k, v, 4, "NSD"),
         ValueError,
         "input_layout: expected one of",
     ),
     "mask_dtype": (
-        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=torch.zeros(3, 5)),
+        lambda q, k, v: mock_ops.npu_fusion_attention(
+            q, k, v, 4, "BNSD", atten_mask=torch.zeros(3, 5)
+        ),
         ValueError,
         "atten_mask: expected dtype bool or uint8",
     ),
     "mask_shape": (
-        lambda q, k, v: mock.npu_fusion_attention(
+        lambda q, k, v: mock_ops.npu_fusion_attention(
             q, k, v, 4, "BNSD", atten_mask=torch.zeros(2, 5, dtype=torch.bool)
         ),
         ValueError,
         "atten_mask: expected one of the shapes",
     ),
     "keep_prob": (
-        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "BNSD", keep_prob=0.0),
+        lambda q, k, v: mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD", keep_prob=0.0),
         ValueError,
         "keep_prob: expected a float in (0, 1]",
     ),
     "dropout": (
-        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "BNSD", keep_prob=0.9),
+        lambda q, k, v: mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD", keep_prob=0.9),
         NotImplementedError,
         "dropout (keep_prob < 1) is not implemented",
     ),
     "padding_mask": (
-        lambda q, k, v: mock.npu_fusion_attention(q, k, v, 4, "BNSD", padding_mask=q),
+        lambda q, k, v: mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD", padding_mask=q),
         NotImplementedError,
         "padding_mask is not implemented",
     ),
@@ -187,7 +188,7 @@ def test_fusion_attention_rejects_what_the_kernel_rejects(name: str) -> None:
 
 
 def test_returns_the_documented_seven_tuple() -> None:
-    result = mock.npu_fusion_attention(*_qkv(), 4, "BNSD")
+    result = mock_ops.npu_fusion_attention(*_qkv(), 4, "BNSD")
     assert len(result) == 7
     assert all(isinstance(t, torch.Tensor) for t in result[:4])
     assert all(isinstance(n, int) for n in result[4:])
@@ -201,14 +202,14 @@ def _tnd(lengths: list[int], heads: int = 2, dim: int = 4) -> torch.Tensor:
 def test_tnd_attends_within_cumulative_segments() -> None:
     lengths = [2, 0, 3]
     q = k = v = _tnd(lengths)
-    out = mock.npu_fusion_attention(
+    out = mock_ops.npu_fusion_attention(
         q, k, v, 2, "TND", scale=0.5, actual_seq_qlen=[2, 2, 5], actual_seq_kvlen=[2, 2, 5]
     )[0]
     for start, stop in ((0, 2), (2, 5)):
         seg = q[start:stop].transpose(0, 1)[None]
         expected = _sdpa(seg, seg, seg, scale=0.5)[0].transpose(0, 1)
         torch.testing.assert_close(out[start:stop], expected)
-    trailing = mock.npu_fusion_attention(
+    trailing = mock_ops.npu_fusion_attention(
         q, k, v, 2, "TND", scale=0.5, actual_seq_qlen=[2, 5, 0], actual_seq_kvlen=[2, 5, 0]
     )[0]
     torch.testing.assert_close(trailing, out)
@@ -248,7 +249,7 @@ def test_tnd_rejects_bad_lengths_and_masks(name: str) -> None:
     kwargs, message = BAD_TND_CALLS[name]
     q = _tnd([2, 3])
     with _raises(ValueError, message):
-        mock.npu_fusion_attention(q, q, q, 2, "TND", **kwargs)
+        mock_ops.npu_fusion_attention(q, q, q, 2, "TND", **kwargs)
 
 
 # --- npu_rms_norm, npu_rotary_mul, npu_swiglu -------------------------------------------------
@@ -257,7 +258,7 @@ def test_tnd_rejects_bad_lengths_and_masks(name: str) -> None:
 def test_rms_norm_returns_y_and_fp32_rstd() -> None:
     x = torch.randn(2, 3, 8, dtype=torch.bfloat16)
     gamma = torch.randn(8)
-    y, rstd = mock.npu_rms_norm(x, gamma, epsilon=1e-5)
+    y, rstd = mock_ops.npu_rms_norm(x, gamma, epsilon=1e-5)
     x32 = x.float()
     expected_rstd = 1.0 / torch.sqrt(x32.square().mean(-1, keepdim=True) + 1e-5)
     assert y.dtype == torch.bfloat16 and rstd.dtype == torch.float32
@@ -271,16 +272,16 @@ def test_rms_norm_returns_y_and_fp32_rstd() -> None:
         (
             torch.randn(2, 8),
             torch.randn(8, dtype=torch.bfloat16),
-            "self/gamma: expected a dtype pair",
+            "input/gamma: expected a dtype pair",
         ),
-        (torch.randn(8), torch.randn(8), "self: expected 2 to 8 dims"),
-        (torch.randn(2, 8), torch.randn(4), "gamma: expected the trailing dims of self"),
+        (torch.randn(8), torch.randn(8), "input: expected 2 to 8 dims"),
+        (torch.randn(2, 8), torch.randn(4), "gamma: expected the trailing dims of input"),
     ],
     ids=["fp32-x-bf16-gamma", "1-D", "gamma-shape"],
 )
 def test_rms_norm_rejects_what_the_kernel_rejects(x, gamma, message) -> None:
     with _raises(ValueError, message):
-        mock.npu_rms_norm(x, gamma)
+        mock_ops.npu_rms_norm(x, gamma)
 
 
 def _angles(*shape: int) -> torch.Tensor:
@@ -291,8 +292,8 @@ def test_rotary_modes_differ_and_follow_their_formulas() -> None:
     x = torch.randn(2, 3, 5, 8)
     angle = _angles(1, 1, 5, 8)
     cos, sin = angle.cos(), angle.sin()
-    half = mock.npu_rotary_mul(x, cos, sin)
-    interleave = mock.npu_rotary_mul(x, cos, sin, rotary_mode="interleave")
+    half = mock_ops.npu_rotary_mul(x, cos, sin)
+    interleave = mock_ops.npu_rotary_mul(x, cos, sin, rotary_mode="interleave")
     x1, x2 = x[..., :4], x[..., 4:]
     torch.testing.assert_close(half, x * cos + torch.cat((-x2, x1), -1) * sin)
     pairs = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
@@ -312,7 +313,7 @@ def test_rotary_modes_differ_and_follow_their_formulas() -> None:
 def test_rotary_rejects_undocumented_table_shapes(table_shape, mode, message) -> None:
     angle = _angles(*table_shape)
     with _raises(ValueError, message):
-        mock.npu_rotary_mul(torch.randn(2, 3, 5, 8), angle.cos(), angle.sin(), rotary_mode=mode)
+        mock_ops.npu_rotary_mul(torch.randn(2, 3, 5, 8), angle.cos(), angle.sin(), rotary_mode=mode)
 
 
 def test_rotary_takes_the_documented_bsnd_case_with_a_long_sequence() -> None:
@@ -320,7 +321,7 @@ def test_rotary_takes_the_documented_bsnd_case_with_a_long_sequence() -> None:
     x, angle = torch.randn(2, 8192, 5, 128), _angles(1, 8192, 1, 128)
     x1, x2 = x.chunk(2, dim=-1)
     expected = angle.cos() * x + angle.sin() * torch.cat((-x2, x1), dim=-1)
-    torch.testing.assert_close(mock.npu_rotary_mul(x, angle.cos(), angle.sin()), expected)
+    torch.testing.assert_close(mock_ops.npu_rotary_mul(x, angle.cos(), angle.sin()), expected)
 
 
 @pytest.mark.parametrize(
@@ -338,25 +339,60 @@ def test_rotary_limits_b_and_n_of_the_layout_its_tables_give(
 ) -> None:
     angle = _angles(*table_shape)
     with _raises(ValueError, message):
-        mock.npu_rotary_mul(torch.randn(x_shape), angle.cos(), angle.sin(), rotary_mode=mode)
+        mock_ops.npu_rotary_mul(torch.randn(x_shape), angle.cos(), angle.sin(), rotary_mode=mode)
 
 
 def test_rotary_rejects_tables_outside_unit_range_and_mixed_dtypes() -> None:
     x = torch.randn(1, 2, 5, 8)
     table = torch.full((1, 1, 5, 8), 2.0)
     with _raises(ValueError, "r1: expected values in [-1, 1] (cos/sin)"):
-        mock.npu_rotary_mul(x, table, table)
+        mock_ops.npu_rotary_mul(x, table, table)
     with _raises(ValueError, "r1/r2: expected dtype torch.float32 like input"):
-        mock.npu_rotary_mul(x, table.half().clamp(-1, 1), table.half().clamp(-1, 1))
+        mock_ops.npu_rotary_mul(x, table.half().clamp(-1, 1), table.half().clamp(-1, 1))
+
+
+def _doc_rotate_matrix(dim: int, mode: str) -> torch.Tensor:
+    """A ``rotate`` matrix with ``x @ rotate`` = the mode's built-in rotation (the docs'
+    example 3 for "half"; the signed pair swap for "interleave")."""
+    rotate = torch.zeros(dim, dim)
+    if mode == "half":
+        rotate[: dim // 2, dim // 2 :] = torch.eye(dim // 2)
+        rotate[dim // 2 :, : dim // 2] = -torch.eye(dim // 2)
+    else:
+        for i in range(0, dim, 2):
+            rotate[i, i + 1], rotate[i + 1, i] = 1.0, -1.0
+    return rotate
+
+
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+def test_rotary_with_a_rotate_matrix_uses_x_at_rotate(mode) -> None:
+    x, angle = torch.randn(2, 3, 5, 8), _angles(1, 1, 5, 8)
+    cos, sin = angle.cos(), angle.sin()
+    built_in = mock_ops.npu_rotary_mul(x, cos, sin, mode)
+    rotate = _doc_rotate_matrix(8, mode)
+    torch.testing.assert_close(mock_ops.npu_rotary_mul(x, cos, sin, mode, rotate), built_in)
+    # Any matrix is taken: x_new = x @ rotate, whatever the mode.
+    swap = torch.eye(8).flip(0)
+    torch.testing.assert_close(
+        mock_ops.npu_rotary_mul(x, cos, sin, mode, rotate=swap), x * cos + (x @ swap) * sin
+    )
+
+
+def test_rotary_rejects_a_rotate_matrix_of_the_wrong_shape_or_dtype() -> None:
+    x, angle = torch.randn(2, 3, 5, 8), _angles(1, 1, 5, 8)
+    with _raises(ValueError, "rotate: expected a 2-D (D, D) = (8, 8) matrix, got (4, 4)"):
+        mock_ops.npu_rotary_mul(x, angle.cos(), angle.sin(), rotate=torch.eye(4))
+    with _raises(ValueError, "rotate: expected dtype torch.float32 like input"):
+        mock_ops.npu_rotary_mul(x, angle.cos(), angle.sin(), rotate=torch.eye(8).half())
 
 
 def test_swiglu_gates_the_first_half_and_needs_contiguous_input() -> None:
     gate, up = torch.randn(3, 4), torch.randn(3, 4)
-    torch.testing.assert_close(mock.npu_swiglu(torch.cat((gate, up), -1)), F.silu(gate) * up)
+    torch.testing.assert_close(mock_ops.npu_swiglu(torch.cat((gate, up), -1)), F.silu(gate) * up)
     with _raises(ValueError, "input: expected a contiguous tensor"):
-        mock.npu_swiglu(torch.randn(8, 3).t())
+        mock_ops.npu_swiglu(torch.randn(8, 3).t())
     with _raises(ValueError, "dim: expected a dim of (3, 5) with an even size"):
-        mock.npu_swiglu(torch.randn(3, 5))
+        mock_ops.npu_swiglu(torch.randn(3, 5))
 
 
 # --- npu_weight_quant_batchmatmul, npu_convert_weight_to_int4pack ----------------------------
@@ -387,7 +423,7 @@ def test_weight_quant_adds_the_offset_per_group_and_keeps_x_dtype(group, dtype) 
     x, q, scale, offset = _wq_inputs(rows=rows, dtype=dtype)
     bias = torch.randn(6).to(torch.float32 if dtype == torch.bfloat16 else torch.float16)
     weight = q.to(torch.int8).t()  # the transposed view of (N, K) rows
-    out = mock.npu_weight_quant_batchmatmul(
+    out = mock_ops.npu_weight_quant_batchmatmul(
         x, weight, scale, offset, bias=bias, antiquant_group_size=group
     )
     assert out.dtype == dtype and out.shape == (3, 6)
@@ -401,10 +437,10 @@ def test_weight_quant_adds_the_offset_per_group_and_keeps_x_dtype(group, dtype) 
 def test_int4pack_round_trips_through_the_matmul_in_both_orientations(transposed) -> None:
     x, q, scale, offset = _wq_inputs(k=64, n=16, rows=2, bits=4)
     values = (q if transposed else q.t()).to(torch.int32).contiguous()  # (n, k) or (k, n)
-    packed = mock.npu_convert_weight_to_int4pack(values)
+    packed = mock_ops.npu_convert_weight_to_int4pack(values)
     assert packed.dtype == torch.int32 and packed.shape == (values.shape[0], values.shape[1] // 8)
     weight = packed.t() if transposed else packed
-    out = mock.npu_weight_quant_batchmatmul(x, weight, scale, offset, antiquant_group_size=32)
+    out = mock_ops.npu_weight_quant_batchmatmul(x, weight, scale, offset, antiquant_group_size=32)
     expected = _antiquant(x, q.t(), scale, offset, 32)
     torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
 
@@ -425,7 +461,7 @@ def test_int4pack_round_trips_through_the_matmul_in_both_orientations(transposed
 )
 def test_int4pack_rejects_what_the_converter_rejects(weight, message) -> None:
     with _raises(ValueError, message):
-        mock.npu_convert_weight_to_int4pack(weight)
+        mock_ops.npu_convert_weight_to_int4pack(weight)
 
 
 def _bad_wq(**changes):
@@ -438,7 +474,7 @@ def _bad_wq(**changes):
         "antiquant_group_size": 32,
         **changes,
     }
-    return lambda: mock.npu_weight_quant_batchmatmul(**call)
+    return lambda: mock_ops.npu_weight_quant_batchmatmul(**call)
 
 
 BAD_WEIGHT_QUANT_CALLS = {
@@ -497,9 +533,32 @@ def test_weight_quant_output_quantization_is_not_implemented() -> None:
         _bad_wq(quant_scale=torch.ones(1, 6))()
 
 
+@pytest.mark.parametrize("argument", ["sink", "dropout_mask"])
+def test_fusion_attention_refuses_the_tensors_it_does_not_model(argument) -> None:
+    q, k, v = _qkv()
+    with _raises(NotImplementedError, f"mock npu_fusion_attention: {argument} is not"):
+        mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD", **{argument: torch.zeros(4)})
+
+
+def test_fusion_attention_seed_and_offset_change_nothing_without_dropout() -> None:
+    q, k, v = _qkv()
+    seeded = mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD", seed=7, offset=3)[0]
+    torch.testing.assert_close(seeded, mock_ops.npu_fusion_attention(q, k, v, 4, "BNSD")[0])
+
+
+def test_weight_quant_weight_dtype_is_not_implemented() -> None:
+    with _raises(NotImplementedError, "weight_dtype=29 is not implemented"):
+        _bad_wq(weight_dtype=29)()
+
+
+def test_stream_refuses_torch_npus_internal_keywords() -> None:
+    with mock_npu(), _raises(NotImplementedError, "mock Stream: ['stream_id'] are not"):
+        torch.npu.Stream(stream_id=1)
+
+
 def test_device_name_is_an_atlas_a2_soc() -> None:
     with mock_npu() as torch_npu:
-        assert torch_npu.npu.get_device_name() == mock.MOCK_SOC_NAME == "Ascend910B1"
+        assert torch_npu.npu.get_device_name() == MOCK_SOC_NAME == "Ascend910B1"
         assert torch.npu.get_device_name(0) == "Ascend910B1"
 
 
@@ -517,10 +576,12 @@ def test_mstx_ranges_follow_the_documented_contract() -> None:
             mstx.range_end(first)
         with _raises(ValueError, "range_id: expected an id range_start returned"):
             mstx.range_end(99)
-        with _raises(ValueError, "msg: expected a string of at most 255 bytes"):
+        with _raises(ValueError, "message: expected a string of at most 255 bytes"):
             mstx.range_start("x" * 256)
         with _raises(ValueError, "stream: expected None or a torch.npu.Stream"):
             mstx.range_start("stage", stream=3)
+        with _raises(NotImplementedError, "mock mstx: domain='trace' is not implemented"):
+            mstx.range_start("stage", domain="trace")
 
 
 # --- install / uninstall ----------------------------------------------------------------------

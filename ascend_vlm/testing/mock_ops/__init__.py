@@ -1,0 +1,40 @@
+"""The stand-in torch_npu kernels of the mock NPU, one module per kernel (as in ``ops/``).
+
+Each re-implements the documented contract of the real kernel on CPU tensors, independently of
+:mod:`ascend_vlm.ops`, with torch_npu's registered signature (``testing/torch_npu_schemas.json``):
+argument validation (``ValueError`` naming the argument, expected and got), layouts, dtype
+support and the return structure. What the docs leave open is marked UNVERIFIED and chosen to be
+conservative; what the mock does not model raises ``NotImplementedError`` naming it.
+"""
+
+from ascend_vlm.testing.mock_ops.fusion_attention import npu_fusion_attention
+from ascend_vlm.testing.mock_ops.rms_norm import npu_rms_norm
+from ascend_vlm.testing.mock_ops.rotary_mul import npu_rotary_mul
+from ascend_vlm.testing.mock_ops.swiglu import npu_swiglu
+from ascend_vlm.testing.mock_ops.weight_quant import (
+    npu_convert_weight_to_int4pack,
+    npu_weight_quant_batchmatmul,
+)
+
+# What the mock torch_npu module carries, by the name torch_npu gives each.
+MOCK_OPS = {
+    op.__name__: op
+    for op in (
+        npu_convert_weight_to_int4pack,
+        npu_fusion_attention,
+        npu_rms_norm,
+        npu_rotary_mul,
+        npu_swiglu,
+        npu_weight_quant_batchmatmul,
+    )
+}
+
+__all__ = [
+    "MOCK_OPS",
+    "npu_convert_weight_to_int4pack",
+    "npu_fusion_attention",
+    "npu_rms_norm",
+    "npu_rotary_mul",
+    "npu_swiglu",
+    "npu_weight_quant_batchmatmul",
+]
