@@ -24,7 +24,8 @@ pruning enabled every sequence keeps its own cache and decodes in its own forwar
 re-indexes each one's mask as in ``generate``), and its KV bytes are counted from its pruned
 cache once prefilled (before that, at the unpruned size).
 
-Not supported: beams, sliding-window caches, videos.
+Not supported: beams, sliding-window caches, videos, and the families whose descriptor refuses
+batching (``ascend_vlm.models``; ValueError with the reason when the generator is made).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from ascend_vlm.batching.budgets import (
 from ascend_vlm.batching.request import GenerationRequest, RequestResult, TokenEvent
 from ascend_vlm.batching.row_cache import RowCache
 from ascend_vlm.batching.sampling import generation_rules, next_token, request_generator
+from ascend_vlm.models import require_feature
 from ascend_vlm.observability import events as trace_events
 
 
@@ -133,9 +135,11 @@ class BatchGenerator:
         self.processor = processor
         self.budgets = BatchBudgets(**budgets)
         self._base = base_model(model)
-        config = self._base.config
-        self._image_token = getattr(config, "image_token_id", None)
-        self._rope_index = getattr(getattr(self._base, "model", None), "get_rope_index", None)
+        descriptor = require_feature(self._base, "batching")
+        self._image_token = getattr(self._base.config, descriptor.visual_token_ids[0])
+        self._rope_index = (
+            None if descriptor.position_scheme == "rope" else self._base.model.get_rope_index
+        )
         forward = inspect.signature(self._base.forward).parameters
         self._cache_keyword = "cache" if "cache" in forward else "past_key_values"
         self._keeps_last_logits = "logits_to_keep" in forward

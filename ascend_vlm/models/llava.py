@@ -5,15 +5,18 @@ sub-config's own model_type."""
 from __future__ import annotations
 
 from ascend_vlm.models._backbones import text_backbone, vision_backbone
+from ascend_vlm.models.descriptor import (
+    SUPPORTED,
+    Encoder,
+    FamilyDescriptor,
+    FeatureSupport,
+    Layout,
+    Refused,
+)
 from ascend_vlm.models.family_spec import ModelSpec
 
-MODEL_TYPES = (
-    "llava",
-    "llava_next",
-    "llava_onevision",
-    "internvl",
-    "gemma3",
-    "paligemma",
+LAYOUT = Layout(
+    vision_tower="vision_tower", projector="multi_modal_projector", language_model="language_model"
 )
 
 
@@ -21,5 +24,126 @@ def spec(config) -> ModelSpec:
     return ModelSpec(
         text=text_backbone(config.text_config),
         vision=vision_backbone(config.vision_config),
-        vision_towers=("model.vision_tower", "vision_tower"),
+        vision_towers=LAYOUT.tower_paths(),
     )
+
+
+def _descriptor(features: FeatureSupport, *, videos: bool = False) -> FamilyDescriptor:
+    return FamilyDescriptor(
+        patch=spec,
+        layout=LAYOUT,
+        visual_token_ids=("image_token_id", "video_token_id") if videos else ("image_token_id",),
+        position_scheme="rope",
+        encoders=(Encoder("get_image_features"),)
+        + ((Encoder("get_video_features"),) if videos else ()),
+        features=features,
+    )
+
+
+_ANYRES = "its processor cuts each image into a varying number of anyres tiles plus a base image"
+_TILES = "its processor crops each image into a varying number of tiles"
+_CACHE_UNVERIFIED = (
+    "the cache splits only Qwen-VL's grid rows and LLaVA's one pixel entry per image, and is "
+    "not verified on this family's get_image_features"
+)
+_ANYRES_FEATURES = FeatureSupport(
+    token_pruning=SUPPORTED,
+    kv_compression=SUPPORTED,
+    vision_cache=Refused(f"{_ANYRES}, passed with image_sizes, which the cache does not split"),
+    chat_sessions=Refused(
+        "its processor returns image_sizes, which ChatSession cannot split per image"
+    ),
+    batching=SUPPORTED,
+    quantization=SUPPORTED,
+    adapters=SUPPORTED,
+    tracing=SUPPORTED,
+    attention_overlay=Refused(f"{_ANYRES}, a geometry the overlay does not invert"),
+    vision_input=Refused(f"{_ANYRES}, which neither fast preprocessor reproduces"),
+)
+_BIDIRECTIONAL_PREFIX = "its image and prefix tokens attend bidirectionally"
+_GEMMA3_PRUNING = (
+    "its image tokens attend to each other bidirectionally and its layers alternate "
+    "sliding-window caches"
+)
+DESCRIPTORS = {
+    "llava": _descriptor(
+        FeatureSupport(
+            token_pruning=SUPPORTED,
+            kv_compression=SUPPORTED,
+            vision_cache=SUPPORTED,
+            chat_sessions=SUPPORTED,
+            batching=SUPPORTED,
+            quantization=SUPPORTED,
+            adapters=SUPPORTED,
+            tracing=SUPPORTED,
+            attention_overlay=SUPPORTED,
+            vision_input=SUPPORTED,
+        )
+    ),
+    "llava_next": _descriptor(_ANYRES_FEATURES),
+    "llava_onevision": _descriptor(_ANYRES_FEATURES, videos=True),
+    "internvl": _descriptor(
+        FeatureSupport(
+            token_pruning=SUPPORTED,
+            kv_compression=SUPPORTED,
+            vision_cache=Refused(_CACHE_UNVERIFIED),
+            chat_sessions=Refused(
+                f"{_TILES}, so pixel_values has no fixed number of entries per image"
+            ),
+            batching=SUPPORTED,
+            quantization=SUPPORTED,
+            adapters=SUPPORTED,
+            tracing=SUPPORTED,
+            attention_overlay=Refused(
+                f"{_TILES} and its projector pixel-shuffles the patches, a geometry the overlay "
+                f"does not invert"
+            ),
+            vision_input=Refused(f"{_TILES}, which neither fast preprocessor reproduces"),
+        )
+    ),
+    "gemma3": _descriptor(
+        FeatureSupport(
+            token_pruning=Refused(_GEMMA3_PRUNING),
+            kv_compression=Refused(_GEMMA3_PRUNING),
+            vision_cache=Refused(_CACHE_UNVERIFIED),
+            chat_sessions=Refused(
+                "its sliding-window cache layers cannot be cropped back once their window is full"
+            ),
+            batching=Refused(
+                "its layers alternate sliding-window caches, which BatchGenerator's shared row "
+                "cache does not hold"
+            ),
+            quantization=SUPPORTED,
+            adapters=SUPPORTED,
+            tracing=SUPPORTED,
+            attention_overlay=Refused(
+                "its projector average-pools the patch grid to mm_tokens_per_image tokens, a "
+                "geometry the overlay does not invert"
+            ),
+            vision_input=Refused(
+                "its image processor has its own pipeline (pan and scan), which neither fast "
+                "preprocessor reproduces"
+            ),
+        )
+    ),
+    "paligemma": _descriptor(
+        FeatureSupport(
+            token_pruning=Refused(_BIDIRECTIONAL_PREFIX),
+            kv_compression=Refused(_BIDIRECTIONAL_PREFIX),
+            vision_cache=Refused(_CACHE_UNVERIFIED),
+            chat_sessions=Refused(
+                f"{_BIDIRECTIONAL_PREFIX}, so an earlier turn's cached prefix is not what the "
+                f"whole conversation computes"
+            ),
+            batching=SUPPORTED,
+            quantization=SUPPORTED,
+            adapters=SUPPORTED,
+            tracing=SUPPORTED,
+            attention_overlay=Refused(
+                "the overlay's geometry covers Qwen-VL's merged grids and LLaVA's patch raster; "
+                "PaliGemma's is not wired in"
+            ),
+            vision_input=SUPPORTED,
+        )
+    ),
+}

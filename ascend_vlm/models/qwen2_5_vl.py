@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from ascend_vlm.models._qwen_vl import LAYOUT, qwen_vl_descriptor
 from ascend_vlm.models.family_spec import ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
-
-MODEL_TYPES = ("qwen2_5_vl",)
 
 
 def spec(config) -> ModelSpec:
@@ -23,5 +22,8 @@ def spec(config) -> ModelSpec:
                 Rope(("Qwen2_5_VLVisionAttention",), "apply_rotary_pos_emb_vision", style="vision"),
             ),
         ),
-        vision_towers=("model.visual", "visual"),
+        vision_towers=LAYOUT.tower_paths(),
     )
+
+
+DESCRIPTORS = {"qwen2_5_vl": qwen_vl_descriptor(spec, "mrope")}

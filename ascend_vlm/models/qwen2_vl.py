@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from ascend_vlm.models._backbones import NO_FUSED_LAYER_NORM, NON_GATED_MLP
+from ascend_vlm.models._qwen_vl import LAYOUT, qwen_vl_descriptor
 from ascend_vlm.models.family_spec import LeaveAlone, ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
-
-MODEL_TYPES = ("qwen2_vl",)
 
 
 def spec(config) -> ModelSpec:
@@ -24,5 +23,8 @@ def spec(config) -> ModelSpec:
                 LeaveAlone("mlp", ("VisionMlp",), NON_GATED_MLP),
             ),
         ),
-        vision_towers=("model.visual", "visual"),
+        vision_towers=LAYOUT.tower_paths(),
     )
+
+
+DESCRIPTORS = {"qwen2_vl": qwen_vl_descriptor(spec, "mrope")}

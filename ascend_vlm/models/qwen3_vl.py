@@ -4,9 +4,8 @@ ViT with 2-D RoPE and varlen attention."""
 from __future__ import annotations
 
 from ascend_vlm.models._backbones import NO_FUSED_LAYER_NORM, NON_GATED_MLP
+from ascend_vlm.models._qwen_vl import LAYOUT, qwen_vl_descriptor
 from ascend_vlm.models.family_spec import LeaveAlone, ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
-
-MODEL_TYPES = ("qwen3_vl",)
 
 
 def spec(config) -> ModelSpec:
@@ -27,5 +26,12 @@ def spec(config) -> ModelSpec:
                 LeaveAlone("mlp", ("Qwen3VLVisionMLP",), NON_GATED_MLP),
             ),
         ),
-        vision_towers=("model.visual", "visual"),
+        vision_towers=LAYOUT.tower_paths(),
     )
+
+
+DESCRIPTORS = {
+    "qwen3_vl": qwen_vl_descriptor(
+        spec, "interleaved_mrope", deepstack="vision_config.deepstack_visual_indexes"
+    )
+}

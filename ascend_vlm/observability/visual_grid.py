@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
-QWEN_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-OVERLAY_MODEL_TYPES = (*QWEN_MODEL_TYPES, "llava")
+from ascend_vlm.models import require_feature
+
 # Vision towers LLaVA is built on, and whether their output starts with a CLS token.
 _TOWER_HAS_CLS = {"clip_vision_model": True, "siglip_vision_model": False}
 
@@ -81,17 +81,15 @@ def visual_token_cells(
     output for these images (e.g. holds image_grid_thw for Qwen). The total token count equals
     the number of visual placeholder tokens the processor put into input_ids.
 
-    Raises ValueError for an unsupported model_type, a LLaVA configuration whose visual tokens
+    Raises ValueError for a model_type whose family descriptor refuses the attention overlay
+    (with the family's reason), a LLaVA configuration whose visual tokens
     are not a patch raster (CLIP's CLS token kept, or a SigLIP patch dropped), and inputs that
     do not match the images.
     """
-    model_type = getattr(config, "model_type", None)
-    if model_type not in OVERLAY_MODEL_TYPES:
-        raise ValueError(
-            f"config: expected model_type in {', '.join(OVERLAY_MODEL_TYPES)}, got {model_type!r}"
-        )
+    descriptor = require_feature(config, "attention_overlay", argument="config")
     sizes = [_image_size(image, index) for index, image in enumerate(images)]
-    if model_type in QWEN_MODEL_TYPES:
+    # Images encoded with a grid (image_grid_thw) are Qwen-VL's merged grids.
+    if descriptor.encoders[0].grid is not None:
         return _qwen_cells(config, image_processor, sizes, inputs)
     return _llava_cells(config, image_processor, sizes, inputs)
 

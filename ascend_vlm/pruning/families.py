@@ -1,4 +1,4 @@
-"""Which models token pruning runs on, and where their parts are."""
+"""Where token pruning hooks into a model, read from its family descriptor."""
 
 from __future__ import annotations
 
@@ -6,26 +6,12 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ascend_vlm.models.parts import LANGUAGE_MODEL_ATTRIBUTES
+from ascend_vlm.models import model_types_supporting, require_feature
+from ascend_vlm.models.descriptor import attribute_at
 
-# Decoder-only language models behind a vision tower whose prompt attends causally.
-SUPPORTED_MODEL_TYPES = (
-    "idefics3",
-    "internvl",
-    "llava",
-    "llava_next",
-    "llava_onevision",
-    "qwen2_5_vl",
-    "qwen2_vl",
-    "qwen3_vl",
-    "smolvlm",
-)
-REFUSED_MODEL_TYPES = {
-    "gemma3": "its image tokens attend to each other bidirectionally and its layers alternate "
-    "sliding-window caches",
-    "paligemma": "its image and prefix tokens attend bidirectionally",
-}
-_VISUAL_TOKEN_ATTRIBUTES = ("image_token_id", "image_token_index", "video_token_id")
+# Derived from the family descriptors: decoder-only language models behind a vision tower whose
+# prompt attends causally (`ascend_vlm.models` says why each other family is refused).
+SUPPORTED_MODEL_TYPES = model_types_supporting("token_pruning")
 
 
 @dataclass(frozen=True)
@@ -42,46 +28,27 @@ class PruningTarget:
     deepstack_layers: int
 
 
-def _language_model(multimodal: nn.Module) -> nn.Module | None:
-    for name in LANGUAGE_MODEL_ATTRIBUTES:
-        module = getattr(multimodal, name, None)
-        if isinstance(getattr(module, "layers", None), nn.ModuleList):
-            return module
-    return None
-
-
 def pruning_target(base: nn.Module) -> PruningTarget:
-    """Locate the parts of ``base`` (a transformers VLM for generation). ValueError naming the
-    model type and the supported ones when the family is not supported or its layout is not the
-    one expected (the attribute that is missing is named)."""
-    config = getattr(base, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type in REFUSED_MODEL_TYPES:
-        raise ValueError(
-            f"model: token pruning does not support model_type {model_type!r}: "
-            f"{REFUSED_MODEL_TYPES[model_type]}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model: token pruning supports model_type {', '.join(SUPPORTED_MODEL_TYPES)}; got "
-            f"{type(base).__name__} with model_type {model_type!r}"
-        )
+    """Locate the parts of ``base`` (a transformers VLM for generation) its family descriptor
+    names. ValueError naming the model type and the supported ones when the family does not
+    support token pruning or SnapKV (with the family's reason), or when its layout is not the
+    one declared (the attribute that is missing is named)."""
+    descriptor = require_feature(base, "token_pruning")
+    require_feature(base, "kv_compression")
+    config = base.config
     multimodal = getattr(base, "model", None)
-    language = _language_model(multimodal) if isinstance(multimodal, nn.Module) else None
-    if language is None:
+    layers = attribute_at(multimodal, descriptor.layout.decoder_layers)
+    if not isinstance(multimodal, nn.Module) or not isinstance(layers, nn.ModuleList):
         raise ValueError(
-            f"model: expected {type(base).__name__}.model.{{{'|'.join(LANGUAGE_MODEL_ATTRIBUTES)}}}"
-            f".layers (the language model's decoder layers), not found"
+            f"model: expected {type(base).__name__}.model.{descriptor.layout.decoder_layers} "
+            f"(the language model's decoder layers), not found"
         )
-    ids = tuple(
-        value
-        for value in dict.fromkeys(getattr(config, name, None) for name in _VISUAL_TOKEN_ATTRIBUTES)
-        if isinstance(value, int)
-    )
+    ids = descriptor.token_ids(config)
     if not ids:
         raise ValueError(
-            f"model: its config names no visual token id (one of {', '.join(_VISUAL_TOKEN_ATTRIBUTES)})"
+            f"model: its config names no visual token id (one of "
+            f"{', '.join(descriptor.visual_token_ids)})"
         )
-    vision_config = getattr(config, "vision_config", None)
-    deepstack = len(getattr(vision_config, "deepstack_visual_indexes", None) or ())
-    return PruningTarget(model_type, multimodal, language.layers, ids, deepstack)
+    return PruningTarget(
+        config.model_type, multimodal, layers, ids, descriptor.deepstack_layers(config)
+    )

@@ -37,6 +37,7 @@ from torch import nn
 
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import tensor_version
+from ascend_vlm.models import require_feature
 from ascend_vlm.observability import events
 from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, remove_feature
 from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
@@ -66,18 +67,6 @@ class _Method:
     name: str
     grid: str | None
     towers: tuple[str, ...]
-
-
-_QWEN = (
-    _Method("get_image_features", "image_grid_thw", ("visual",)),
-    _Method("get_video_features", "video_grid_thw", ("visual",)),
-)
-FAMILIES: dict[str, tuple[_Method, ...]] = {
-    "qwen2_vl": _QWEN,
-    "qwen2_5_vl": _QWEN,
-    "qwen3_vl": _QWEN,
-    "llava": (_Method("get_image_features", None, ("vision_tower", "multi_modal_projector")),),
-}
 
 
 def _weights_fingerprint(towers: list[nn.Module], device_type: str) -> tuple:
@@ -213,15 +202,14 @@ def _cached_method(
 
 def _multimodal(model: nn.Module) -> tuple[nn.Module, tuple[_Method, ...]]:
     base = base_model(model)
-    model_type = getattr(getattr(base, "config", None), "model_type", None)
-    methods = FAMILIES.get(model_type)
+    descriptor = require_feature(base, "vision_cache")
     multimodal = getattr(base, "model", None)
-    if methods is None or not isinstance(multimodal, nn.Module):
+    if not isinstance(multimodal, nn.Module):
         raise ValueError(
-            f"model: the vision cache supports model_type {', '.join(FAMILIES)}; got "
-            f"{type(base).__name__} with model_type {model_type!r}"
+            f"model: expected {type(base).__name__}.model (the multimodal model), not found"
         )
-    return multimodal, methods
+    towers = descriptor.layout.encoder_modules
+    return multimodal, tuple(_Method(e.method, e.grid, towers) for e in descriptor.encoders)
 
 
 class _CachedEncoding:

@@ -15,9 +15,9 @@ cached only if its tokens lie wholly inside the prefix at the same span as when 
 cached (a processor may give an image a different token count once more images come); else
 the prefix is shortened to that image's start. The session keeps its own copies of the images,
 so changing an image after passing it does not reach the conversation. Positions: for models
-with M-RoPE (the inner model has ``get_rope_index``: Qwen2-VL, Qwen2.5-VL and Qwen3-VL) the
-3-D position ids of the whole conversation are
-computed here from all images' grids, in the ``[text; t; h; w]`` layout ``generate`` builds
+whose family descriptor declares M-RoPE (Qwen2-VL, Qwen2.5-VL and Qwen3-VL) the 3-D position
+ids of the whole conversation are computed here with the inner model's ``get_rope_index`` from
+all images' grids, in the ``[text; t; h; w]`` layout ``generate`` builds
 itself, and passed as ``position_ids``; ``generate`` slices them to the uncached tokens and
 extends them while decoding, so the model never reads positions from the grids of the new
 images alone. Other models (LLaVA) get ``generate``'s own positions from the full attention
@@ -29,7 +29,9 @@ Processors supported: outputs limited to ``input_ids``, ``attention_mask``,
 image grid (Qwen-VL) or one ``(C, H, W)`` entry per image with the same token count per image
 (LLaVA). Anything else (e.g. LLaVA-NeXT's ``image_sizes``, videos) raises ``ValueError``. The
 cache is a ``DynamicCache`` of full-attention layers: a sliding-window layer that has filled its
-window cannot be cropped back, and transformers raises then.
+window cannot be cropped back, and transformers raises then. A model whose family descriptor
+refuses chat sessions (``ascend_vlm.models``) raises ``ValueError`` with the reason when the
+session is made.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import torch
 from torch import nn
 
 from ascend_vlm._base_model import base_model
+from ascend_vlm.models import require_feature
 
 # Arguments the session sets itself; a caller's value for them would break the cache bookkeeping.
 _MANAGED_GENERATE_KWARGS = frozenset(
@@ -211,7 +214,11 @@ class ChatSession:
             if "cache" in inspect.signature(self._base.forward).parameters
             else "past_key_values"
         )
-        self._rope_index = getattr(getattr(self._base, "model", None), "get_rope_index", None)
+        descriptor = require_feature(self._base, "chat_sessions")
+        self._image_token_attribute = descriptor.visual_token_ids[0]
+        self._rope_index = (
+            None if descriptor.position_scheme == "rope" else self._base.model.get_rope_index
+        )
         if self._rope_index is not None and (
             "mm_token_type_ids" not in inspect.signature(self._rope_index).parameters
         ):
@@ -399,9 +406,7 @@ class ChatSession:
         if count == 0:
             return []
         config = self._base.config
-        image_token_id = getattr(config, "image_token_id", None)
-        if image_token_id is None:
-            image_token_id = config.image_token_index
+        image_token_id = getattr(config, self._image_token_attribute)
         positions = (encoded["input_ids"][0] == image_token_id).nonzero()[:, 0].tolist()
         if "image_grid_thw" in encoded:
             merge = config.vision_config.spatial_merge_size

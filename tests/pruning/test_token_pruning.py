@@ -337,7 +337,10 @@ def test_models_without_visual_tokens_or_bidirectional_images_are_refused():
     )
     with pytest.raises(ValueError, match=r"^model: token pruning supports model_type .* 'llama'"):
         pruning.enable_token_pruning(transformers.LlamaForCausalLM(config), PruneConfig(layer=1))
-    with pytest.raises(ValueError, match=r"^model: token pruning does not support .*'gemma3'"):
+    with pytest.raises(
+        ValueError,
+        match=r"^model: token pruning supports model_type .*, got 'gemma3': its image tokens attend",
+    ):
         pruning.enable_token_pruning(tiny.build_model("gemma3"), PruneConfig(layer=1))
     with pytest.raises(TypeError, match=r"^model: expected a torch.nn.Module"):
         pruning.enable_token_pruning("qwen2_vl", PruneConfig())
