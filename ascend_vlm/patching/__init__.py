@@ -1,7 +1,13 @@
-"""`patch(model)` / `unpatch(model)`: route one Hugging Face VLM *instance* to `ascend_vlm.ops`.
+"""`patch(model)` / `unpatch(model)`: route one Hugging Face VLM *instance* to `ascend_vlm.ops`;
+and the edit ledger every feature changes a model through.
 
 How (the *what* lives in `ascend_vlm.models`), one module per concern:
 
+* `ledger`: every change any feature makes to a model instance (an attribute, a submodule, a
+  hook, a clean-up) is recorded per model and undone on removal; features stack in one
+  canonical order (`FEATURE_ORDER`) whatever order they were applied in, so any combination
+  can be applied and removed in any order. `applied_features(model)` lists what is on.
+* `attention_tap`: the queries and keys of any attention call (`AttentionTap`, a feature).
 * `core`: `patch` resolves the family spec, splits the model into its text and vision parts and
   applies the spec to each; `unpatch` reverts; `is_patched`.
 * `attention`: our attention function, registered in transformers' `AttentionInterface` and
@@ -20,9 +26,10 @@ How (the *what* lives in `ascend_vlm.models`), one module per concern:
   (``deprecate_kwarg``, kernels' ``use_kernelized_func``) are rebuilt around the rebound code
   (`ascend_vlm._compat.rewrap`), so they keep working. ``adapters.ADAPTERS`` maps each
   ``PartSpec`` field to its adapter.
-* `state`: every change is recorded on the base model and ``unpatch`` restores exactly what was
-  there. Modules wrapped by accelerate hooks (``device_map`` / offload) keep their hook: the
-  forward it wraps (``_old_forward``) is rebound instead of ``forward``.
+* `state`: what the adapters work with: the options, the report, and the ledger's edits, so
+  ``unpatch`` restores exactly what was there. Modules wrapped by accelerate hooks
+  (``device_map`` / offload) keep their hook: the forward it wraps (``_old_forward``) is
+  rebound instead of ``forward``.
 * `report`: `PatchReport`, what was swapped and what was left alone, and why.
 
 A patched model pickles (``torch.save(model)``, ``copy.deepcopy``) whenever the stock one does:
@@ -35,13 +42,23 @@ from __future__ import annotations
 from ascend_vlm._compat import ATTENTION_NAME
 from ascend_vlm.patching.attention import ascend_attention_forward
 from ascend_vlm.patching.core import is_patched, patch, unpatch
+from ascend_vlm.patching.ledger import (
+    FEATURE_ORDER,
+    applied_features,
+    apply_feature,
+    remove_feature,
+)
 from ascend_vlm.patching.report import PatchReport
 
 __all__ = [
     "ATTENTION_NAME",
+    "FEATURE_ORDER",
     "PatchReport",
+    "applied_features",
+    "apply_feature",
     "ascend_attention_forward",
     "is_patched",
     "patch",
+    "remove_feature",
     "unpatch",
 ]
