@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from instance_state import instance_state
 
 import ascend_vlm
 from ascend_vlm import pruning
@@ -39,23 +40,6 @@ FEATURES = (
 )
 PRUNE = PruneConfig(method="fastv", layer=2, keep=0.5)
 SNAPKV = SnapKVConfig(compression_ratio=0.5, window=2)
-
-
-def _instance_state(model: torch.nn.Module) -> dict:
-    """Each module's attributes (by identity; tensors the stock forward writes, such as
-    Qwen2-VL's ``rope_deltas``, by name only), children and hooks."""
-    return {
-        name: (
-            {
-                key: None if isinstance(value, torch.Tensor) else id(value)
-                for key, value in vars(module).items()
-            },
-            {key: id(child) for key, child in module._modules.items()},
-            tuple(module._forward_hooks),
-            tuple(module._forward_pre_hooks),
-        )
-        for name, module in model.named_modules()
-    }
 
 
 def _starting_model(quantized: bool):
@@ -173,7 +157,7 @@ def test_any_history_equals_a_fresh_model_with_the_same_features(starting_models
         stock = start(**inputs).logits
     applied = _Applied(copy.deepcopy(start))
     applied.logits(inputs)
-    before = _instance_state(applied.model)
+    before = instance_state(applied.model)
     for name in steps:
         (applied.disable if name in applied.on else applied.enable)(name)
         fresh = _Applied(copy.deepcopy(start))
@@ -187,4 +171,4 @@ def test_any_history_equals_a_fresh_model_with_the_same_features(starting_models
         applied.disable(name)
     assert not applied_features(applied.model)
     assert torch.equal(applied.logits(inputs), stock)
-    assert _instance_state(applied.model) == before
+    assert instance_state(applied.model) == before

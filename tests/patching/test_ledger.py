@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from instance_state import instance_state
 from torch import nn
 
 import ascend_vlm
@@ -50,23 +51,9 @@ class _Recording:
             raise RuntimeError("install failed on purpose")
 
 
-def _instance_state(model: nn.Module) -> dict:
-    """What an edit could change on each module: its instance attributes (by identity), its
-    children and its hooks."""
-    return {
-        name: (
-            {key: id(value) for key, value in vars(module).items()},
-            {key: id(child) for key, child in module._modules.items()},
-            tuple(module._forward_hooks),
-            tuple(module._forward_pre_hooks),
-        )
-        for name, module in model.named_modules()
-    }
-
-
 def test_every_kind_of_edit_is_undone_exactly():
     model = _Toy()
-    before = _instance_state(model)
+    before = instance_state(model)
     old_inner = model.inner
     calls = []
 
@@ -85,7 +72,7 @@ def test_every_kind_of_edit_is_undone_exactly():
     assert isinstance(model.inner, nn.Identity) and applied_features(model) == [feature]
     assert remove_feature(model, "patch") == [feature]
     assert model.inner is old_inner and calls == ["cleaned"]
-    assert _instance_state(model) == before
+    assert instance_state(model) == before
     assert "_ascend_vlm_ledger" not in vars(model)
 
 
@@ -116,13 +103,13 @@ def test_features_stack_in_the_canonical_order_whatever_order_they_come_in():
 def test_a_failing_install_leaves_the_model_and_the_features_above_as_they_were():
     model, log = _Toy(), []
     apply_feature(model, _Recording("tracer", model, log))
-    before = _instance_state(model)
+    before = instance_state(model)
     with pytest.raises(RuntimeError, match="on purpose"):
         apply_feature(model, _Recording("patch", model, log, fail=True))
     assert [f.name for f in applied_features(model)] == ["tracer"]
     assert model.stack == ("tracer",)
     # the tracer was installed again: same attributes, a new hook handle in the same place
-    assert _instance_state(model).keys() == before.keys()
+    assert instance_state(model).keys() == before.keys()
 
 
 def test_a_swap_that_did_not_keep_the_module_refuses_to_be_undone():
