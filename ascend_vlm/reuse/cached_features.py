@@ -37,7 +37,8 @@ from torch import nn
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import tensor_version
 from ascend_vlm.observability import events
-from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
+from ascend_vlm.reuse.cache_entry import CachedFeatures
+from ascend_vlm.reuse.vision_cache import VisionCache
 
 _CACHE_STATE_KEY = "_ascend_vlm_vision_cache"
 # Arguments that shape the output object, not the features.
