@@ -57,7 +57,7 @@ def _image_and_question(image_path: str | None, question: str | None):
             raise CommandError(f"--image: expected an image file, got {image_path} (no such file)")
         image = Image.open(image_path).convert("RGB")
         return image, question or "Describe this image."
-    from ascend_vlm.finetune.shapes_vqa import render_scene
+    from ascend_vlm.data.shapes_vqa import render_scene
 
     image, pairs = render_scene(seed=0)
     return image, question or pairs[0][0]

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascend_vlm import trace_events
 from ascend_vlm._base_model import base_model
 from ascend_vlm.batching.budgets import (
     BatchBudgets,
@@ -51,7 +52,6 @@ from ascend_vlm.batching.budgets import (
 from ascend_vlm.batching.request import GenerationRequest, RequestResult, TokenEvent
 from ascend_vlm.batching.row_cache import RowCache
 from ascend_vlm.batching.sampling import generation_rules, next_token, request_generator
-from ascend_vlm.observability import events as trace_events
 
 
 @dataclass

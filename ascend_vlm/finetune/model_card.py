@@ -71,12 +71,12 @@ def _data_line(path: str | None, records: int, split: str, config: RunSettings) 
     types = config.question_types if split == "train" else config.eval_question_types
     scenes = "one to four shapes" if config.shapes_binding else "one shape (count: one to four)"
     line = (
-        f"ShapesVQA {split} split (ascend_vlm.finetune.shapes_vqa): {records} generated records, "
+        f"ShapesVQA {split} split (ascend_vlm.data.shapes_vqa): {records} generated records, "
         f"data seed {config.data_seed}, {config.image_size} px images, {', '.join(types)} "
         f"questions about scenes of {scenes}"
     )
     if config.shapes_new_kinds:
-        from ascend_vlm.finetune.shapes_vqa import new_kind_names
+        from ascend_vlm.data.shapes_vqa import new_kind_names
 
         names = new_kind_names(config.new_tokens)
         named = ", ".join(k if k == n else f"{k} as `{n}`" for k, n in names.items())

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, check_question_types
+from ascend_vlm.data.shapes_vqa import QUESTION_TYPES, check_question_types
 
 REFERENCE_NAME = "reference-qwen2-vl"
 STAMP_FILE = "reference.json"

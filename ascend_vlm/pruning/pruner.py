@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ascend_vlm import ops
+from ascend_vlm import trace_events as events
 from ascend_vlm._compat import (
     ATTENTION_NAME,
     cache_argument,
@@ -33,7 +34,6 @@ from ascend_vlm._compat import (
     replace_cached_states,
 )
 from ascend_vlm.attention_tap import tap_attention, untap_attention
-from ascend_vlm.observability import events
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig, kept_count
 from ascend_vlm.pruning.families import PruningTarget
 from ascend_vlm.pruning.layer_view import (

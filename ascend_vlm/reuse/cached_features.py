@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascend_vlm import trace_events as events
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import tensor_version
-from ascend_vlm.observability import events
 from ascend_vlm.reuse.cache_entry import CachedFeatures
 from ascend_vlm.reuse.vision_cache import VisionCache
 
