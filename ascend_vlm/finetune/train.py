@@ -419,9 +419,9 @@ def apply_ascend_patch(model: torch.nn.Module, enabled: bool) -> str:
     """
     if not enabled:
         return "disabled (--no-patch)"
-    import ascend_vlm
+    from ascend_vlm.patching import patch
 
-    report = ascend_vlm.patch(model)
+    report = patch(model)
     return f"applied ({type(report).__name__} for {report.model_type})"
 
 
