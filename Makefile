@@ -41,7 +41,7 @@ $(LOWEST)/.installed: requirements-lowest.txt $(STAMP)
 	touch $@
 
 test-lowest: ext $(LOWEST)/.installed
-	PYTHONPATH=$(LOWEST) $(PY) -m pytest -q tests/models tests/patching tests/pruning tests/quantization tests/reuse tests/batching/test_batch_generator.py tests/observability tests/adapters tests/test_compat.py
+	PYTHONPATH=$(LOWEST) $(PY) -m pytest -q tests/models tests/patching tests/pruning tests/quantization tests/reuse tests/batching/test_batch_generator.py tests/observability tests/commands/test_explain_cli.py tests/adapters tests/test_compat.py
 
 # Commit subjects are at most 72 characters from this commit on (older history is published
 # as it is; rewriting it would break every clone).

@@ -12,9 +12,9 @@ eval: accuracy, latency and memory on held-out questions (:mod:`ascend_vlm.evalu
 reference-model: build (or find) the trained reference checkpoint
 (:mod:`ascend_vlm.finetune.reference_model`).
 generate-batch: answer a JSONL file of requests with continuous batching
-(:mod:`ascend_vlm.batching.cli`).
+(:mod:`ascend_vlm.commands.generate_batch`).
 explain: answer a question about images and write attention overlays, the stage trace and the
-anomalous-token report (:mod:`ascend_vlm.observability.cli`).
+anomalous-token report (:mod:`ascend_vlm.commands.explain`).
 """
 
 from __future__ import annotations
@@ -57,14 +57,15 @@ def _image_and_question(image_path: str | None, question: str | None):
             raise CommandError(f"--image: expected an image file, got {image_path} (no such file)")
         image = Image.open(image_path).convert("RGB")
         return image, question or "Describe this image."
-    from ascend_vlm.finetune.shapes_vqa import render_scene
+    from ascend_vlm.data.shapes_vqa import render_scene
 
     image, pairs = render_scene(seed=0)
     return image, question or pairs[0][0]
 
 
 def demo(args: argparse.Namespace) -> int:
-    import ascend_vlm
+    from ascend_vlm.observability import trace
+    from ascend_vlm.patching import patch
 
     image, question = _image_and_question(args.image, args.question)
     model, processor = _load(args.model)
@@ -75,14 +76,14 @@ def demo(args: argparse.Namespace) -> int:
     inputs = processor(text=prompt, images=[image], return_tensors="pt")
 
     _say("patching with ascend_vlm.patch(model) ...")
-    report = ascend_vlm.patch(model)
+    report = patch(model)
     print(report, flush=True)
 
     settings = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
     with torch.no_grad():
         # Warm-up (first-call set-up is not latency): a prefill and a decode step.
         model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False)
-        with ascend_vlm.trace(model) as timeline:
+        with trace(model) as timeline:
             output = model.generate(**inputs, **settings)
     new_tokens = output[0, inputs["input_ids"].shape[1] :]
     answer = processor.decode(new_tokens, skip_special_tokens=True)
@@ -111,9 +112,9 @@ def _backend() -> str:
 
 def models_table(markdown: bool) -> str:
     """Supported model types with what `patch` swaps in each family's tiny model (counts)."""
-    import ascend_vlm
     from ascend_vlm.models import KINDS, REGISTRY
     from ascend_vlm.models.tiny import FAMILIES, build_model
+    from ascend_vlm.patching import patch
 
     header = ["model_type", "tiny model tested", *KINDS]
     rows = []
@@ -124,7 +125,7 @@ def models_table(markdown: bool) -> str:
             if name is None:
                 cells += ["?"] * len(KINDS)
             else:
-                report = ascend_vlm.patch(build_model(name))
+                report = patch(build_model(name))
                 cells += [
                     f"{report.swapped_count(k)}/{report.swapped_count(k) + report.left_alone_count(k)}"
                     for k in KINDS
@@ -166,12 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     from ascend_vlm.finetune import reference_model
 
     reference_model.add_command(commands)
-    from ascend_vlm.batching import cli as batching_cli
+    from ascend_vlm.commands import explain, generate_batch
 
-    batching_cli.add_command(commands)
-    from ascend_vlm.observability import cli as observability_cli
-
-    observability_cli.add_command(commands)
+    generate_batch.add_command(commands)
+    explain.add_command(commands)
     args = parser.parse_args(argv)
     if args.command == "eval":
         return evaluation.run(args)

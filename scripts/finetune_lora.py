@@ -21,7 +21,7 @@ from typing import IO, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ascend_vlm.finetune.data import BAD_RECORD_POLICIES
+from ascend_vlm.data.vqa import BAD_RECORD_POLICIES
 from ascend_vlm.finetune.reference_model import HELD_OUT_SKILL, base_model_path
 from ascend_vlm.finetune.train import COMM_HOOKS, DTYPES, TrainConfig, train
 

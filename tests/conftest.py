@@ -1,6 +1,7 @@
 """Suite-wide pytest set-up: the mock NPU fixture/marker (ascend_vlm.testing.pytest_plugin),
-the small VLMs with processors (chat_vlms.py), the command-line error check shared by the `python -m ascend_vlm` command tests, and the loader
-of `scripts/` modules."""
+the small VLMs with processors (chat_vlms.py), the tiny default model's checkpoint and
+processor, the command-line error check shared by the `python -m ascend_vlm` command tests,
+and the loader of `scripts/` modules."""
 
 from __future__ import annotations
 
@@ -13,6 +14,22 @@ from types import ModuleType
 import pytest
 
 pytest_plugins = ["ascend_vlm.testing.pytest_plugin", "chat_vlms"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    """The embedded default model's checkpoint folder (random weights), built on first use."""
+    from ascend_vlm.default_model import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def processor(tiny_model_path: Path):
+    """The default model's processor."""
+    from ascend_vlm.default_model import load_processor
+
+    return load_processor(tiny_model_path)
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ def _patch_report(checkpoint) -> list[str]:
 
 
 def test_demo_prints_report_answer_and_stage_latency(default_checkpoint, capsys):
-    from ascend_vlm.finetune.shapes_vqa import render_scene
+    from ascend_vlm.data.shapes_vqa import render_scene
 
     assert main(["demo", "--model", str(default_checkpoint), "--max-new-tokens", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from ascend_vlm.data.shapes_vqa import Shape
 from ascend_vlm.default_model import default_model_path
-from ascend_vlm.finetune.shapes_vqa import Shape
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,22 @@
-"""The package's import graph, read from the source with `ast`: no cycles between modules of
+"""The package's import graph, read from the source with `ast`: modules import only from their
+own rank or below, features do not import each other, no cycles between modules of
 ``ascend_vlm``, and no module reaches into another's privates.
+
+Ranks, lowest first (``RANKS``): 0 core, 1 runtime, 2 ops, 3 models and shared data, 4 patching,
+5 features, 6 applications, 7 the package's face and test support. A feature (rank 5) imports
+only itself and lower ranks: features meet through what lies below them.
 
 Private means a leading underscore (dunders excepted): a private module (``ops/_op_spec.py``) is
 visible only inside its parent package, a private name only inside its own module. Private names
 of other libraries (torch, transformers, the standard library) are read only in
-``ascend_vlm/_compat.py``, where each has a named probe. Imports under ``if TYPE_CHECKING:`` are
-annotations, not imports, and are skipped.
+``ascend_vlm/_compat.py``, where each has a named probe. Imports under ``if TYPE_CHECKING:``
+count like any other: an annotation depends on what it names.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 from pathlib import Path
 
 import ascend_vlm
@@ -38,20 +44,11 @@ def _is_private(name: str) -> bool:
 
 
 def _imports(module: str, path: Path) -> list[tuple[str, str | None, int]]:
-    """(imported module, imported name or None, line) for every import of `module`, top-level
-    and inside functions alike, except under ``if TYPE_CHECKING:``."""
+    """(imported module, imported name or None, line) for every import of `module`: top-level,
+    inside functions and under ``if TYPE_CHECKING:`` alike."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = {
-        id(child)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
-        for statement in node.body
-        for child in ast.walk(statement)
-    }
     found = []
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found += [(alias.name, None, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -119,6 +116,86 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
+ROOT = "ascend_vlm"
+FEATURES = 5
+# Every module's rank: a key ranks the module or package it names and everything inside it
+# (the longest key wins), except ROOT, which ranks only the package's own __init__.
+RANKS: dict[str, int] = {
+    # 0 core: errors, probes of other libraries' internals, backend choice, trace events.
+    "ascend_vlm._errors": 0,
+    "ascend_vlm._compat": 0,
+    "ascend_vlm.kernel_backend": 0,
+    "ascend_vlm._base_model": 0,
+    "ascend_vlm._op_descriptor": 0,
+    "ascend_vlm._version": 0,
+    "ascend_vlm.trace_events": 0,
+    # 1 runtime: the Python face of csrc.
+    "ascend_vlm.runtime": 1,
+    # 2 ops: the torch.library ops.
+    "ascend_vlm.ops": 2,
+    # 3 models and shared data: family descriptors, the embedded default model, datasets.
+    "ascend_vlm.models": 3,
+    "ascend_vlm.default_model": 3,
+    "ascend_vlm.data": 3,
+    # 4 patching: the one mechanism that edits a model instance and reverts it.
+    "ascend_vlm.patching": 4,
+    # 5 features: each its own package.
+    "ascend_vlm.pruning": FEATURES,
+    "ascend_vlm.reuse": FEATURES,
+    "ascend_vlm.quantization": FEATURES,
+    "ascend_vlm.adapters": FEATURES,
+    "ascend_vlm.batching": FEATURES,
+    "ascend_vlm.observability": FEATURES,
+    "ascend_vlm.vision_input": FEATURES,
+    "ascend_vlm.distributed": FEATURES,
+    # 6 applications: evaluation, fine-tuning and the command line.
+    "ascend_vlm.evaluation": 6,
+    "ascend_vlm.finetune": 6,
+    "ascend_vlm.commands": 6,
+    "ascend_vlm.__main__": 6,
+    # 7 the package's face (its __init__ names every public part, lazily) and test support
+    # (the mock NPU and the pytest plugins, loaded by tests and pytest only): both may import
+    # every rank, and no module of the package imports them.
+    ROOT: 7,
+    "ascend_vlm.testing": 7,
+}
+# Imports allowed against the ranks until the change named beside each removes them (issue 37);
+# the test fails once an entry's import is gone, so that the entry goes with it.
+EXEMPT_EDGES: dict[tuple[str, str], str] = {
+    ("ascend_vlm._compat", "ascend_vlm.models"): "the split of _compat into a package",
+}
+
+
+def _rank_entry(module: str, ranks: dict[str, int]) -> str | None:
+    """The key of ``ranks`` that ranks ``module``; None when no key does."""
+    keys = [key for key in ranks if module == key or (key != ROOT and module.startswith(key + "."))]
+    return max(keys, key=len, default=None)
+
+
+def _rank_offences(
+    graph: dict[str, set[str]], ranks: dict[str, int], exempt: Collection[tuple[str, str]]
+) -> list[str]:
+    """Every module of ``graph`` without a rank, and, outside the ``exempt`` (importer,
+    imported) pairs, every import of a higher rank than the importer's and every import of one
+    feature (rank ``FEATURES``) by another."""
+    offences = []
+    for module in sorted(graph):
+        entry = _rank_entry(module, ranks)
+        if entry is None:
+            offences.append(f"{module}: no rank (add it to RANKS)")
+            continue
+        for target in sorted(graph[module]):
+            target_entry = _rank_entry(target, ranks)
+            if target_entry is None or (module, target) in exempt:
+                continue
+            rank, target_rank = ranks[entry], ranks[target_entry]
+            if target_rank > rank:
+                offences.append(f"{module} (rank {rank}) imports {target} (rank {target_rank})")
+            elif rank == target_rank == FEATURES and entry != target_entry:
+                offences.append(f"feature {module} imports another feature's {target}")
+    return offences
+
+
 def test_the_walk_sees_the_package() -> None:
     # The checks below are vacuous if the walk finds nothing: it must see the known edges.
     graph = _graph()
@@ -129,6 +206,48 @@ def test_the_walk_sees_the_package() -> None:
 
 def test_no_import_cycles_inside_the_package() -> None:
     assert _cycles(_graph()) == []
+
+
+def test_the_rank_check_catches_each_kind_of_offence() -> None:
+    ranks = {"low": 0, "feature_a": FEATURES, "feature_b": FEATURES, "app": 6}
+    graph = {
+        "low.base": {"app.main"},
+        "feature_a.x": {"feature_a.y", "low.base"},
+        "feature_a.y": {"feature_b.z"},
+        "feature_b.z": {"low.base", "app.main"},
+        "app.main": {"feature_a.x", "feature_b.z", "low.base"},
+        "stray": set(),
+    }
+    assert _rank_offences(graph, ranks, exempt={("feature_b.z", "app.main")}) == [
+        "feature feature_a.y imports another feature's feature_b.z",
+        "low.base (rank 0) imports app.main (rank 6)",
+        "stray: no rank (add it to RANKS)",
+    ]
+    assert _rank_entry("ascend_vlm.ops._op_spec", RANKS) == "ascend_vlm.ops"
+    assert _rank_entry("ascend_vlm.not_ranked", RANKS) is None
+    assert _rank_entry("ascend_vlm", RANKS) == ROOT
+
+
+def test_imports_under_type_checking_count(tmp_path) -> None:
+    source = tmp_path / "module.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from ascend_vlm.observability.tracer import Tracer\n"
+    )
+    assert ("ascend_vlm.observability.tracer", "Tracer", 3) in _imports("ascend_vlm.x", source)
+
+
+def test_every_rank_entry_names_a_module() -> None:
+    stale = [key for key in RANKS if not any(_rank_entry(m, {key: 0}) for m in MODULES)]
+    assert stale == []
+
+
+def test_imports_go_down_the_ranks_and_features_stay_apart() -> None:
+    graph = _graph()
+    assert _rank_offences(graph, RANKS, EXEMPT_EDGES) == []
+    gone = [edge for edge in EXEMPT_EDGES if edge[1] not in graph.get(edge[0], set())]
+    assert gone == [], "remove these EXEMPT_EDGES entries: their imports are gone"
 
 
 def test_no_module_imports_another_modules_privates() -> None:

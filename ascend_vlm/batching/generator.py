@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascend_vlm import trace_events
 from ascend_vlm._base_model import base_model
 from ascend_vlm.batching.budgets import (
     BatchBudgets,
@@ -53,7 +54,7 @@ from ascend_vlm.batching.request import GenerationRequest, RequestResult, TokenE
 from ascend_vlm.batching.row_cache import RowCache
 from ascend_vlm.batching.sampling import generation_rules, next_token, request_generator
 from ascend_vlm.models import require_feature
-from ascend_vlm.observability import events as trace_events
+from ascend_vlm.patching.ledger import applied_features
 
 
 @dataclass
@@ -128,10 +129,8 @@ class BatchGenerator:
                 f"processor: expected a callable processor with a chat template, got "
                 f"{type(processor).__name__}"
             )
-        from ascend_vlm import pruning
-
         self.model = model
-        self._own_caches = pruning.pruning_enabled(model)
+        self._own_caches = bool(applied_features(model, "token_pruning"))
         self.processor = processor
         self.budgets = BatchBudgets(**budgets)
         self._base = base_model(model)
@@ -280,9 +279,7 @@ class BatchGenerator:
     # ------------------------------------------------------------------ one step
 
     def _check_cache_mode(self) -> None:
-        from ascend_vlm import pruning
-
-        if pruning.pruning_enabled(self.model) != self._own_caches:
+        if bool(applied_features(self.model, "token_pruning")) != self._own_caches:
             raise ValueError(
                 "model: token pruning was enabled or disabled after this BatchGenerator was "
                 "made; its running sequences' caches follow the old setting: make a new one"

@@ -186,9 +186,9 @@ class EvalCommand:
         return configurations
 
     def _dataset(self, args: argparse.Namespace) -> EvalDataset:
+        from ascend_vlm.data.shapes_vqa import MIN_IMAGE_SIZE
+        from ascend_vlm.data.vqa import BadRecordError
         from ascend_vlm.evaluation import datasets
-        from ascend_vlm.finetune.data import BadRecordError
-        from ascend_vlm.finetune.shapes_vqa import MIN_IMAGE_SIZE
 
         parser = self.parser
         if args.data is None:

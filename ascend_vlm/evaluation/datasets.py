@@ -1,6 +1,6 @@
 """The samples an evaluation answers: ShapesVQA's held-out split or a JSONL/LLaVA file.
 
-Both are :class:`EvalDataset`: indexable :class:`~ascend_vlm.finetune.data.VQASample`s, each
+Both are :class:`EvalDataset`: indexable :class:`~ascend_vlm.data.vqa.VQASample`s, each
 with a question type, and a JSON description recorded in the report.
 """
 
@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ascend_vlm.finetune.data import VQASample
+from ascend_vlm.data.vqa import VQASample
 
 # ShapesVQA records evaluated when no --limit is given: 100 per question type.
 DEFAULT_SHAPES_SAMPLES = 500
@@ -66,11 +66,11 @@ def shapes_vqa(
     with ``--shapes-new-kinds --new-tokens`` evaluates them.
 
     Record ``i`` asks question type ``QUESTION_TYPES[i % len(QUESTION_TYPES)]``, as
-    :class:`~ascend_vlm.finetune.shapes_vqa.ShapesVQA` documents. Raises ``ValueError`` (from
+    :class:`~ascend_vlm.data.shapes_vqa.ShapesVQA` documents. Raises ``ValueError`` (from
     ``ShapesVQA``) for a ``limit`` below 1, an ``image_size`` it does not take, more than four
     ``new_kinds`` or names that are not distinct.
     """
-    from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA, new_kind_names
+    from ascend_vlm.data.shapes_vqa import QUESTION_TYPES, ShapesVQA, new_kind_names
 
     size = DEFAULT_SHAPES_SAMPLES if limit is None else limit
     sizing = {} if image_size is None else {"image_size": image_size}
@@ -94,14 +94,14 @@ def shapes_vqa(
 
 
 def jsonl(path: str | os.PathLike) -> EvalDataset:
-    """Every sample of a JSONL/LLaVA file, loaded with the fine-tune script's
-    :class:`~ascend_vlm.finetune.data.JsonlVQA`; every record must be good.
+    """Every sample of a JSONL/LLaVA file, loaded with the shared
+    :class:`~ascend_vlm.data.vqa.JsonlVQA`; every record must be good.
 
     A sample's question type is its record's ``"type"`` field, ``UNTYPED`` without one.
     Raises ``FileNotFoundError`` (no such file) or
-    :class:`~ascend_vlm.finetune.data.BadRecordError` (a bad record, named by its number).
+    :class:`~ascend_vlm.data.vqa.BadRecordError` (a bad record, named by its number).
     """
-    from ascend_vlm.finetune.data import JsonlVQA
+    from ascend_vlm.data.vqa import JsonlVQA
 
     records = JsonlVQA(path, on_bad_record="fail")
     return EvalDataset(

@@ -40,9 +40,9 @@ def _add_patch_arguments(group: Any) -> None:
 def _apply_patch(model: Any, args: argparse.Namespace) -> dict[str, Any]:
     if not args.patch:
         return {"summary": "not patched", "patched": False}
-    import ascend_vlm
+    from ascend_vlm.patching import patch
 
-    report = ascend_vlm.patch(model).as_dict()
+    report = patch(model).as_dict()
     swapped = sum(total["swapped"] for total in report["totals"].values())
     left_alone = sum(total["left_alone"] for total in report["totals"].values())
     summary = f"patched: {swapped} modules swapped, {left_alone} left alone"

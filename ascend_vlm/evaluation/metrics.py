@@ -1,7 +1,7 @@
 """Answer metrics: each maps (prediction, gold answer) to right or wrong.
 
 * ``exact``: the prediction equals the answer after stripping surrounding whitespace;
-* ``normalised``: equal after :func:`ascend_vlm.finetune.data.normalise_answer` (also
+* ``normalised``: equal after :func:`ascend_vlm.data.vqa.normalise_answer` (also
   lowercased, trailing full stop dropped), the metric the fine-tune script's
   ``eval_accuracy`` uses.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ascend_vlm.finetune.data import normalise_answer
+from ascend_vlm.data.vqa import normalise_answer
 
 
 def exact_match(prediction: str, answer: str) -> bool:

@@ -46,7 +46,7 @@ def _batch_inputs(
 ) -> dict[str, Any]:
     """The prompts of ``dataset[indices]`` (the fine-tune script's chat format), left-padded,
     with the samples under ``"_samples"``."""
-    from ascend_vlm.finetune.data import collate, encode_sample, pad_token_id_of
+    from ascend_vlm.data.vqa import collate, encode_sample, pad_token_id_of
 
     samples = [dataset[index] for index in indices]
     encoded = [encode_sample(processor, sample, with_answer=False) for sample in samples]
@@ -81,7 +81,7 @@ def generate_answers(
     """
     from tqdm import tqdm
 
-    from ascend_vlm.finetune.data import pad_token_id_of, processor_for_another_thread
+    from ascend_vlm.data.vqa import pad_token_id_of, processor_for_another_thread
 
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(

@@ -9,32 +9,74 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ascend_vlm.adapters.adapter_set import DEFAULT_ADAPTER_NAME
 from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
 
-if TYPE_CHECKING:
-    from ascend_vlm.finetune.train import TrainConfig, TrainResult
+
+class RunSettings(Protocol):
+    """The settings of a run a card states: the fields of
+    :class:`ascend_vlm.finetune.train.TrainConfig` (whose module imports this one) it reads."""
+
+    train_data: str | None
+    eval_data: str | None
+    data_seed: int
+    image_size: int
+    shapes_binding: bool
+    shapes_new_kinds: bool
+    question_types: Sequence[str]
+    eval_question_types: Sequence[str]
+    max_steps: int
+    batch_size: int
+    grad_accum: int
+    learning_rate: float
+    weight_decay: float
+    warmup_steps: int
+    max_grad_norm: float
+    seed: int
+    lora_r: int
+    lora_alpha: int
+    lora_dropout: float
+    lora_targets: Sequence[str]
+    lora_vision: bool
+    lora_projector: bool
+    modules_to_save: Sequence[str]
+    full_finetune: bool
+    adapter_name: str
+    new_tokens: Sequence[str]
+    quantize: int | None
+    max_new_tokens: int
+
+
+class RunOutcome(Protocol):
+    """The outcome of a run a card states: the fields of
+    :class:`ascend_vlm.finetune.train.TrainResult` it reads."""
+
+    eval_accuracy: float
+    last_loss: float
+    train_records: int
+    eval_records: int
 
 
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
-def _data_line(path: str | None, records: int, split: str, config: TrainConfig) -> str:
+def _data_line(path: str | None, records: int, split: str, config: RunSettings) -> str:
     if path is not None:
         return f"JSONL file `{path}`, {records} records used"
     types = config.question_types if split == "train" else config.eval_question_types
     scenes = "one to four shapes" if config.shapes_binding else "one shape (count: one to four)"
     line = (
-        f"ShapesVQA {split} split (ascend_vlm.finetune.shapes_vqa): {records} generated records, "
+        f"ShapesVQA {split} split (ascend_vlm.data.shapes_vqa): {records} generated records, "
         f"data seed {config.data_seed}, {config.image_size} px images, {', '.join(types)} "
         f"questions about scenes of {scenes}"
     )
     if config.shapes_new_kinds:
-        from ascend_vlm.finetune.shapes_vqa import new_kind_names
+        from ascend_vlm.data.shapes_vqa import new_kind_names
 
         names = new_kind_names(config.new_tokens)
         named = ", ".join(k if k == n else f"{k} as `{n}`" for k, n in names.items())
@@ -43,7 +85,7 @@ def _data_line(path: str | None, records: int, split: str, config: TrainConfig) 
     return line
 
 
-def _trained_line(config: TrainConfig) -> str:
+def _trained_line(config: RunSettings) -> str:
     if config.full_finetune:
         return "Every weight of the base model (full fine-tuning)."
     parts = [f"the language model's {', '.join(config.lora_targets)} linears"]
@@ -77,8 +119,8 @@ def _trained_line(config: TrainConfig) -> str:
 
 
 def model_card(
-    config: TrainConfig,
-    result: TrainResult,
+    config: RunSettings,
+    result: RunOutcome,
     world_size: int,
     folder: Path,
     *,

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, check_question_types
+from ascend_vlm.data.shapes_vqa import QUESTION_TYPES, check_question_types
 
 REFERENCE_NAME = "reference-qwen2-vl"
 STAMP_FILE = "reference.json"
@@ -94,7 +94,7 @@ class Recipe:
 
     def digest(self) -> str:
         """12 hex digits of SHA-256 over the recipe and the ascend_vlm version."""
-        from ascend_vlm import __version__
+        from ascend_vlm._version import __version__
 
         text = json.dumps({"recipe": dataclasses.asdict(self), "version": __version__})
         return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -228,7 +228,7 @@ def train_config(recipe: Recipe, output_dir: Path, model_path: Path, progress: b
 
 
 def _build(target: Path, recipe: Recipe, progress: bool) -> None:
-    from ascend_vlm import __version__
+    from ascend_vlm._version import __version__
     from ascend_vlm.finetune.checkpoint import atomic_write_text
     from ascend_vlm.finetune.train import (
         FINAL_MODEL,

@@ -64,8 +64,14 @@ from ascend_vlm.adapters.visual_vocabulary import (
     save_visual_tokens,
     trainable_token_indices,
 )
-from ascend_vlm.finetune import checkpoint
-from ascend_vlm.finetune.data import (
+from ascend_vlm.data.shapes_vqa import (
+    KINDS,
+    QUESTION_TYPES,
+    ShapesVQA,
+    check_question_types,
+    new_kind_names,
+)
+from ascend_vlm.data.vqa import (
     IGNORE_INDEX,
     EncodedDataset,
     JsonlVQA,
@@ -75,15 +81,9 @@ from ascend_vlm.finetune.data import (
     pad_token_id_of,
     processor_for_another_thread,
 )
+from ascend_vlm.finetune import checkpoint
 from ascend_vlm.finetune.model_card import model_card
 from ascend_vlm.finetune.resume import CONFIG_FILE, ResumeError, check_resume
-from ascend_vlm.finetune.shapes_vqa import (
-    KINDS,
-    QUESTION_TYPES,
-    ShapesVQA,
-    check_question_types,
-    new_kind_names,
-)
 from ascend_vlm.models.parts import model_part
 from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
 from ascend_vlm.vision_input.fast_processor import with_fast_pixels
@@ -419,9 +419,9 @@ def apply_ascend_patch(model: torch.nn.Module, enabled: bool) -> str:
     """
     if not enabled:
         return "disabled (--no-patch)"
-    import ascend_vlm
+    from ascend_vlm.patching import patch
 
-    report = ascend_vlm.patch(model)
+    report = patch(model)
     return f"applied ({type(report).__name__} for {report.model_type})"
 
 

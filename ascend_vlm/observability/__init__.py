@@ -3,8 +3,8 @@
 * :func:`trace` / :class:`Tracer`: per-request stage timeline (vision encode, projector, prefill,
   each decode step, plus events from pruning, the vision cache and batching) with NPU-event
   timing on the NPU; views: :meth:`Trace.summary`, :meth:`Trace.save_chrome_trace` (Perfetto),
-  :meth:`Trace.save_heatmap`. Off, nothing is installed on the model.
-* :mod:`~ascend_vlm.observability.events`: the hook features report their events through.
+  :meth:`Trace.save_heatmap`. Off, nothing is installed on the model. Features report their
+  events through :mod:`ascend_vlm.trace_events`, below every feature.
 """
 
 from ascend_vlm.observability.timeline import STAGES, StageSpan, Trace, TracedRequest, TraceMark

@@ -20,10 +20,9 @@ from torch import nn
 
 from ascend_vlm import ops
 from ascend_vlm._base_model import base_model
+from ascend_vlm.models.decoder_parts import decoder_parts
 from ascend_vlm.patching.attention_tap import AttentionTap
-from ascend_vlm.patching.ledger import apply_feature, remove_feature
-from ascend_vlm.pruning import pruning_enabled
-from ascend_vlm.pruning.families import pruning_target
+from ascend_vlm.patching.ledger import applied_features, apply_feature, remove_feature
 
 
 @dataclass(frozen=True)
@@ -78,8 +77,8 @@ def answer_attention(
     the processor made them) at ``layers`` (indices into the language model's decoder layers,
     default all). ``prompt_length`` is the prompt's token count; the answer is the rest.
 
-    ``model`` is a VLM of a family token pruning supports (its decoder layers and visual token
-    ids are found the same way); runs under ``torch.no_grad`` with ``use_cache=False``.
+    ``model`` is a VLM of a family whose descriptor supports the attention overlay (its decoder
+    layers and visual token ids are found there); runs under ``torch.no_grad`` with ``use_cache=False``.
     """
     input_ids = inputs["input_ids"]
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
@@ -93,12 +92,12 @@ def answer_attention(
             f"prompt in input_ids), got {prompt_length}"
         )
     base = base_model(model)
-    if pruning_enabled(base):
+    if applied_features(base, "token_pruning"):
         raise ValueError(
             "model: attention maps read the whole prompt at every layer; disable token pruning "
             "first (ascend_vlm.pruning.disable_token_pruning(model))"
         )
-    target = pruning_target(base)
+    target = decoder_parts(base, "attention_overlay")
     depth = len(target.layers)
     chosen = tuple(range(depth)) if layers is None else tuple(layers)
     if not chosen or any(not 0 <= layer < depth for layer in chosen):

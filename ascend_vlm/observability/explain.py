@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ascend_vlm.finetune.data import with_appended_tokens
+from ascend_vlm.data.vqa import with_appended_tokens
 from ascend_vlm.observability.attention_maps import AnswerAttention, answer_attention
 from ascend_vlm.observability.timeline import Trace
 from ascend_vlm.observability.token_report import anomalous_token_report

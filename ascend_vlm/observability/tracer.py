@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascend_vlm import trace_events as events
 from ascend_vlm._base_model import base_model
 from ascend_vlm.models.parts import LANGUAGE_MODEL_ATTRIBUTES, PROJECTOR_MARKERS, VISION_MARKERS
-from ascend_vlm.observability import events
 from ascend_vlm.observability.clocks import check_clock, make_clock
 from ascend_vlm.observability.timeline import StageSpan, Trace, TracedRequest, TraceMark
 from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, remove_feature
@@ -79,7 +79,7 @@ class Tracer:
     ``text_model``) and usually a vision tower and projector (found by the names in
     :mod:`ascend_vlm.models.parts`). ``clock``: "auto" (NPU events when the model's ops run the
     NPU kernels, else ``perf_counter``), "device" or "host". Features that emit
-    :mod:`~ascend_vlm.observability.events` for this model (pruning, vision cache, batching)
+    :mod:`~ascend_vlm.trace_events` for this model (pruning, vision cache, batching)
     appear as marks. Code torch.compile traces runs the hooks inside its graph, where they
     stand aside (a clock read would break the graph): a compiled model's own forward calls are
     not recorded; its ``generate`` (which transformers runs on the wrapped module) is.

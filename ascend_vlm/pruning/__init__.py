@@ -20,11 +20,16 @@ from torch import nn
 
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import check_transformers_version
+from ascend_vlm.models import model_types_supporting, require_feature
+from ascend_vlm.models.decoder_parts import decoder_parts
 from ascend_vlm.patching.ledger import applied_features, apply_feature, remove_feature
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig
-from ascend_vlm.pruning.families import SUPPORTED_MODEL_TYPES, pruning_target
 from ascend_vlm.pruning.pruner import TokenPruner
 from ascend_vlm.pruning.stats import PruningStats
+
+# Derived from the family descriptors in `ascend_vlm.models`, which say why each other family
+# is refused: decoder-only language models behind a vision tower whose prompt attends causally.
+SUPPORTED_MODEL_TYPES = model_types_supporting("token_pruning")
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -76,7 +81,9 @@ def enable_token_pruning(
             f"kv={existing.kv}; call disable_token_pruning(model) first"
         )
     check_transformers_version()
-    target = pruning_target(base)
+    target = decoder_parts(base, "token_pruning" if prune is not None else "kv_compression")
+    if prune is not None and kv is not None:
+        require_feature(base, "kv_compression")
     depth = len(target.layers)
     if prune is not None:
         if prune.layer >= depth:

@@ -26,13 +26,14 @@ import torch
 from torch import nn
 
 from ascend_vlm import ops
+from ascend_vlm import trace_events as events
 from ascend_vlm._compat import (
     ATTENTION_NAME,
     cache_argument,
     cache_layer_kind,
     replace_cached_states,
 )
-from ascend_vlm.observability import events
+from ascend_vlm.models.decoder_parts import DecoderParts
 from ascend_vlm.patching.attention_tap import (
     tap_for_call,
     tapped_implementation,
@@ -40,7 +41,6 @@ from ascend_vlm.patching.attention_tap import (
 )
 from ascend_vlm.patching.ledger import Edits
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig, kept_count
-from ascend_vlm.pruning.families import PruningTarget
 from ascend_vlm.pruning.layer_view import (
     LayerView,
     attended,
@@ -172,7 +172,7 @@ class TokenPruner:
     def __init__(
         self,
         base: nn.Module,
-        target: PruningTarget,
+        target: DecoderParts,
         prune: PruneConfig | None,
         kv: SnapKVConfig | None,
     ):

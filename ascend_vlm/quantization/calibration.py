@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from ascend_vlm.finetune.data import collate, encode_sample, pad_token_id_of
-from ascend_vlm.finetune.shapes_vqa import ShapesVQA
+from ascend_vlm.data.shapes_vqa import ShapesVQA
+from ascend_vlm.data.vqa import collate, encode_sample, pad_token_id_of
 
 
 def shapes_calibration(

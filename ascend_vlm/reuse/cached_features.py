@@ -35,12 +35,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascend_vlm import trace_events as events
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import tensor_version
 from ascend_vlm.models import require_feature
-from ascend_vlm.observability import events
 from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, remove_feature
-from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
+from ascend_vlm.reuse.cache_entry import CachedFeatures
+from ascend_vlm.reuse.vision_cache import VisionCache
 
 # Arguments that shape the output object, not the features.
 _OUTPUT_FLAGS = frozenset({"return_dict", "output_attentions", "output_hidden_states"})

@@ -7,8 +7,8 @@ Each entry is one :class:`ascend_vlm.runtime.PinnedBuffer` holding its tensors b
 first waits for the event recorded when the features were made (the copy must not overtake the
 work that writes them), and a restore allocates the device tensors, queues the copies and
 records an :class:`ascend_vlm.runtime.Event` that the consumer waits on
-(:meth:`CachedFeatures.wait_ready`) just before reading them, so the copies overlap whatever the
-caller does in between (encoding the images that missed). Tensors already in host memory (the
+(:meth:`~ascend_vlm.reuse.cache_entry.CachedFeatures.wait_ready`) just before reading them, so
+the copies overlap whatever the caller does in between (encoding the images that missed). Tensors already in host memory (the
 CPU, the mock NPU) are written into the pinned buffer directly and come back as zero-copy views
 of it, without AscendCL copies.
 
@@ -23,14 +23,11 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ascend_vlm import runtime
-
-if TYPE_CHECKING:
-    from ascend_vlm.reuse.vision_cache import CachedFeatures
+from ascend_vlm.reuse.cache_entry import CachedFeatures
 
 _ALIGNMENT = 64
 

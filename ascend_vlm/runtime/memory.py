@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import weakref
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from ascend_vlm import _C
 from ascend_vlm._errors import AclError
 from ascend_vlm.runtime._arguments import require_byte_count
-
-if TYPE_CHECKING:
-    from ascend_vlm.runtime.stream import Stream
 
 # aclrtMemMallocPolicy values (acl_rt.h).
 MALLOC_POLICIES: dict[str, int] = {
@@ -53,6 +50,19 @@ ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
 
 # A copy endpoint: a buffer, a length-carrying host object, or an int inside a live buffer.
 Endpoint = Any
+
+
+class CopyStream(Protocol):
+    """What a buffer asks of a stream it was queued on
+    (:class:`ascend_vlm.runtime.stream.Stream`, which imports this module)."""
+
+    def memcpy_async(self, dst: Any, src: Any, nbytes: int, kind: str | None = None) -> None:
+        """Queue a copy of ``nbytes`` from ``src`` to ``dst``."""
+        ...
+
+    def finish_work_on(self, buffer: _C.Buffer) -> None:
+        """Synchronize if work queued on the stream may still use ``buffer``."""
+        ...
 
 
 class _Buffer(_C.Buffer):
@@ -97,12 +107,13 @@ class DeviceBuffer(_Buffer):
         super().__init__(nbytes, MALLOC_POLICIES[policy])
         # Streams this buffer was queued on; they hold it while the work may be pending. Weak,
         # so a buffer never keeps a stream alive.
-        self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+        self._streams: weakref.WeakSet[CopyStream] = weakref.WeakSet()
 
-    def used_on(self, stream: Stream) -> None:
+    def used_on(self, stream: CopyStream) -> None:
         """Record that work queued on ``stream`` may use this buffer, so :meth:`free` first
-        waits for it (``stream.finish_work_on(self)``). :meth:`Stream.hold_until_done` calls
-        this for the device buffers it holds."""
+        waits for it (``stream.finish_work_on(self)``).
+        :meth:`~ascend_vlm.runtime.stream.Stream.hold_until_done` calls this for the device
+        buffers it holds."""
         self._streams.add(stream)
 
     def free(self) -> None:
@@ -170,12 +181,12 @@ class MappedBuffer(_Buffer):
         """The address device code uses: the mapped alias, or the device copy's address."""
         return _C.Buffer.device_ptr.__get__(self) if self._mirror is None else self._mirror.ptr
 
-    def sync_to_device(self, stream: Stream) -> None:
+    def sync_to_device(self, stream: CopyStream) -> None:
         """Make host writes visible to device code on ``stream`` (a queued copy in fallback)."""
         if self._mirror is not None:
             stream.memcpy_async(self._mirror, self, self.nbytes)
 
-    def sync_to_host(self, stream: Stream) -> None:
+    def sync_to_host(self, stream: CopyStream) -> None:
         """Make device writes visible to the host once ``stream`` is synchronized (fallback)."""
         if self._mirror is not None:
             stream.memcpy_async(self, self._mirror, self.nbytes)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from ascend_vlm.__main__ import main
-from ascend_vlm.finetune.data import prompt_text
-from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA
+from ascend_vlm.data.shapes_vqa import QUESTION_TYPES, ShapesVQA
+from ascend_vlm.data.vqa import prompt_text
 
 EVAL_ERROR = "python -m ascend_vlm eval: error: "
 LIMIT, BATCH, NEW_TOKENS = 10, 4, 3
@@ -273,7 +273,7 @@ def test_a_model_refusing_the_prune_flags_is_a_usage_error(tiny_model_path, caps
 
 
 def test_jsonl_data_groups_by_record_type(tiny_model_path, tmp_path):
-    from ascend_vlm.finetune.shapes_vqa import render_scene
+    from ascend_vlm.data.shapes_vqa import render_scene
 
     render_scene(4)[0].save(tmp_path / "scene.png")
     records = [
@@ -352,7 +352,7 @@ def _write(path, text):
 def test_bad_input_exits_2_naming_the_option(
     tiny_model_path, tmp_path, command_error, case, message
 ):
-    from ascend_vlm.finetune.shapes_vqa import render_scene
+    from ascend_vlm.data.shapes_vqa import render_scene
 
     render_scene(0)[0].save(tmp_path / "scene.png")
     good = json.dumps({"image": "scene.png", "question": "q?", "answer": "a"})

@@ -7,11 +7,11 @@ import re
 
 import pytest
 
+from ascend_vlm.data.shapes_vqa import QUESTION_TYPES, ShapesVQA, render_scene
+from ascend_vlm.data.vqa import BadRecordError
 from ascend_vlm.evaluation import datasets
 from ascend_vlm.evaluation.memory import PeakRSS
 from ascend_vlm.evaluation.metrics import exact_match, normalised_match, score
-from ascend_vlm.finetune.data import BadRecordError
-from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, ShapesVQA, render_scene
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from tiny_finetune import tiny_config
 
 from ascend_vlm.adapters import AdapterSet, load_visual_tokens
 from ascend_vlm.adapters.visual_vocabulary import VISUAL_TOKENS_FILE
-from ascend_vlm.finetune.data import EncodedDataset, collate, pad_token_id_of
-from ascend_vlm.finetune.shapes_vqa import KINDS, NEW_SHAPE_KINDS
+from ascend_vlm.data.shapes_vqa import KINDS, NEW_SHAPE_KINDS
+from ascend_vlm.data.vqa import EncodedDataset, collate, pad_token_id_of
 from ascend_vlm.finetune.train import (
     FINAL_ADAPTER,
     METRICS_FILE,

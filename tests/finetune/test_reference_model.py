@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from ascend_vlm.data.shapes_vqa import QUESTION_TYPES, render_scene
 from ascend_vlm.finetune import reference_model
 from ascend_vlm.finetune.reference_model import (
     HELD_OUT_SKILL,
@@ -16,7 +17,6 @@ from ascend_vlm.finetune.reference_model import (
     read_stamp,
     reference_model_path,
 )
-from ascend_vlm.finetune.shapes_vqa import QUESTION_TYPES, render_scene
 
 TINY = Recipe(image_size=56, steps=2, batch_size=2, train_size=8, eval_size=2, warmup_steps=1)
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 from tiny_finetune import COMMON, SCRIPT, tiny_config
 
+from ascend_vlm.data.shapes_vqa import ShapesVQA
+from ascend_vlm.data.vqa import BadRecordError, EncodedDataset, collate, pad_token_id_of
 from ascend_vlm.default_model import default_model_path
-from ascend_vlm.finetune.data import BadRecordError, EncodedDataset, collate, pad_token_id_of
 from ascend_vlm.finetune.resume import ResumeError
-from ascend_vlm.finetune.shapes_vqa import ShapesVQA
 from ascend_vlm.finetune.train import (
     FINAL_ADAPTER,
     LANGUAGE_PROJECTIONS,
@@ -436,9 +436,9 @@ def test_resume_with_more_steps_continues_logs_it_and_writes_the_model_card(
         "LoRA (r=16, alpha=32, dropout=0.0) on the language model's q_proj, k_proj, v_proj, "
         "o_proj, gate_proj, up_proj, down_proj linears. Trained in full and saved with the "
         "adapter: lm_head.",
-        "- Train: ShapesVQA train split (ascend_vlm.finetune.shapes_vqa): 8 generated records, "
+        "- Train: ShapesVQA train split (ascend_vlm.data.shapes_vqa): 8 generated records, "
         "data seed 0, 56 px images,",
-        "- Eval: ShapesVQA eval split (ascend_vlm.finetune.shapes_vqa): 4 generated records,",
+        "- Eval: ShapesVQA eval split (ascend_vlm.data.shapes_vqa): 4 generated records,",
         "- 4 optimizer steps of AdamW, seed 0.\n"
         "- Learning rate: peak 0.005, linear warm-up over 1 step, then cosine decay.\n"
         "- Weight decay 0, gradient clipping at 1.\n"
@@ -464,12 +464,12 @@ def test_prefetched_micro_batches_train_exactly_as_batches_made_in_the_loop(tmp_
 
 
 def test_a_failing_sample_is_named_from_the_prefetch_thread(tmp_path, monkeypatch):
-    from ascend_vlm.finetune import data
+    from ascend_vlm.data import vqa
 
     def broken(processor, sample, with_answer=True):
         raise OSError("image file is truncated")
 
-    monkeypatch.setattr(data, "encode_sample", broken)
+    monkeypatch.setattr(vqa, "encode_sample", broken)
     with pytest.raises(OSError, match="truncated") as caught:
         train(tiny_config(tmp_path / "out", prefetch=2))
     assert any("while preparing batch 0 (epoch 0, samples [" in n for n in caught.value.__notes__)

@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 import ascend_vlm
+from ascend_vlm import trace_events
 from ascend_vlm.observability import Tracer, trace
-from ascend_vlm.observability import events as trace_events
 
 
 def _inputs(processor, images, question="What colour is the circle?"):

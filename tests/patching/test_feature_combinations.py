@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from instance_state import instance_state
 
 import ascend_vlm
-from ascend_vlm import pruning
+from ascend_vlm import pruning, trace_events
 from ascend_vlm.adapters.mixed_rows import AdapterRows, StackedAdapters
 from ascend_vlm.models import tiny
 from ascend_vlm.observability import Tracer
@@ -124,6 +124,10 @@ class _Applied:
         else:
             remove_feature(model, self.objects.pop(name))
 
+    def disable_all(self) -> None:
+        for name in list(self.on):
+            self.disable(name)
+
     def logits(self, inputs: dict) -> torch.Tensor:
         with torch.no_grad():
             return self.model(**inputs).logits
@@ -167,8 +171,9 @@ def test_any_history_equals_a_fresh_model_with_the_same_features(starting_models
         torch.testing.assert_close(applied.logits(inputs), fresh.logits(inputs), rtol=0, atol=0)
         ledger_names = {f.name for f in applied_features(applied.model)}
         assert ledger_names == {f.name for f in applied_features(fresh.model)}
-    for name in list(applied.on):
-        applied.disable(name)
+        fresh.disable_all()  # the tracer listens to process-wide events until disabled
+    applied.disable_all()
     assert not applied_features(applied.model)
     assert torch.equal(applied.logits(inputs), stock)
     assert instance_state(applied.model) == before
+    assert not trace_events._LISTENERS

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from ascend_vlm import runtime
 from ascend_vlm.models import tiny
 from ascend_vlm.reuse import host_tier
+from ascend_vlm.reuse.cache_entry import CachedFeatures
 from ascend_vlm.reuse.cached_features import enable_vision_cache
 from ascend_vlm.reuse.host_tier import HostTier, produced_event
-from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
+from ascend_vlm.reuse.vision_cache import VisionCache
 
 
 def _value(key: int, size: int) -> CachedFeatures:

@@ -14,12 +14,13 @@ from hypothesis import strategies as st
 
 import ascend_vlm
 from ascend_vlm.models import tiny
+from ascend_vlm.reuse.cache_entry import CachedFeatures
 from ascend_vlm.reuse.cached_features import (
     disable_vision_cache,
     enable_vision_cache,
     vision_cache_of,
 )
-from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
+from ascend_vlm.reuse.vision_cache import VisionCache
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_clip"]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
-from ascend_vlm.finetune.data import VQASample
+from ascend_vlm.data.vqa import VQASample
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),

@@ -153,9 +153,9 @@ def run_command(args: argparse.Namespace) -> int:
     # Every request is encoded at submission; the fast image part gives the same tensors.
     processor = with_fast_pixels(processor, workers=2)
     if args.patch:
-        import ascend_vlm
+        from ascend_vlm.patching import patch
 
-        ascend_vlm.patch(model)
+        patch(model)
     try:
         generator = BatchGenerator(
             model,

@@ -1,4 +1,4 @@
-"""Fine-tuning data: VQA samples, JSONL / LLaVA record loading, and processor collation.
+"""VQA data: samples, JSONL / LLaVA record loading, and processor collation.
 
 Record formats accepted by :func:`load_jsonl` (one JSON object per line; image paths are
 relative to the JSONL file's folder unless absolute):
@@ -25,13 +25,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from PIL import Image, UnidentifiedImageError
-
-if TYPE_CHECKING:
-    from ascend_vlm.vision_input.staging import StagingPool
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +42,15 @@ SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type
 PIXEL_KEY = "pixel_values"
 # What the sequence keys besides input_ids hold at tokens appended after a prompt (an answer).
 APPENDED_TOKEN_VALUES = {"attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
+
+
+class PixelStaging(Protocol):
+    """Where :func:`collate` may put a batch's pixels for an upload: page-locked slots such as
+    :class:`~ascend_vlm.vision_input.staging.StagingPool`."""
+
+    def tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A tensor of ``shape`` and ``dtype`` in a slot, taken while the tensor lives."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -257,7 +263,7 @@ def collate(
     encoded: Sequence[dict[str, torch.Tensor]],
     pad_token_id: int,
     padding_side: str = "right",
-    staging: StagingPool | None = None,
+    staging: PixelStaging | None = None,
 ) -> dict[str, torch.Tensor]:
     """Batch :func:`encode_sample` outputs: token keys and ``labels`` padded to the longest
     (``input_ids`` with ``pad_token_id``, ``labels`` with ``IGNORE_INDEX``, masks with 0) on

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from ascend_vlm.finetune.data import (
+from ascend_vlm.data.shapes_vqa import render_scene
+from ascend_vlm.data.vqa import (
     IGNORE_INDEX,
     BadRecordError,
     JsonlVQA,
@@ -18,7 +19,6 @@ from ascend_vlm.finetune.data import (
     normalise_answer,
     pad_token_id_of,
 )
-from ascend_vlm.finetune.shapes_vqa import render_scene
 
 
 @pytest.fixture
@@ -170,8 +170,8 @@ def test_collate_into_a_staging_slot_equals_plain_collate():
 
 
 def test_processor_for_another_thread_owns_its_tokenizer():
+    from ascend_vlm.data.vqa import processor_for_another_thread
     from ascend_vlm.default_model import default_model_path, load_processor
-    from ascend_vlm.finetune.data import processor_for_another_thread
 
     processor = load_processor(default_model_path())
     copy = processor_for_another_thread(processor)

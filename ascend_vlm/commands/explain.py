@@ -71,9 +71,9 @@ def run_command(args: argparse.Namespace) -> int:
         parser.error(str(error))
     model, processor = load_checkpoint(model_path, "--model")
     if args.patch:
-        import ascend_vlm
+        from ascend_vlm.patching import patch
 
-        ascend_vlm.patch(model)
+        patch(model)
     try:
         explanation = explain(
             model,

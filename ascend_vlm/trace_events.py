@@ -5,6 +5,10 @@ model it happened in (a tracer keeps only its own model's events). With no liste
 :class:`~ascend_vlm.observability.Tracer` enabled) that is one truth test and a return; a
 feature whose fields cost something to build asks :func:`listening` first. Field values must
 be JSON-serialisable: they become the ``args`` of Chrome-trace instant events.
+
+The module belongs to the core so that every feature reports here without importing another
+feature: the reporters (pruning, reuse, batching) and the listener (observability) meet below
+them all.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ascend_vlm.finetune.shapes_vqa import (
+from ascend_vlm.data.shapes_vqa import (
     BACKGROUND,
     COLOURS,
     KINDS,
