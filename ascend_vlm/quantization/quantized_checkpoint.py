@@ -1,12 +1,16 @@
 """`load_quantized(path)`: a weight-only quantized checkpoint folder as a model of
-`QuantLinear`s: this library's own (written by ``save_pretrained`` after
-:func:`~ascend_vlm.quantization.quantize.quantize`), AutoAWQ GEMM and GPTQ checkpoints.
+`QuantLinear`s, checked strictly: AutoAWQ GEMM and GPTQ checkpoints (which ``from_pretrained``
+hands to transformers' own AWQ / GPTQ quantizers and their kernels packages), and this
+library's own (written by ``save_pretrained`` after
+:func:`~ascend_vlm.quantization.quantize.quantize`; ``from_pretrained`` loads those too, without
+these checks).
 
 Loading: transformers' ``from_pretrained`` reads the folder without its
 ``quantization_config`` (so no transformers quantizer is looked for), which loads every float
 tensor (norms, embeddings, biases, unquantized layers) with transformers' own key renaming, tied
 weights and dtype handling; the quantized layers' float weights it reports missing are then
-replaced by `QuantLinear`s holding the checkpoint's quantized tensors, decoded into the
+replaced, through the edit ledger (:mod:`~ascend_vlm.quantization.feature`, float layers not
+kept), by `QuantLinear`s holding the checkpoint's quantized tensors, decoded into the
 library's layout (:mod:`~ascend_vlm.quantization.foreign_formats` for AWQ and GPTQ). The
 float weights of the quantized layers therefore exist, briefly, at load time.
 
@@ -31,8 +35,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascend_vlm.quantization.config import QUANT_METHOD, QuantizationConfig
+from ascend_vlm.quantization.feature import install_quantization
 from ascend_vlm.quantization.quant_linear import QuantLinear
-from ascend_vlm.quantization.quantize import QUANT_METHOD, replace_module
 from ascend_vlm.quantization.quantized_weight import QuantizedWeight, group_count, storage_of
 
 # Checkpoint-name prefixes of the layouts before transformers 5, and where those modules live
@@ -280,6 +285,7 @@ def load_quantized(
 
     wanted = {key for prefix in modules.values() for key in layers[prefix].values()}
     tensors = _read_tensors(folder, wanted)
+    built = {}
     for name, prefix in modules.items():
         linear = model.get_submodule(name)
         parts = {part: tensors[key] for part, key in layers[prefix].items()}
@@ -288,8 +294,12 @@ def load_quantized(
         bias = linear.bias.detach() if linear.bias is not None else None
         if bias is None and stored_bias is not None and stored_bias.any():
             bias = stored_bias.to(weight.scale)
-        replace_module(model, name, QuantLinear.from_quantized(weight, bias))
-    model.config.quantization_config = method_config
+        built[name] = QuantLinear.from_quantized(weight, bias)
+    if method_config.get("quant_method") == QUANT_METHOD:
+        recorded = QuantizationConfig.from_dict(method_config)
+    else:
+        recorded = method_config
+    install_quantization(model, recorded, built, keep_float_weights=False)
     return model
 
 
