@@ -50,6 +50,7 @@ from ascend_vlm._errors import PatchError
 from ascend_vlm.quantization.config import QUANT_METHOD, QuantizationConfig
 from ascend_vlm.quantization.feature import install_quantization
 from ascend_vlm.quantization.quantize import quantization_targets, quantize_linear
+from ascend_vlm.quantization.quantized_checkpoint import check_checkpoint
 from ascend_vlm.quantization.quantized_weight import QuantizedWeight
 
 _HOOKS = (
@@ -158,9 +159,13 @@ class AscendVLMQuantizer(HfQuantizer):
             )
         _require_probes(("quantizer-hooks", "quantize-op-call"), "quantizing while loading")
 
-    def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> None:
+    def _process_model_before_weight_loading(
+        self, model: nn.Module, checkpoint_files: list[str] | None = None, **kwargs: Any
+    ) -> None:
         config = self.quantization_config
         if self.pre_quantized:
+            if checkpoint_files:
+                check_checkpoint(model, checkpoint_files, config.to_dict())
             install_quantization(model, config, dict.fromkeys(config.modules), False)
             return
         targets = quantization_targets(model, config)

@@ -84,6 +84,20 @@ def test_a_missing_quantized_tensor_is_named(tmp_path):
         load_quantized(folder)
 
 
+def test_from_pretrained_checks_the_quantized_tensors_before_loading(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    _, _, folder = _saved(tmp_path, 4, 32)
+
+    def shrink_scale(tensors):
+        key = _first_key(tensors, ".scale")
+        tensors[key] = tensors[key][:-1].contiguous()
+
+    _rewrite(folder, shrink_scale)
+    with pytest.raises(ValueError, match=r"_proj\.offset: expected the scale's shape \(1, \d+\)"):
+        AutoModelForImageTextToText.from_pretrained(folder)
+
+
 def test_a_missing_offset_of_an_asymmetric_checkpoint_is_named(tmp_path):
     _, _, folder = _saved(tmp_path, 4, 32)
     removed = []
