@@ -59,6 +59,10 @@ class QuantizationFeature:
             edits.swap_submodule(parent, child, layer, keep_previous=self.keep_float_weights)
         edits.set_attribute(self.root.config, "quantization_config", self.config)
 
+    def installed(self) -> list[tuple[str, QuantLinear]]:
+        """``(name, QuantLinear)`` of the layers ``install`` built, in model order."""
+        return list(self._layers.items())
+
     def _build(
         self, weight: QuantizedWeight | QuantLinear | None, linear: nn.Module
     ) -> QuantLinear:
@@ -96,7 +100,8 @@ def unquantize(model: nn.Module) -> nn.Module:
     layers back in place of the `QuantLinear`s, bit for bit, and ``config.quantization_config``
     as it was; returns ``model``.
 
-    Raises ValueError when ``model`` is not quantized, and PatchError when its float weights
+    Raises ValueError when ``model`` is not quantized or a `QuantLinear` was replaced since
+    (e.g. wrapped by PEFT adapters), and PatchError when its float weights
     were not kept (``keep_float_weights=False``, or a quantized checkpoint that never had them):
     reload the model, or quantize with ``QuantizationConfig(keep_float_weights=True)``.
     """
@@ -112,5 +117,13 @@ def unquantize(model: nn.Module) -> nn.Module:
             "restored; reload the model, or quantize with "
             "QuantizationConfig(keep_float_weights=True)"
         )
+    for feature in features:
+        for name, layer in feature.installed():
+            if feature.root.get_submodule(name) is not layer:
+                found = type(feature.root.get_submodule(name)).__name__
+                raise ValueError(
+                    f"model: {name} is a {found}, no longer the QuantLinear quantization "
+                    "installed (PEFT adapters on top?); remove what wraps it first"
+                )
     remove_feature(model, FEATURE_NAME)
     return model

@@ -164,3 +164,14 @@ def test_a_tied_output_head_is_refused_while_loading(tmp_path):
     config = QuantizationConfig(include=("language", "lm_head"))
     with pytest.raises(ValueError, match=r"^include: the output head shares its weight"):
         AutoModelForImageTextToText.from_pretrained(tmp_path / "tied", quantization_config=config)
+
+
+def test_unquantize_refuses_layers_wrapped_since():
+    from peft import LoraConfig, get_peft_model
+
+    model = _model()
+    quantize(model, QuantizationConfig(keep_float_weights=True), progress=False)
+    adapted = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    with pytest.raises(ValueError, match=r"q_proj is a Linear, no longer the QuantLinear"):
+        unquantize(adapted)
+    assert _quantized_names(adapted)
