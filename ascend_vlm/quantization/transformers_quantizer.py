@@ -16,7 +16,8 @@
   method and load those layers as float layers of random weights.
 
 Both rely on transformers internals that no public contract covers; each is checked by a named
-probe (:data:`PROBES`) when a model loads, and a failing probe is a PatchError naming it.
+probe (:data:`PROBES`, run once per process) when a model loads, and a failing probe is a
+PatchError naming it.
 
 ========================= ===============================================================
 probe                     detail
@@ -32,6 +33,7 @@ quantize-op-call          the loader runs a param's ``quantization_operation`` (
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -91,9 +93,15 @@ def _quantize_op_call() -> str | None:
 PROBES = (Probe("quantizer-hooks", _quantizer_hooks), Probe("quantize-op-call", _quantize_op_call))
 
 
+@functools.cache
+def _problem(probe: Probe) -> str | None:
+    """``probe.check()``, once per process (the installed transformers does not change)."""
+    return probe.check()
+
+
 def _require_probes(names: tuple[str, ...], action: str) -> None:
     for probe in PROBES:
-        if probe.name in names and (why := probe.check()) is not None:
+        if probe.name in names and (why := _problem(probe)) is not None:
             raise PatchError(
                 f"quantization_config: {action} relies on a transformers internal that "
                 f"transformers {transformers.__version__} changed: probe {probe.name!r}: {why}"

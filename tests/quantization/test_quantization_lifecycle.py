@@ -120,6 +120,19 @@ def test_quantizing_while_loading_equals_quantize_bit_for_bit(float_checkpoint, 
             unquantize(loaded)
 
 
+def test_quantizing_while_loading_in_bf16_equals_quantize_in_bf16(float_checkpoint):
+    _, folder = float_checkpoint
+    config = QuantizationConfig(bits=4, group_size=32)
+    eager = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.bfloat16)
+    quantize(eager, config, progress=False)
+    loaded = AutoModelForImageTextToText.from_pretrained(
+        folder, dtype=torch.bfloat16, quantization_config=config
+    )
+    first, second = eager.state_dict(), loaded.state_dict()
+    assert set(first) == set(second) and all(torch.equal(first[k], second[k]) for k in first)
+    assert loaded.get_submodule(_quantized_names(loaded)[0]).scale.dtype == torch.bfloat16
+
+
 def test_a_checkpoint_quantized_while_loading_saves_and_reloads(float_checkpoint, tmp_path):
     _, folder = float_checkpoint
     config = QuantizationConfig(bits=4, group_size=32)
