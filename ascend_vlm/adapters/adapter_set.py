@@ -299,7 +299,7 @@ class AdapterSet:
             self._apply(BASE_ADAPTER)  # the layers compute the base; the stacks add each row's
             try:
                 rows = [None if name == BASE_ADAPTER else name for name in names]
-                with rows_through_stacks(stacks, rows):
+                with rows_through_stacks(self._peft, stacks, rows):
                     return getattr(self._peft, method)(**inputs)
             finally:
                 self._apply(self._active)

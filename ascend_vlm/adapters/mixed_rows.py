@@ -30,6 +30,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ascend_vlm.patching.ledger import Edits, apply_feature, remove_feature
+
 
 class StackedAdapters:
     """The LoRA weights of adapters ``names`` stacked per layer of ``layers`` (PEFT
@@ -91,44 +93,50 @@ def plain_lora_layers(layers: Sequence[nn.Module], names: Sequence[str]) -> bool
     return True
 
 
-@contextmanager
-def rows_through_stacks(
-    stacks: StackedAdapters, row_adapters: Sequence[str | None]
-) -> Iterator[None]:
-    """While inside, every layer of ``stacks`` adds row i's adapter ``row_adapters[i]`` (None:
-    the base, nothing added) to its output. The caller makes the layers compute the base alone
-    meanwhile (no active adapter), so nothing is added twice."""
-    batch = len(row_adapters)
-    adapter_rows = [row for row, name in enumerate(row_adapters) if name is not None]
-    adapter_index = [stacks.index[row_adapters[row]] for row in adapter_rows]
-    if not adapter_rows:  # every row is the base: nothing to add
-        yield
-        return
-    gathered: dict[tuple[nn.Module, int], tuple] = {}
+class _AdapterRows:
+    """Ledger feature ``"adapter_rows"``: every layer of ``stacks`` adds row i's adapter
+    ``row_adapters[i]`` (None: the base, nothing added) to its output."""
 
-    def add_rows(layer: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    name = "adapter_rows"
+
+    def __init__(self, stacks: StackedAdapters, row_adapters: Sequence[str | None]) -> None:
+        self.stacks = stacks
+        self.batch = len(row_adapters)
+        self.adapter_rows = [row for row, name in enumerate(row_adapters) if name is not None]
+        self.adapter_index = [stacks.index[row_adapters[row]] for row in self.adapter_rows]
+        # Per (layer, rows repeat): the rows and weights gathered for them, once per call.
+        self.gathered: dict[tuple[nn.Module, int], tuple] = {}
+
+    def install(self, edits: Edits) -> None:
+        for layer in self.stacks.weights:
+            edits.add_hook(layer.register_forward_hook(self._add_rows))
+
+    def _gather(self, layer: nn.Module, repeat: int, device: torch.device) -> tuple:
+        stacked_a, stacked_b, scale = self.stacks.weights[layer]
+        index = torch.tensor(self.adapter_index, dtype=torch.long, device=device)
+        index = index.repeat_interleave(repeat)
+        rows = torch.tensor(self.adapter_rows, dtype=torch.long, device=device)
+        rows = (rows[:, None] * repeat + torch.arange(repeat, device=device)).flatten()
+        every_row = len(self.adapter_rows) == self.batch
+        return (
+            None if every_row else rows,
+            stacked_a[index].transpose(1, 2),
+            stacked_b[index].transpose(1, 2),
+            scale[index][:, None, None],
+        )
+
+    def _add_rows(self, layer: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         x = args[0]
-        if x.dim() != 3 or x.shape[0] % batch:
+        if x.dim() != 3 or x.shape[0] % self.batch:
             raise RuntimeError(
-                f"adapter_names: expected the layer input as [rows x {batch}, tokens, features], "
-                f"got shape {tuple(x.shape)}"
+                f"adapter_names: expected the layer input as [rows x {self.batch}, tokens, "
+                f"features], got shape {tuple(x.shape)}"
             )
-        repeat = x.shape[0] // batch
+        repeat = x.shape[0] // self.batch
         key = (layer, repeat)
-        if key not in gathered:
-            stacked_a, stacked_b, scale = stacks.weights[layer]
-            index = torch.tensor(adapter_index, dtype=torch.long, device=x.device)
-            index = index.repeat_interleave(repeat)
-            rows = torch.tensor(adapter_rows, dtype=torch.long, device=x.device)
-            rows = (rows[:, None] * repeat + torch.arange(repeat, device=x.device)).flatten()
-            every_row = len(adapter_rows) == batch
-            gathered[key] = (
-                None if every_row else rows,
-                stacked_a[index].transpose(1, 2),
-                stacked_b[index].transpose(1, 2),
-                scale[index][:, None, None],
-            )
-        rows, a_t, b_t, scale_rows = gathered[key]
+        if key not in self.gathered:
+            self.gathered[key] = self._gather(layer, repeat, x.device)
+        rows, a_t, b_t, scale_rows = self.gathered[key]
         selected = x if rows is None else x.index_select(0, rows)
         delta = torch.bmm(torch.bmm(selected.to(a_t.dtype), a_t), b_t) * scale_rows
         delta = delta.to(output.dtype)
@@ -136,9 +144,21 @@ def rows_through_stacks(
             return output + delta
         return output.index_add(0, rows, delta)
 
-    handles = [layer.register_forward_hook(add_rows) for layer in stacks.weights]
+
+@contextmanager
+def rows_through_stacks(
+    model: nn.Module, stacks: StackedAdapters, row_adapters: Sequence[str | None]
+) -> Iterator[None]:
+    """While inside, every layer of ``stacks`` (inside ``model``) adds row i's adapter
+    ``row_adapters[i]`` (None: the base, nothing added) to its output, as the ledger feature
+    ``"adapter_rows"``. The caller makes the layers compute the base alone meanwhile (no active
+    adapter), so nothing is added twice."""
+    if not any(name is not None for name in row_adapters):  # every row is the base
+        yield
+        return
+    rows = _AdapterRows(stacks, row_adapters)
+    apply_feature(model, rows)
     try:
         yield
     finally:
-        for handle in handles:
-            handle.remove()
+        remove_feature(model, rows)

@@ -1,7 +1,7 @@
 """Where an answer's tokens looked: attention rows of chosen decoder layers, on demand.
 
 One teacher-forced forward over prompt + answer taps the chosen layers' attention
-(:mod:`ascend_vlm.attention_tap`) and keeps, per layer, only the rows of the positions that
+(:class:`~ascend_vlm.patching.attention_tap.AttentionTap`, through the edit ledger) and keeps, per layer, only the rows of the positions that
 produced the answer tokens: answer token ``i`` comes from the logits at position
 ``prompt_length - 1 + i``, so that position's attention is what the model looked at when it
 chose the token. Rows are ``softmax(q k^T * scale + mask)`` averaged over heads
@@ -20,7 +20,8 @@ from torch import nn
 
 from ascend_vlm import ops
 from ascend_vlm._base_model import base_model
-from ascend_vlm.attention_tap import tap_attention, untap_attention
+from ascend_vlm.patching.attention_tap import AttentionTap
+from ascend_vlm.patching.ledger import apply_feature, remove_feature
 from ascend_vlm.pruning import pruning_enabled
 from ascend_vlm.pruning.families import pruning_target
 
@@ -120,15 +121,14 @@ def answer_attention(
     attentions = [target.layers[layer].self_attn for layer in chosen]
     layer_of = {id(attention): layer for attention, layer in zip(attentions, chosen, strict=True)}
     handle = target.layers[-1].register_forward_hook(keep_hidden)
+    tap = AttentionTap(attentions, take)
+    apply_feature(model, tap)
     try:
-        for attention in attentions:
-            tap_attention(attention, take)
         with torch.no_grad():
             model(**inputs, use_cache=False)
     finally:
         handle.remove()
-        for attention in attentions:
-            untap_attention(attention)
+        remove_feature(model, tap)
     ids = torch.tensor(target.visual_token_ids, device=device)
     return AnswerAttention(
         layers=chosen,

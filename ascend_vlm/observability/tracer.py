@@ -27,9 +27,7 @@ from ascend_vlm.models.parts import LANGUAGE_MODEL_ATTRIBUTES, PROJECTOR_MARKERS
 from ascend_vlm.observability import events
 from ascend_vlm.observability.clocks import check_clock, make_clock
 from ascend_vlm.observability.timeline import StageSpan, Trace, TracedRequest, TraceMark
-
-# Models being traced (by id) -> their tracer: one tracer per model at a time.
-_TRACING: dict[int, Tracer] = {}
+from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, remove_feature
 
 
 def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
@@ -74,7 +72,7 @@ class _OpenStage:
 
 
 class Tracer:
-    """Times the stages of every request ``model`` serves while enabled.
+    """A ledger feature (``"tracer"``, one per model) that times the stages of every request ``model`` serves while enabled.
 
     ``model`` is a transformers VLM for generation (``...ForConditionalGeneration``; a PEFT
     or ``torch.compile`` wrapper is looked through) whose ``.model`` holds a language model (``language_model`` or
@@ -86,6 +84,8 @@ class Tracer:
     stand aside (a clock read would break the graph): a compiled model's own forward calls are
     not recorded; its ``generate`` (which transformers runs on the wrapped module) is.
     """
+
+    name = "tracer"
 
     def __init__(self, model: nn.Module, *, clock: str = "auto") -> None:
         base = base_model(model)
@@ -107,8 +107,6 @@ class Tracer:
             self._projector = _child(self._vision, PROJECTOR_MARKERS)
         self._clock_name = clock
         check_clock(clock)
-        self._handles: list[Any] = []
-        self._saved_generate: Any = None
         self.trace = Trace()
         self._reset()
 
@@ -129,21 +127,26 @@ class Tracer:
 
     @property
     def enabled(self) -> bool:
-        return bool(self._handles)
+        return any(f is self for f in applied_features(self._base, self.name))
 
     # ------------------------------------------------------------------ enable / disable
 
     def enable(self) -> None:
-        """Install the hooks and start a new :attr:`trace`. RuntimeError when this model is
-        already traced (by this tracer or another)."""
-        if id(self._base) in _TRACING:
+        """Start a new :attr:`trace` and apply the tracer to the model (a ledger feature).
+        RuntimeError when this model is already traced (by this tracer or another)."""
+        if applied_features(self._base, self.name):
             raise RuntimeError(
                 "model: already traced; disable its tracer (or leave its `trace` block) first"
             )
         self._reset()
         self.trace = Trace()
         self._clock = make_clock(self._clock_name, self._device())
-        hook = self._handles.append
+        apply_feature(self._base, self)
+
+    def install(self, edits: Edits) -> None:
+        """Ledger feature ``"tracer"``: hooks around the model, its language model, vision tower
+        and projector, a ``generate`` wrapper, and this tracer listening to events."""
+        hook = edits.add_hook
         base, language = self._base, self._language
         hook(base.register_forward_pre_hook(self._top_begin))
         hook(base.register_forward_hook(self._top_end, always_call=True))
@@ -154,26 +157,17 @@ class Tracer:
         if self._projector is not None:
             hook(self._projector.register_forward_pre_hook(self._projector_begin))
             hook(self._projector.register_forward_hook(self._projector_end, always_call=True))
-        self._saved_generate = base.__dict__.get("generate")
         if hasattr(base, "generate"):
-            base.__dict__["generate"] = self._traced_generate(base.generate)
+            edits.set_attribute(base, "generate", self._traced_generate(base.generate))
         events.add_listener(self._on_event)
-        _TRACING[id(base)] = self
+        edits.on_undo(functools.partial(events.remove_listener, self._on_event))
 
     def disable(self) -> Trace:
-        """Remove every hook and the ``generate`` wrapper, read the clock once and return the
-        completed :attr:`trace` (no-op returning it when not enabled)."""
+        """Remove the tracer from the model, read the clock once and return the completed
+        :attr:`trace` (no-op returning it when not enabled)."""
         if not self.enabled:
             return self.trace
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        if self._saved_generate is None:
-            self._base.__dict__.pop("generate", None)
-        else:
-            self._base.__dict__["generate"] = self._saved_generate
-        events.remove_listener(self._on_event)
-        _TRACING.pop(id(self._base), None)
+        remove_feature(self._base, self)
         for name in list(self._open):
             self._end_stage(name)
         if self._request is not None:

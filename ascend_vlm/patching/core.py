@@ -1,6 +1,10 @@
-"""`patch`, `unpatch`, `is_patched`: find the family spec, apply it part by part, record it."""
+"""`patch`, `unpatch`, `is_patched`: find the family spec, apply it part by part through the
+edit ledger (feature ``"patch"``)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import nn
 
@@ -16,11 +20,10 @@ from ascend_vlm.models import (
 )
 from ascend_vlm.patching.adapters import ADAPTERS, Part
 from ascend_vlm.patching.attention import register_attention
+from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, remove_feature
 from ascend_vlm.patching.report import PatchReport
 from ascend_vlm.patching.routing import attention_configs_to_route, route_attention
 from ascend_vlm.patching.state import PatchState
-
-_STATE_KEY = "_ascend_vlm_patch_state"
 
 
 def _find_vision_tower(base: nn.Module, paths: tuple[str, ...]) -> nn.Module | None:
@@ -91,6 +94,44 @@ def _has_vision_config(config) -> bool:
     return any("vision" in name for name in getattr(type(config), "sub_configs", {}))
 
 
+@dataclass
+class PatchFeature:
+    """The ledger feature ``"patch"``: one model's family spec applied with `patch`'s options.
+    Each install writes a fresh report (what was swapped and left alone)."""
+
+    name: ClassVar[str] = "patch"
+    base: nn.Module
+    options: dict[str, bool]
+    model_type: str
+    spec: ModelSpec
+    unsupported: str | None
+    report: PatchReport | None = None
+
+    def install(self, edits: Edits) -> None:
+        state = PatchState(self.options, PatchReport(model_type=self.model_type), edits)
+        if self.unsupported is not None:
+            why = f"{self.unsupported} (strict=False)"
+            if _has_vision_config(self.base.config):
+                state.report.left_alone[("attention-vision", "vision tower", why)] = 1
+            if not self.spec.text.attention:
+                state.report.left_alone[("attention-text", self.model_type, why)] = 1
+        register_attention()
+        tower = _find_vision_tower(self.base, self.spec.vision_towers)
+        routed = []
+        for name, modules in _modules_by_part(self.base, tower).items():
+            part, part_spec = Part(name, modules, self.options), getattr(self.spec, name)
+            routed += attention_configs_to_route(state, part, part_spec)
+            _apply_adapters(state, part, part_spec)
+        route_attention(state, self.base, routed)
+        self.report = state.report
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickling a patched model (possibly in a fresh process): its configs name our
+        # attention function, so transformers must know it before the first forward.
+        register_attention()
+        self.__dict__.update(state)
+
+
 def patch(
     model: nn.Module,
     *,
@@ -113,45 +154,27 @@ def patch(
     options = {"attention": attention, "vision": vision, "norm": norm, "rope": rope, "mlp": mlp}
     base = _base_model(model, **options, strict=strict)
     check_transformers_version()
-    existing: PatchState | None = base.__dict__.get(_STATE_KEY)
-    if existing is not None:
-        if existing.options != options:
+    existing = applied_features(base, PatchFeature.name)
+    if existing:
+        if existing[0].options != options:
             raise PatchError(
-                f"model is already patched with {existing.options}; call ascend_vlm.unpatch(model) "
-                f"before patching with {options}"
+                f"model is already patched with {existing[0].options}; call "
+                f"ascend_vlm.unpatch(model) before patching with {options}"
             )
-        return existing.report
+        return existing[0].report
     model_type, spec, unsupported = _resolve_spec(base, strict)
-    state = PatchState(options=options, report=PatchReport(model_type=model_type))
-    if unsupported is not None:
-        report = state.report
-        if _has_vision_config(base.config):
-            why = f"{unsupported} (strict=False)"
-            report.left_alone[("attention-vision", "vision tower", why)] = 1
-        if not spec.text.attention:
-            report.left_alone[("attention-text", model_type, f"{unsupported} (strict=False)")] = 1
-    register_attention()
-    tower = _find_vision_tower(base, spec.vision_towers)
-    routed = []
-    for name, modules in _modules_by_part(base, tower).items():
-        part, part_spec = Part(name, modules, options), getattr(spec, name)
-        routed += attention_configs_to_route(state, part, part_spec)
-        _apply_adapters(state, part, part_spec)
-    route_attention(state, base, routed)
-    base.__dict__[_STATE_KEY] = state
-    return state.report
+    feature = PatchFeature(base, options, model_type, spec, unsupported)
+    apply_feature(base, feature)
+    return feature.report
 
 
 def unpatch(model: nn.Module) -> None:
     """Undo `patch` exactly: rebound methods and attention implementations are restored, so the
     model's outputs are bit-identical to before. A model that is not patched is left as is.
     TypeError unless `model` is an ``nn.Module``."""
-    base = _base_model(model)
-    state: PatchState | None = base.__dict__.pop(_STATE_KEY, None)
-    if state is not None:
-        state.revert()
+    remove_feature(_base_model(model), PatchFeature.name)
 
 
 def is_patched(model: nn.Module) -> bool:
     """Whether `model` (or the model under its PEFT wrapper) is patched."""
-    return _STATE_KEY in _base_model(model).__dict__
+    return bool(applied_features(_base_model(model), PatchFeature.name))

@@ -20,6 +20,7 @@ from torch import nn
 
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import check_transformers_version
+from ascend_vlm.patching.ledger import applied_features, apply_feature, remove_feature
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig
 from ascend_vlm.pruning.families import SUPPORTED_MODEL_TYPES, pruning_target
 from ascend_vlm.pruning.pruner import TokenPruner
@@ -36,7 +37,10 @@ __all__ = [
     "pruning_stats",
 ]
 
-_PRUNER_KEY = "_ascend_vlm_token_pruner"
+
+def _pruner(model: nn.Module) -> TokenPruner | None:
+    pruners = applied_features(model, TokenPruner.name)
+    return pruners[0] if pruners else None
 
 
 def enable_token_pruning(
@@ -63,7 +67,7 @@ def enable_token_pruning(
         raise TypeError(f"kv: expected a SnapKVConfig or None, got {type(kv).__name__}")
     if prune is None and kv is None:
         raise ValueError("prune, kv: expected a PruneConfig, a SnapKVConfig or both, got neither")
-    existing: TokenPruner | None = base.__dict__.get(_PRUNER_KEY)
+    existing = _pruner(base)
     if existing is not None:
         if (existing.prune, existing.kv) == (prune, kv):
             return
@@ -88,26 +92,22 @@ def enable_token_pruning(
             )
     if kv is not None and depth < 2:
         raise ValueError(f"kv: SnapKV leaves layer 0 whole and needs >= 2 layers, got {depth}")
-    pruner = TokenPruner(target, prune, kv)
-    pruner.install(base)
-    base.__dict__[_PRUNER_KEY] = pruner
+    apply_feature(base, TokenPruner(base, target, prune, kv))
 
 
 def disable_token_pruning(model: nn.Module) -> None:
     """Remove token pruning from ``model`` (a no-op when it is not enabled). A cache filled while
     pruning was on holds the pruned layout: continue it only with pruning enabled as it was."""
-    pruner: TokenPruner | None = base_model(model).__dict__.pop(_PRUNER_KEY, None)
-    if pruner is not None:
-        pruner.remove()
+    remove_feature(base_model(model), TokenPruner.name)
 
 
 def pruning_enabled(model: nn.Module) -> bool:
     """Whether token pruning is enabled on ``model``."""
-    return _PRUNER_KEY in base_model(model).__dict__
+    return _pruner(base_model(model)) is not None
 
 
 def pruning_stats(model: nn.Module) -> PruningStats | None:
     """The :class:`PruningStats` of ``model``'s last pruned prefill (None before the first one,
     or when pruning is not enabled)."""
-    pruner: TokenPruner | None = base_model(model).__dict__.get(_PRUNER_KEY)
+    pruner = _pruner(base_model(model))
     return None if pruner is None else pruner.last_stats

@@ -11,7 +11,7 @@ tokens carry their original rotary angles, and generated tokens continue from th
 length, exactly as without pruning.
 
 Scores that need attention (FastV, SnapKV) come from the attention call itself: for the prefill
-only, the scored layer's attention module is tapped (:mod:`ascend_vlm.attention_tap`) and the
+only, the scored layer's attention module is tapped (:mod:`ascend_vlm.patching.attention_tap`) and the
 tap computes the few probability rows it needs with ``ops.attention_probabilities``.
 """
 
@@ -32,8 +32,9 @@ from ascend_vlm._compat import (
     cache_layer_kind,
     replace_cached_states,
 )
-from ascend_vlm.attention_tap import tap_attention, untap_attention
 from ascend_vlm.observability import events
+from ascend_vlm.patching.attention_tap import tap_for_call, untap_after_call
+from ascend_vlm.patching.ledger import Edits
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig, kept_count
 from ascend_vlm.pruning.families import PruningTarget
 from ascend_vlm.pruning.layer_view import (
@@ -159,10 +160,19 @@ class _Forward:
 
 
 class TokenPruner:
-    """The pruning state of one model: its configs, its hooks, and the statistics of its last
-    pruned prefill."""
+    """The pruning state of one model (a ledger feature): its configs, its hooks, and the
+    statistics of its last pruned prefill."""
 
-    def __init__(self, target: PruningTarget, prune: PruneConfig | None, kv: SnapKVConfig | None):
+    name = "token_pruning"
+
+    def __init__(
+        self,
+        base: nn.Module,
+        target: PruningTarget,
+        prune: PruneConfig | None,
+        kv: SnapKVConfig | None,
+    ):
+        self.base = base
         self.target = target
         self.prune = prune
         self.kv = kv
@@ -170,33 +180,27 @@ class TokenPruner:
         self.token_layer = prune.layer if prune is not None else depth
         self.compressed_layers = range(1, depth) if kv is not None else range(0)
         self.last_stats: PruningStats | None = None
-        self.handles: list = []
         self._ids = torch.tensor(target.visual_token_ids)
 
     # ------------------------------------------------------------------ installation
 
-    def install(self, base: nn.Module) -> None:
+    def install(self, edits: Edits) -> None:
+        """Ledger feature ``"token_pruning"``: hook the model's forward, its multimodal
+        model's and each decoder layer's; on removal, also untap any scored layer an
+        interrupted prefill left tapped."""
         multimodal = self.target.multimodal
-        self.handles.append(base.register_forward_pre_hook(self._refuse_labels, with_kwargs=True))
-        self.handles.append(multimodal.register_forward_pre_hook(self._begin, with_kwargs=True))
-        self.handles.append(
-            multimodal.register_forward_hook(self._end, with_kwargs=True, always_call=True)
-        )
+        hook = edits.add_hook
+        hook(self.base.register_forward_pre_hook(self._refuse_labels, with_kwargs=True))
+        hook(multimodal.register_forward_pre_hook(self._begin, with_kwargs=True))
+        hook(multimodal.register_forward_hook(self._end, with_kwargs=True, always_call=True))
         for index, layer in enumerate(self.target.layers):
-            self.handles.append(
-                layer.register_forward_pre_hook(self._layer_hook(index), with_kwargs=True)
-            )
-            self.handles.append(
-                layer.register_forward_hook(self._layer_done(index), always_call=True)
-            )
+            hook(layer.register_forward_pre_hook(self._layer_hook(index), with_kwargs=True))
+            hook(layer.register_forward_hook(self._layer_done(index), always_call=True))
+        edits.on_undo(self._end_interrupted_prefill)
 
-    def remove(self) -> None:
-        """Remove the hooks and any scored config an interrupted prefill left behind."""
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
+    def _end_interrupted_prefill(self) -> None:
         for layer in self.target.layers:
-            untap_attention(layer.self_attn)
+            untap_after_call(layer.self_attn)
         active = _ACTIVE.get()
         if active is not None and active.pruner is self:
             _ACTIVE.set(active.previous)
@@ -221,7 +225,7 @@ class TokenPruner:
         if previous is not None and previous.pruner is self:
             # a forward of this model cannot run inside itself: that one was interrupted
             for attention in previous.swapped.values():
-                untap_attention(attention)
+                untap_after_call(attention)
             previous = previous.previous
         cache = cache_argument(kwargs)
         forward = _Forward(self, cache, previous)
@@ -370,7 +374,7 @@ class TokenPruner:
                 return
             attention = forward.swapped.pop(index, None)
             if attention is not None:
-                untap_attention(attention)
+                untap_after_call(attention)
             prefill = forward.prefill
             if prefill is not None and index in prefill.windows and output is not None:
                 self._compress(forward, index)
@@ -378,7 +382,7 @@ class TokenPruner:
         return hook
 
     def _score_layer(self, forward: _Forward, index: int, layer: nn.Module) -> None:
-        tap_attention(layer.self_attn, _take_scores)
+        tap_for_call(layer.self_attn, _take_scores)
         forward.swapped[index] = layer.self_attn
 
     def _cut(self, forward: _Forward, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

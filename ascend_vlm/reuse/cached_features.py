@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import itertools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,9 +38,9 @@ from torch import nn
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat import tensor_version
 from ascend_vlm.observability import events
+from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, remove_feature
 from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
 
-_CACHE_STATE_KEY = "_ascend_vlm_vision_cache"
 # Arguments that shape the output object, not the features.
 _OUTPUT_FLAGS = frozenset({"return_dict", "output_attentions", "output_hidden_states"})
 # LLaVA's feature-choosing arguments, taken from the config when a call passes None.
@@ -49,10 +50,11 @@ _CONFIG_DEFAULTS = ("vision_feature_layer", "vision_feature_select_strategy")
 _ENCODING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "ascend_vlm_vision_encoding", default=False
 )
-# One number per model instance, kept on it: its entries' owner (unlike id(), never reused by a
-# later model; kept across disable / enable, so a re-enabled model finds its entries).
+# One number per multimodal model instance: its entries' owner (unlike id(), never reused by a
+# later model; kept across disable / enable, so a re-enabled model finds its entries). Held
+# beside the model, not on it, so a model the cache is removed from is as it was.
 _OWNERS = itertools.count()
-_OWNER_KEY = "_ascend_vlm_vision_owner"
+_OWNER_NUMBERS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,33 @@ def _multimodal(model: nn.Module) -> tuple[nn.Module, tuple[_Method, ...]]:
     return multimodal, methods
 
 
+class _CachedEncoding:
+    """Ledger feature ``"vision_cache"``: ``multimodal``'s feature methods rebound to wrappers
+    answering from ``cache``."""
+
+    name = "vision_cache"
+
+    def __init__(self, cache: VisionCache, multimodal: nn.Module, methods: tuple[_Method, ...]):
+        self.cache = cache
+        self.multimodal = multimodal
+        self.methods = methods
+
+    def install(self, edits: Edits) -> None:
+        multimodal = self.multimodal
+        owner_number = _OWNER_NUMBERS.setdefault(multimodal, next(_OWNERS))
+        for method in self.methods:
+            original = getattr(multimodal, method.name, None)
+            if original is None or not all(hasattr(multimodal, t) for t in method.towers):
+                continue
+            wrapper = _cached_method(self.cache, multimodal, owner_number, method, original)
+            edits.set_attribute(multimodal, method.name, wrapper)
+
+
+def _applied_cache(model: nn.Module) -> _CachedEncoding | None:
+    applied = applied_features(model, _CachedEncoding.name)
+    return applied[0] if applied else None
+
+
 def enable_vision_cache(model: nn.Module, cache: VisionCache) -> None:
     """Answer ``model``'s image (and video) encodings from ``cache`` from now on; a model
     already using a cache switches to this one. TypeError for a ``cache`` that is not a
@@ -225,34 +254,18 @@ def enable_vision_cache(model: nn.Module, cache: VisionCache) -> None:
         raise TypeError(f"cache: expected a VisionCache, got {type(cache).__name__}")
     multimodal, methods = _multimodal(model)
     disable_vision_cache(model)
-    owner_number = multimodal.__dict__.setdefault(_OWNER_KEY, next(_OWNERS))
-    previous = {}
-    for method in methods:
-        original = getattr(multimodal, method.name, None)
-        if original is None or not all(hasattr(multimodal, t) for t in method.towers):
-            continue
-        previous[method.name] = multimodal.__dict__.get(method.name)
-        wrapper = _cached_method(cache, multimodal, owner_number, method, original)
-        multimodal.__dict__[method.name] = wrapper
-    multimodal.__dict__[_CACHE_STATE_KEY] = (cache, previous)
+    apply_feature(model, _CachedEncoding(cache, multimodal, methods))
 
 
 def disable_vision_cache(model: nn.Module) -> None:
     """Encode every image again (a no-op when no cache is enabled). The model's entries stay in
     the cache until evicted: enabling it again finds them."""
-    multimodal, _ = _multimodal(model)
-    state = multimodal.__dict__.pop(_CACHE_STATE_KEY, None)
-    if state is None:
-        return
-    for name, method in state[1].items():
-        if method is None:
-            multimodal.__dict__.pop(name, None)
-        else:
-            multimodal.__dict__[name] = method
+    _multimodal(model)
+    remove_feature(model, _CachedEncoding.name)
 
 
 def vision_cache_of(model: nn.Module) -> VisionCache | None:
     """The cache ``model`` encodes through (None when none is enabled)."""
-    multimodal, _ = _multimodal(model)
-    state = multimodal.__dict__.get(_CACHE_STATE_KEY)
-    return None if state is None else state[0]
+    _multimodal(model)
+    applied = _applied_cache(model)
+    return None if applied is None else applied.cache

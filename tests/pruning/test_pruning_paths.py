@@ -11,8 +11,8 @@ from _pruning_models import greedy, tiny_model
 
 import ascend_vlm
 from ascend_vlm import pruning
-from ascend_vlm.attention_tap import TAPPED_ATTENTION
 from ascend_vlm.models import tiny
+from ascend_vlm.patching.attention_tap import TAPPED_ATTENTION
 from ascend_vlm.pruning import PruneConfig, SnapKVConfig
 from ascend_vlm.pruning.pruner import recorded_views
 
