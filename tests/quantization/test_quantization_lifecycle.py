@@ -188,3 +188,23 @@ def test_unquantize_refuses_layers_wrapped_since():
     with pytest.raises(ValueError, match=r"q_proj is a Linear, no longer the QuantLinear"):
         unquantize(adapted)
     assert _quantized_names(adapted)
+
+
+def test_quantization_stacks_beneath_patch_through_the_ledger():
+    import ascend_vlm
+
+    model = _model()
+    inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
+    ascend_vlm.patch(model)
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    config = QuantizationConfig(bits=4, group_size=32, keep_float_weights=True)
+    quantize(model, config, progress=False)
+    assert [feature.name for feature in applied_features(model)] == ["quantization", "patch"]
+    unquantize(model)
+    assert [feature.name for feature in applied_features(model)] == ["patch"]
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, expected)
+    quantize(model, QuantizationConfig(bits=8), progress=False)  # float weights not kept
+    ascend_vlm.unpatch(model)  # what sits above it still comes off
+    assert [feature.name for feature in applied_features(model)] == ["quantization"]
