@@ -56,8 +56,8 @@ class QuantizationConfig(QuantizationConfigMixin):
     they are the selection, and ``include`` / ``exclude`` are not consulted.
     ``keep_float_weights``: keep each replaced float layer, so that
     :func:`~ascend_vlm.quantization.quantize.unquantize` gives the float model back bit for bit
-    (costs the float weights' memory beside the quantized ones; RTN only, as AWQ rescales float
-    weights in place).
+    (costs the float weights' memory beside the quantized ones, on the device they were on when
+    quantized; RTN only, as AWQ rescales float weights in place).
 
     Raises TypeError / ValueError naming the field, what it accepts and what came.
     """

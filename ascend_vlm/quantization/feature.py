@@ -28,11 +28,15 @@ FEATURE_NAME = "quantization"
 class QuantizationFeature:
     """Swaps the layers named in ``weights`` of ``root`` (a transformers model) for
     `QuantLinear`s, keeping the float layers when ``keep_float_weights``, and sets
-    ``root.config.quantization_config`` to ``config`` (a foreign checkpoint's: its dict). Per layer, ``weights`` holds a
-    `QuantizedWeight` (built into a `QuantLinear` with the float layer's bias), a ready
-    `QuantLinear`, or None (an empty layer of the config's scheme, for a checkpoint's weights
-    to load into). The `QuantLinear`s are built on the first ``install`` and reused after (the
-    ledger may re-run it)."""
+    ``root.config.quantization_config`` to ``config`` (a foreign checkpoint's: its dict).
+
+    Per layer, ``weights`` holds a `QuantizedWeight` (built into a `QuantLinear` with the float
+    layer's bias), a ready `QuantLinear`, or None (an empty layer of the config's scheme, for a
+    checkpoint's weights to load into). The `QuantLinear`s are built on the first ``install``
+    and reused after (the ledger may re-run it); the feature then holds no other reference to
+    their tensors, so moving the model moves all of them. The kept float layers are outside the
+    module tree: ``model.to(...)`` leaves them where they were.
+    """
 
     name = FEATURE_NAME
 
@@ -45,16 +49,18 @@ class QuantizationFeature:
     ) -> None:
         self.root = root
         self.config = config
-        self.weights = dict(weights)
         self.keep_float_weights = keep_float_weights
+        self._names = tuple(weights)
+        self._unbuilt = dict(weights)
         self._layers: dict[str, QuantLinear] = {}
 
     def install(self, edits: Edits) -> None:
-        for name, weight in self.weights.items():
+        for name in self._names:
             parent_name, _, child = name.rpartition(".")
             parent = self.root.get_submodule(parent_name) if parent_name else self.root
             layer = self._layers.get(name)
             if layer is None:
+                weight = self._unbuilt.pop(name)
                 layer = self._layers[name] = self._build(weight, parent._modules[child])
             edits.swap_submodule(parent, child, layer, keep_previous=self.keep_float_weights)
         edits.set_attribute(self.root.config, "quantization_config", self.config)
