@@ -146,7 +146,7 @@ class AscendVLMQuantizer(HfQuantizer):
 
     def __init__(self, quantization_config: QuantizationConfig, **kwargs: Any) -> None:
         super().__init__(quantization_config, **kwargs)
-        self.weights: dict[str, QuantizedWeight | None] = {}
+        self.weights: dict[str, QuantizedWeight] = {}  # rounded as they load
         self._targets: dict[str, str] = {}  # "<layer>.weight" -> "<layer>"
 
     def validate_environment(self, *args: Any, **kwargs: Any) -> None:
