@@ -41,11 +41,11 @@ import torch
 
 import ascend_vlm
 from ascend_vlm.evaluation.report import accuracy_cells
-from ascend_vlm.quantization import quantize
+from ascend_vlm.quantization import QuantizationConfig, quantize
 
 SCHEMES = {
-    "w8": {"bits": 8, "group_size": 0},
-    "w4g128": {"bits": 4, "group_size": 128},
+    "w8": QuantizationConfig(bits=8, group_size=0),
+    "w4g128": QuantizationConfig(bits=4, group_size=128),
 }
 
 
@@ -93,7 +93,7 @@ def bench_bytes(model) -> list[dict]:
     rows = []
     for name, scheme in SCHEMES.items():
         copied = copy.deepcopy(model).to(torch.bfloat16)
-        report = quantize(copied, **scheme, progress=False)
+        report = quantize(copied, scheme, progress=False)
         rows.append(
             {
                 "scheme": name,
@@ -121,7 +121,7 @@ def bench_decode(model, new_tokens: int, repeats: int) -> list[dict]:
             variants["fp32 (A/A)"] = (base, dtype)
         for name, scheme in SCHEMES.items():
             quantized = copy.deepcopy(base)
-            quantize(quantized, **scheme, progress=False)
+            quantize(quantized, scheme, progress=False)
             variants[f"{dtype_name} {name}"] = (quantized, dtype)
     names = list(variants)
     best = dict.fromkeys(names, 0.0)
@@ -156,12 +156,13 @@ def bench_accuracy(limit: int, batch_size: int) -> list[dict]:
     dataset = shapes_vqa(limit, image_size=RECIPE.image_size)
     path = reference_model_path()
 
-    def correct(label: str, **scheme) -> list[bool]:
+    def correct(label: str, scheme: QuantizationConfig | None = None) -> list[bool]:
         model, processor = load_checkpoint(path, "reference")
-        if scheme:
-            if scheme["method"] == "awq":
-                scheme["calibration"] = shapes_calibration(processor, image_size=RECIPE.image_size)
-            quantize(model, **scheme, progress=False)
+        if scheme is not None:
+            calibration = None
+            if scheme.method == "awq":
+                calibration = shapes_calibration(processor, image_size=RECIPE.image_size)
+            quantize(model, scheme, calibration=calibration, progress=False)
         ascend_vlm.patch(model)
         result = generate_answers(
             model, processor, dataset, batch_size=batch_size, max_new_tokens=8, description=label
@@ -171,12 +172,12 @@ def bench_accuracy(limit: int, batch_size: int) -> list[dict]:
     baseline = correct("fp32")
     rows = [{"scheme": "fp32", "accuracy": sum(baseline) / len(baseline)}]
     settings = {
-        "w8 rtn": {"bits": 8, "group_size": 0, "method": "rtn"},
-        "w4g128 rtn": {"bits": 4, "group_size": 128, "method": "rtn"},
-        "w4g128 awq": {"bits": 4, "group_size": 128, "method": "awq"},
+        "w8 rtn": SCHEMES["w8"],
+        "w4g128 rtn": SCHEMES["w4g128"],
+        "w4g128 awq": QuantizationConfig(bits=4, group_size=128, method="awq"),
     }
     for label, scheme in settings.items():
-        paired = paired_accuracies(baseline, correct(label, **scheme))
+        paired = paired_accuracies(baseline, correct(label, scheme))
         rows.append(
             {
                 "scheme": label,

@@ -15,14 +15,14 @@ import argparse
 import re
 from typing import Any
 
-from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE, METHODS, quantize
-from ascend_vlm.quantization.rtn import check_scheme
+from ascend_vlm.quantization.config import QuantizationConfig
+from ascend_vlm.quantization.quantize import quantize
 
 _SCHEME = re.compile(r"w(?P<bits>\d+)(?:g(?P<group>\d+))?(?:-(?P<method>[a-z]+))?")
 
 
-def parse_scheme(text: str) -> dict[str, Any] | None:
-    """``{"bits", "group_size", "method"}`` of a scheme (None for ``none``); raises
+def parse_scheme(text: str) -> QuantizationConfig | None:
+    """The :class:`QuantizationConfig` of a scheme (None for ``none``); raises
     ArgumentTypeError naming what is accepted."""
     if text == "none":
         return None
@@ -32,16 +32,13 @@ def parse_scheme(text: str) -> dict[str, Any] | None:
             f"expected none or w<bits>[g<group size>][-<method>] (e.g. w8, w4g128-awq), got "
             f"{text!r}"
         )
-    bits = int(match["bits"])
-    group_size = int(match["group"]) if match["group"] else DEFAULT_GROUP_SIZE.get(bits, 0)
-    method = match["method"] or "rtn"
-    if method not in METHODS:
-        raise argparse.ArgumentTypeError(f"method: expected one of {METHODS}, got {method!r}")
+    group_size = int(match["group"]) if match["group"] else None
     try:
-        check_scheme(bits, group_size)
+        return QuantizationConfig(
+            bits=int(match["bits"]), group_size=group_size, method=match["method"] or "rtn"
+        )
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return {"bits": bits, "group_size": group_size, "method": method}
 
 
 def add_quantization_arguments(group: Any) -> None:
@@ -59,18 +56,18 @@ def add_quantization_arguments(group: Any) -> None:
 def apply_quantization(model: Any, args: argparse.Namespace, processor: Any) -> dict[str, Any]:
     """Quantize ``model`` per ``args.quantize``; the dict records the scheme and the weight
     bytes of the quantized layers against fp16."""
-    scheme = args.quantize
-    if scheme is None:
+    config = args.quantize
+    if config is None:
         return {"summary": "not quantized", "scheme": None}
-    report = quantize(model, **scheme, processor=processor, progress=False)
-    group = f" g{report.group_size}" if report.group_size else " per channel"
+    report = quantize(model, config, processor=processor, progress=False)
+    group = f" g{config.group_size}" if config.group_size else " per channel"
     summary = (
-        f"quantized: w{report.bits}{group} {report.method}, {len(report.modules)} layers, "
+        f"quantized: w{config.bits}{group} {config.method}, {len(report.modules)} layers, "
         f"{report.ratio_to_fp16:.3f}x their fp16 bytes"
     )
     return {
         "summary": summary,
-        "scheme": scheme,
+        "scheme": {"bits": config.bits, "group_size": config.group_size, "method": config.method},
         "layers": len(report.modules),
         "fp16_bytes": report.fp16_bytes,
         "quantized_bytes": report.quantized_bytes,

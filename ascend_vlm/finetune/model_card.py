@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ascend_vlm.adapters.adapter_set import DEFAULT_ADAPTER_NAME
-from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
+from ascend_vlm.quantization.config import DEFAULT_GROUP_SIZE
 
 
 class RunSettings(Protocol):
@@ -156,8 +156,9 @@ def model_card(
         if config.quantize is not None:
             # The adapter was trained on the quantized base: it is loaded onto the same.
             bits = config.quantize
-            load[1:1] = ["from ascend_vlm.quantization import quantize"]
-            load.append(f"quantize(base, bits={bits}, group_size={DEFAULT_GROUP_SIZE[bits]})")
+            load[1:1] = ["from ascend_vlm.quantization import QuantizationConfig, quantize"]
+            scheme = f"QuantizationConfig(bits={bits}, group_size={DEFAULT_GROUP_SIZE[bits]})"
+            load.append(f"quantize(base, {scheme})")
         if config.new_tokens:
             load[1:1] = [
                 "from ascend_vlm.adapters import load_visual_tokens",

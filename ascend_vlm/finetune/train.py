@@ -85,7 +85,7 @@ from ascend_vlm.finetune import checkpoint
 from ascend_vlm.finetune.model_card import model_card
 from ascend_vlm.finetune.resume import CONFIG_FILE, ResumeError, check_resume
 from ascend_vlm.models.parts import model_part
-from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
+from ascend_vlm.quantization.config import DEFAULT_GROUP_SIZE
 from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
 logger = logging.getLogger(__name__)
@@ -938,10 +938,9 @@ def _train(config: TrainConfig) -> TrainResult:
     base_path = config.model_path
     model, processor = load_base_model(base_path, placement.device, DTYPES[config.dtype])
     if config.quantize is not None:
-        from ascend_vlm.quantization import quantize
+        from ascend_vlm.quantization import QuantizationConfig, quantize
 
-        bits = config.quantize
-        quantize(model, bits=bits, group_size=DEFAULT_GROUP_SIZE[bits], progress=False)
+        quantize(model, QuantizationConfig(bits=config.quantize), progress=False)
     train_samples, eval_samples = build_samples(config)
     visual = None
     if config.new_tokens:

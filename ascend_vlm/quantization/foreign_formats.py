@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from ascend_vlm.ops.int4_layout import pack_int4
-from ascend_vlm.quantization.quantize import QUANT_METHOD
+from ascend_vlm.quantization.config import QUANT_METHOD
 from ascend_vlm.quantization.quantized_weight import BITS, GROUP_SIZES, QuantizedWeight
 
 FOREIGN_METHODS = ("awq", "gptq")

@@ -1,14 +1,21 @@
-"""`load_quantized(path)`: a weight-only quantized checkpoint folder as a model of
-`QuantLinear`s: this library's own (written by ``save_pretrained`` after
-:func:`~ascend_vlm.quantization.quantize.quantize`), AutoAWQ GEMM and GPTQ checkpoints.
+"""Quantized checkpoint folders, checked strictly: `load_quantized(path)` for this library's
+own (written by ``save_pretrained`` after :func:`~ascend_vlm.quantization.quantize.quantize`),
+AutoAWQ GEMM and GPTQ checkpoints, and `check_checkpoint` for ``from_pretrained``.
 
-Loading: transformers' ``from_pretrained`` reads the folder without its
-``quantization_config`` (so no transformers quantizer is looked for), which loads every float
-tensor (norms, embeddings, biases, unquantized layers) with transformers' own key renaming, tied
-weights and dtype handling; the quantized layers' float weights it reports missing are then
-replaced by `QuantLinear`s holding the checkpoint's quantized tensors, decoded into the
-library's layout (:mod:`~ascend_vlm.quantization.foreign_formats` for AWQ and GPTQ). The
-float weights of the quantized layers therefore exist, briefly, at load time.
+Own checkpoints load through transformers' quantizer path
+(:mod:`~ascend_vlm.quantization.transformers_quantizer`): before any weight loads,
+`check_checkpoint` checks the quantized tensors from the files' headers, then empty
+`QuantLinear`s take them; `load_quantized` adds that every other tensor must be there too.
+
+AutoAWQ GEMM and GPTQ checkpoints name quant_methods transformers hands to its own quantizers
+(and their kernel packages), so `load_quantized` reads the folder without its
+``quantization_config``: transformers loads every float tensor (norms, embeddings, biases,
+unquantized layers) with its own key renaming, tied weights and dtype handling; the quantized
+layers' float weights it reports missing are then replaced, through the edit ledger
+(:mod:`~ascend_vlm.quantization.feature`, float layers not kept), by `QuantLinear`s holding the
+checkpoint's tensors decoded into the library's layout
+(:mod:`~ascend_vlm.quantization.foreign_formats`). Those float weights therefore exist,
+briefly, at load time.
 
 Checks: every quantized layer must have all its tensors with the expected dtypes and shapes,
 every tensor transformers reports missing must be a quantized layer's float weight, and every
@@ -31,8 +38,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascend_vlm.quantization.config import QUANT_METHOD
+from ascend_vlm.quantization.feature import install_quantization
 from ascend_vlm.quantization.quant_linear import QuantLinear
-from ascend_vlm.quantization.quantize import QUANT_METHOD, replace_module
 from ascend_vlm.quantization.quantized_weight import QuantizedWeight, group_count, storage_of
 
 # Checkpoint-name prefixes of the layouts before transformers 5, and where those modules live
@@ -203,6 +211,96 @@ def _own_weight(
     return QuantizedWeight(qweight, scale, offset, bits, group_size, in_features=-1)
 
 
+def _quantized_layers(
+    model: nn.Module, keys: list[str], tensor_names: tuple[str, ...], listed: list | None
+) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The checkpoint's quantized layers: ``prefix -> {part: key}`` and ``module name ->
+    prefix``. ValueError naming the tensor for a layer the model has no linear layer for, and
+    for a checkpoint missing a layer ``listed`` (the config's ``modules``) or holding another."""
+    layers: dict[str, dict[str, str]] = {}
+    for key in keys:
+        prefix, _, part = key.rpartition(".")
+        if part in tensor_names:
+            layers.setdefault(prefix, {})[part] = key
+    # A quantized layer's bias: AutoGPTQ stores one (zeros) for every layer, biased or not.
+    for key in keys:
+        prefix, _, part = key.rpartition(".")
+        if part == "bias" and prefix in layers:
+            layers[prefix]["bias"] = key
+    modules = {}
+    for prefix in layers:
+        name = module_name_in(model, prefix)
+        if name is None or not isinstance(model.get_submodule(name), nn.Linear):
+            raise ValueError(
+                f"{prefix}.qweight: the checkpoint quantizes a layer the model has no linear "
+                f"layer for ({type(model).__name__})"
+            )
+        modules[name] = prefix
+    if listed is not None and set(listed) != set(modules):
+        absent = sorted(set(listed) - set(modules))
+        if absent:
+            raise ValueError(
+                f"{absent[0]}.qweight: missing from the checkpoint (quantization_config lists "
+                f"{len(listed)} quantized layers, the checkpoint holds {len(modules)})"
+            )
+        extra = sorted(set(modules) - set(listed))[0]
+        raise ValueError(f"{extra}.qweight: in the checkpoint but not in quantization_config")
+    return layers, modules
+
+
+# safetensors' dtype names in file headers.
+_HEADER_DTYPES = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+}
+
+
+def check_checkpoint(model: nn.Module, files: list[str], method_config: dict) -> None:
+    """Check this library's checkpoint ``files`` against ``model`` (float linears, weights
+    not loaded) from their headers alone, before transformers loads them: every quantized layer
+    ``method_config`` lists is there with all its tensors, of the dtypes and shapes its layer
+    needs (the checks ``load_quantized`` makes, on empty tensors). ValueError naming the
+    tensor."""
+    from safetensors import safe_open
+
+    empty = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                view = handle.get_slice(key)
+                dtype = _HEADER_DTYPES.get(view.get_dtype(), torch.float32)
+                empty[key] = torch.empty(view.get_shape(), dtype=dtype, device="meta")
+    tensor_names, decode = _decoder(method_config)
+    layers, modules = _quantized_layers(
+        model, list(empty), tensor_names, method_config.get("modules")
+    )
+    for name, prefix in modules.items():
+        parts = {part: empty[key] for part, key in layers[prefix].items() if part != "bias"}
+        _fitted(prefix, decode(prefix, parts), model.get_submodule(name))
+
+
+def _refuse_loading_problems(
+    model: nn.Module, info: dict, expected_missing: set[str], quantized_keys: set[str]
+) -> None:
+    stray = sorted(set(info["missing_keys"]) - expected_missing)
+    if stray:
+        raise ValueError(f"{stray[0]}: missing from the checkpoint ({len(stray)} tensors missing)")
+    unused = sorted(set(info["unexpected_keys"]) - quantized_keys)
+    if unused:
+        raise ValueError(f"{unused[0]}: in the checkpoint but not in {type(model).__name__}")
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        raise ValueError(f"{mismatched[0][0]}: shape in the checkpoint does not match the model")
+
+
 def load_quantized(
     path: str | os.PathLike, *, model_class: type | None = None, **from_pretrained_kwargs: Any
 ) -> nn.Module:
@@ -223,6 +321,16 @@ def load_quantized(
         raise ValueError(
             f"path: {folder}/config.json has no quantization_config; load it with from_pretrained"
         )
+    if method_config.get("quant_method") == QUANT_METHOD:
+        # transformers' quantizer path (transformers_quantizer), which checks the quantized
+        # tensors before loading; here every other tensor must be there too.
+        cls = model_class or _model_class(AutoConfig.from_pretrained(folder))
+        with _quiet_transformers():
+            model, info = cls.from_pretrained(
+                folder, output_loading_info=True, **from_pretrained_kwargs
+            )
+        _refuse_loading_problems(model, info, set(), set())
+        return model
     tensor_names, decode = _decoder(method_config)
     config = AutoConfig.from_pretrained(folder)
     with contextlib.suppress(AttributeError):
@@ -232,54 +340,16 @@ def load_quantized(
         model, info = cls.from_pretrained(
             folder, config=config, output_loading_info=True, **from_pretrained_kwargs
         )
-
-    keys = _checkpoint_keys(folder)
-    layers: dict[str, dict[str, str]] = {}
-    for key in keys:
-        prefix, _, part = key.rpartition(".")
-        if part in tensor_names:
-            layers.setdefault(prefix, {})[part] = key
-    # A quantized layer's bias: AutoGPTQ stores one (zeros) for every layer, biased or not.
-    for key in keys:
-        prefix, _, part = key.rpartition(".")
-        if part == "bias" and prefix in layers:
-            layers[prefix]["bias"] = key
-    modules = {}
-    for prefix in layers:
-        name = module_name_in(model, prefix)
-        if name is None or not isinstance(model.get_submodule(name), nn.Linear):
-            raise ValueError(
-                f"{prefix}.qweight: the checkpoint quantizes a layer the model has no linear "
-                f"layer for ({type(model).__name__})"
-            )
-        modules[name] = prefix
-    listed = method_config.get("modules")
-    if listed is not None and set(listed) != set(modules):
-        absent = sorted(set(listed) - set(modules))
-        if absent:
-            raise ValueError(
-                f"{absent[0]}.qweight: missing from the checkpoint (quantization_config lists "
-                f"{len(listed)} quantized layers, the checkpoint holds {len(modules)})"
-            )
-        extra = sorted(set(modules) - set(listed))[0]
-        raise ValueError(f"{extra}.qweight: in the checkpoint but not in quantization_config")
-    expected_missing = {f"{name}.weight" for name in modules}
-    stray = sorted(set(info["missing_keys"]) - expected_missing)
-    if stray:
-        raise ValueError(f"{stray[0]}: missing from the checkpoint ({len(stray)} tensors missing)")
+    layers, modules = _quantized_layers(model, _checkpoint_keys(folder), tensor_names, None)
     # transformers reports unused tensors under the names it moved them to (if any).
     quantized_keys = {key for parts in layers.values() for key in parts.values()} | {
         f"{name}.{part}" for name, prefix in modules.items() for part in layers[prefix]
     }
-    unused = sorted(set(info["unexpected_keys"]) - quantized_keys)
-    if unused:
-        raise ValueError(f"{unused[0]}: in the checkpoint but not in {type(model).__name__}")
-    mismatched = info.get("mismatched_keys") or []
-    if mismatched:
-        raise ValueError(f"{mismatched[0][0]}: shape in the checkpoint does not match the model")
+    _refuse_loading_problems(model, info, {f"{name}.weight" for name in modules}, quantized_keys)
 
     wanted = {key for prefix in modules.values() for key in layers[prefix].values()}
     tensors = _read_tensors(folder, wanted)
+    built = {}
     for name, prefix in modules.items():
         linear = model.get_submodule(name)
         parts = {part: tensors[key] for part, key in layers[prefix].items()}
@@ -288,8 +358,8 @@ def load_quantized(
         bias = linear.bias.detach() if linear.bias is not None else None
         if bias is None and stored_bias is not None and stored_bias.any():
             bias = stored_bias.to(weight.scale)
-        replace_module(model, name, QuantLinear.from_quantized(weight, bias))
-    model.config.quantization_config = method_config
+        built[name] = QuantLinear.from_quantized(weight, bias)
+    install_quantization(model, method_config, built, keep_float_weights=False)
     return model
 
 

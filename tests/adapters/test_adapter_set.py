@@ -258,11 +258,11 @@ def test_vision_cache_is_keyed_by_the_active_vision_adapter(model_and_processor,
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_adapters_serve_over_a_quantized_base(model_and_processor, adapters, bits):
-    from ascend_vlm.quantization import quantize
+    from ascend_vlm.quantization import QuantizationConfig, quantize
 
     base, processor = model_and_processor
     quantized = copy.deepcopy(base)
-    quantize(quantized, bits=bits, group_size=32, progress=False)
+    quantize(quantized, QuantizationConfig(bits=bits, group_size=32), progress=False)
     inputs = _inputs(processor)
     expected = {name: _logits(_fresh_with(quantized, adapters[name]), inputs) for name in NAMES}
     served = AdapterSet(copy.deepcopy(quantized))

@@ -12,6 +12,7 @@ import pytest
 
 from ascend_vlm.__main__ import main
 from ascend_vlm.evaluation.quantization_option import parse_scheme
+from ascend_vlm.quantization import QuantizationConfig
 
 EVAL_ERROR = "python -m ascend_vlm eval: error: "
 
@@ -28,7 +29,7 @@ EVAL_ERROR = "python -m ascend_vlm eval: error: "
     ],
 )
 def test_schemes_parse_with_defaults(text, expected):
-    assert parse_scheme(text) == expected
+    assert parse_scheme(text) == (None if expected is None else QuantizationConfig(**expected))
 
 
 @pytest.mark.parametrize(

@@ -244,7 +244,7 @@ def test_a_quantized_base_trains_lora_and_its_card_loads_it_onto_the_same(tmp_pa
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
-    from ascend_vlm.quantization import QuantLinear, quantize
+    from ascend_vlm.quantization import QuantizationConfig, QuantLinear, quantize
 
     config = tiny_config(tmp_path / "qlora", quantize=4, patch=True, max_steps=2)
     result = train(config)
@@ -253,9 +253,9 @@ def test_a_quantized_base_trains_lora_and_its_card_loads_it_onto_the_same(tmp_pa
     adapter = tmp_path / "qlora" / FINAL_ADAPTER
     card = (adapter / "README.md").read_text()
     assert "weight-only quantized (W4 g128, RTN) and frozen" in card
-    assert "quantize(base, bits=4, group_size=128)" in card
+    assert "quantize(base, QuantizationConfig(bits=4, group_size=128))" in card
     base = AutoModelForImageTextToText.from_pretrained(default_model_path())
-    quantize(base, bits=4, group_size=128, progress=False)
+    quantize(base, QuantizationConfig(bits=4, group_size=128), progress=False)
     model = PeftModel.from_pretrained(base, adapter)
     adapted = [m for m in model.modules() if hasattr(m, "lora_A")]
     assert adapted and all(isinstance(m.base_layer, QuantLinear) for m in adapted)

@@ -11,12 +11,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ascend_vlm.models import tiny
-from ascend_vlm.quantization import QuantLinear, load_quantized, quantize
+from ascend_vlm.quantization import QuantizationConfig, QuantLinear, load_quantized, quantize
 
 
 def _saved(tmp_path, bits: int, group_size: int, symmetric: bool | None = None):
     model = tiny.build_model("qwen2_vl", attn_implementation="sdpa")
-    report = quantize(model, bits=bits, group_size=group_size, symmetric=symmetric, progress=False)
+    config = QuantizationConfig(bits=bits, group_size=group_size, symmetric=symmetric)
+    report = quantize(model, config, progress=False)
     folder = tmp_path / f"w{bits}g{group_size}"
     model.save_pretrained(folder)
     return model, report, folder
@@ -36,7 +37,7 @@ def test_save_then_load_gives_bit_identical_outputs(tmp_path, bits, group_size, 
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
     with torch.no_grad():
         assert torch.equal(model(**inputs).logits, loaded(**inputs).logits)
-    assert loaded.config.quantization_config["bits"] == bits
+    assert loaded.config.quantization_config == report.config
 
 
 @pytest.mark.parametrize(("bits", "group_size"), [(8, 0), (4, 32)])
@@ -81,6 +82,20 @@ def test_a_missing_quantized_tensor_is_named(tmp_path):
     _rewrite(folder, drop_scale)
     with pytest.raises(ValueError, match=rf"^{removed[0][: -len('.scale')]}\.scale: missing"):
         load_quantized(folder)
+
+
+def test_from_pretrained_checks_the_quantized_tensors_before_loading(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    _, _, folder = _saved(tmp_path, 4, 32)
+
+    def shrink_scale(tensors):
+        key = _first_key(tensors, ".scale")
+        tensors[key] = tensors[key][:-1].contiguous()
+
+    _rewrite(folder, shrink_scale)
+    with pytest.raises(ValueError, match=r"_proj\.offset: expected the scale's shape \(1, \d+\)"):
+        AutoModelForImageTextToText.from_pretrained(folder)
 
 
 def test_a_missing_offset_of_an_asymmetric_checkpoint_is_named(tmp_path):
@@ -176,7 +191,7 @@ def _foreign_checkpoint(tmp_path, method: str, checkpoint_format: str = "gptq"):
     model.save_pretrained(folder)
     tensors = load_file(folder / "model.safetensors")
     expected = {}
-    for name, linear in selected_linears(model, ("language",), ()):
+    for name, linear in selected_linears(model, QuantizationConfig()):
         key = next(k for k in tensors if k.endswith(name.split("language_model.")[-1] + ".weight"))
         prefix = key[: -len(".weight")]
         del tensors[key]

@@ -97,10 +97,10 @@ def test_only_the_missing_images_are_encoded():
 
 
 def test_a_changed_quantized_vision_weight_misses():
-    from ascend_vlm.quantization import QuantLinear, quantize
+    from ascend_vlm.quantization import QuantizationConfig, QuantLinear, quantize
 
     model = _model()
-    quantize(model, bits=8, include=("vision",), progress=False)
+    quantize(model, QuantizationConfig(bits=8, group_size=128, include=("vision",)), progress=False)
     cache = VisionCache(max_bytes=1 << 20)
     enable_vision_cache(model, cache)
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
