@@ -16,7 +16,8 @@ from ascend_vlm.adapters.adapter_set import DEFAULT_ADAPTER_NAME
 from ascend_vlm.quantization.quantize import DEFAULT_GROUP_SIZE
 
 if TYPE_CHECKING:
-    from ascend_vlm.finetune.train import TrainConfig, TrainResult
+    from ascend_vlm.finetune.config import TrainConfig
+    from ascend_vlm.finetune.train import TrainResult
 
 
 def _count(number: int, noun: str) -> str:
@@ -76,22 +77,10 @@ def _trained_line(config: TrainConfig) -> str:
     return line
 
 
-def model_card(
-    config: TrainConfig,
-    result: TrainResult,
-    world_size: int,
-    folder: Path,
-    *,
-    base_path: str,
-    base_description: str,
-) -> str:
-    """Markdown card of a finished run of ``config`` (on ``world_size`` ranks) whose final
-    folder is ``folder``: the base model at ``base_path``, described by ``base_description``."""
-    folder = Path(os.path.abspath(folder))
-    global_batch = config.batch_size * config.grad_accum * world_size
-    loss = "n/a (no step ran in the final invocation)"
-    if not math.isnan(result.last_loss):
-        loss = f"{result.last_loss:.4g}"
+def _kind_header_and_loading(
+    config: TrainConfig, folder: Path, base_path: str
+) -> tuple[str, list[str], list[str]]:
+    """What the folder holds, the card's front matter, and the Python lines that load it."""
     if config.full_finetune:
         kind = "Fully fine-tuned model"
         header = ["---", "tags: [ascend_vlm, vqa]", "---"]
@@ -129,6 +118,26 @@ def model_card(
         if config.adapter_name == DEFAULT_ADAPTER_NAME:
             named = ""
         load.append(f'model = PeftModel.from_pretrained(base, "{folder}"{named})')
+    return kind, header, load
+
+
+def model_card(
+    config: TrainConfig,
+    result: TrainResult,
+    world_size: int,
+    folder: Path,
+    *,
+    base_path: str,
+    base_description: str,
+) -> str:
+    """Markdown card of a finished run of ``config`` (on ``world_size`` ranks) whose final
+    folder is ``folder``: the base model at ``base_path``, described by ``base_description``."""
+    folder = Path(os.path.abspath(folder))
+    global_batch = config.batch_size * config.grad_accum * world_size
+    loss = "n/a (no step ran in the final invocation)"
+    if not math.isnan(result.last_loss):
+        loss = f"{result.last_loss:.4g}"
+    kind, header, load = _kind_header_and_loading(config, folder, base_path)
     lines = [
         *header,
         "",

@@ -19,20 +19,16 @@ import torch
 from tiny_finetune import COMMON, SCRIPT, tiny_config
 
 from ascend_vlm.default_model import default_model_path
+from ascend_vlm.finetune.communication import CommCounter
+from ascend_vlm.finetune.config import LANGUAGE_PROJECTIONS, TrainConfig
 from ascend_vlm.finetune.data import BadRecordError, EncodedDataset, collate, pad_token_id_of
+from ascend_vlm.finetune.export import FINAL_ADAPTER, save_merged
+from ascend_vlm.finetune.micro_batches import model_inputs
+from ascend_vlm.finetune.model_setup import lora_target_modules
 from ascend_vlm.finetune.resume import ResumeError
+from ascend_vlm.finetune.schedule import scheduled_lr
 from ascend_vlm.finetune.shapes_vqa import ShapesVQA
-from ascend_vlm.finetune.train import (
-    FINAL_ADAPTER,
-    LANGUAGE_PROJECTIONS,
-    CommCounter,
-    TrainConfig,
-    lora_target_modules,
-    model_inputs,
-    save_merged,
-    scheduled_lr,
-    train,
-)
+from ascend_vlm.finetune.train import train
 
 
 def _run(output_dir: Path, nproc: int, *extra: str) -> str:
@@ -412,7 +408,7 @@ def test_resume_with_more_steps_continues_logs_it_and_writes_the_model_card(
     stopped_run, tmp_path, caplog
 ):
     run = _resumable_copy(stopped_run, tmp_path)
-    with caplog.at_level(logging.INFO, logger="ascend_vlm.finetune.train"):
+    with caplog.at_level(logging.INFO, logger="ascend_vlm.finetune.run_settings"):
         result = train(_resume_config(run, stopped_run, max_steps=4, stop_after_steps=None))
     assert (
         "resume: --max-steps 3 -> 4: the LoRA phase continues from step 2 to step 4; its "
