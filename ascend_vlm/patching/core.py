@@ -5,7 +5,6 @@ from __future__ import annotations
 from torch import nn
 
 from ascend_vlm._base_model import base_model
-from ascend_vlm._compat import check_transformers_version
 from ascend_vlm._errors import PatchError
 from ascend_vlm.models import (
     TEXT_BACKBONES,
@@ -19,6 +18,7 @@ from ascend_vlm.patching.attention import register_attention
 from ascend_vlm.patching.report import PatchReport
 from ascend_vlm.patching.routing import attention_configs_to_route, route_attention
 from ascend_vlm.patching.state import PatchState
+from ascend_vlm.patching.version_gate import check_transformers_version
 
 _STATE_KEY = "_ascend_vlm_patch_state"
 

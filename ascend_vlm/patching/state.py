@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ascend_vlm._compat import forward_attribute
+from ascend_vlm._compat.module_internals import forward_attribute
 from ascend_vlm.patching.attention import register_attention
 from ascend_vlm.patching.report import PatchReport
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import nn
 
 from ascend_vlm._base_model import base_model
-from ascend_vlm._compat import check_transformers_version
+from ascend_vlm.patching.version_gate import check_transformers_version
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig
 from ascend_vlm.pruning.families import SUPPORTED_MODEL_TYPES, pruning_target
 from ascend_vlm.pruning.pruner import TokenPruner

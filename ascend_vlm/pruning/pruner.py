@@ -26,12 +26,8 @@ import torch
 from torch import nn
 
 from ascend_vlm import ops
-from ascend_vlm._compat import (
-    ATTENTION_NAME,
-    cache_argument,
-    cache_layer_kind,
-    replace_cached_states,
-)
+from ascend_vlm._compat.attention import ATTENTION_NAME
+from ascend_vlm._compat.cache import cache_argument, cache_layer_kind, replace_cached_states
 from ascend_vlm.attention_tap import tap_attention, untap_attention
 from ascend_vlm.observability import events
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig, kept_count

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ascend_vlm._base_model import base_model
-from ascend_vlm._compat import tensor_version
+from ascend_vlm._compat.torch_internals import tensor_version
 from ascend_vlm.observability import events
 from ascend_vlm.reuse.vision_cache import CachedFeatures, VisionCache
 
