@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -27,6 +28,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 import ascend_vlm
 from ascend_vlm import PatchError
 from ascend_vlm._compat.decorators import rewrap, rope_problem
+from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION
 from ascend_vlm._compat.versions import LOWEST_SUPPORTED, NEWEST_TESTED, major_minor
 from ascend_vlm.models import REGISTRY
 from ascend_vlm.patching import version_gate
@@ -67,6 +69,15 @@ def test_every_probe_passes_on_the_installed_transformers():
     assert names >= GLOBAL_PROBES | {f"vision-tower:{t}" for t in REGISTRY}
     assert {"rope:llama", "classes:qwen2_vl_vision", "varlen-vision:qwen2_vl_vision"} <= names
     assert failed_probes() == {}
+
+
+def test_every_probe_says_from_which_version_it_can_go():
+    removable_once = re.compile(r"removable once \d+\.\d+ is the lowest supported")
+    for probe in version_gate.probes():
+        removable = probe.removable
+        assert removable == NEEDED_ON_EVERY_SUPPORTED_VERSION or removable_once.fullmatch(
+            removable
+        ), (probe.name, removable)
 
 
 @pytest.mark.parametrize("version", ["5.16.1", "5.0.0", "4.57.1"])
