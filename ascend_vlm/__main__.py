@@ -36,7 +36,7 @@ def _say(message: str) -> None:
 
 def _load(model_path: str | None):
     from ascend_vlm.default_model import load_default_model
-    from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_checkpoint
+    from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_model_and_processor
 
     if model_path is None:
         _say("loading the embedded default model (tiny Qwen2-VL, random weights) ...")
@@ -46,7 +46,7 @@ def _load(model_path: str | None):
     except FileNotFoundError as error:
         raise CommandError(str(error)) from None
     _say(f"loading {Path(model_path)} ...")
-    return load_checkpoint(model_path, "--model")
+    return load_model_and_processor(model_path, "--model")
 
 
 def _image_and_question(image_path: str | None, question: str | None):

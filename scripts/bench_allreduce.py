@@ -44,7 +44,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
 from ascend_vlm.distributed import SparseAllReduceState
-from ascend_vlm.distributed.sparse_allreduce import _Chunks, _reduce_bucket, _union_rows
+from ascend_vlm.distributed.gradient_chunks import GradientChunks, union_rows
+from ascend_vlm.distributed.sparse_allreduce import _reduce_bucket
 
 DENSITIES = (0.01, 0.10, 0.50, 1.00)
 DDP_BUCKET_CAP_MIB = 25  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
@@ -88,19 +89,19 @@ def union_bounds(chunk_size: int, sources: list[torch.Tensor]):
     """
     unions, spaces = [], []
     for source in sources:
-        chunks = _Chunks(source, chunk_size)
+        chunks = GradientChunks(source, chunk_size)
         union = chunks.nonzero_mask()
         dist.all_reduce(union, op=dist.ReduceOp.MAX)
-        row_ids, with_tail, _ = _union_rows(union, chunks)
+        row_ids, with_tail, _ = union_rows(union, chunks)
         unions.append((row_ids, with_tail))
         spaces.append(source.new_empty(chunks.packed_numel(row_ids, with_tail)))
 
     def scan_and_send(buffer: torch.Tensor, index: int, is_last: bool) -> torch.futures.Future:
-        _Chunks(buffer, chunk_size).nonzero_mask()
+        GradientChunks(buffer, chunk_size).nonzero_mask()
         return dist.all_reduce(spaces[index], async_op=True).get_future()
 
     def scan_copy_and_send(buffer: torch.Tensor, index: int, is_last: bool) -> torch.futures.Future:
-        chunks = _Chunks(buffer, chunk_size)
+        chunks = GradientChunks(buffer, chunk_size)
         chunks.nonzero_mask()
         row_ids, with_tail = unions[index]
         packed = chunks.gather(row_ids, with_tail, spaces[index]).div_(dist.get_world_size())

@@ -127,7 +127,9 @@ def _finetune_step_times(args: argparse.Namespace) -> dict[str, float]:
     from transformers.utils import logging as transformers_logging
 
     from ascend_vlm.default_model import default_model_path
-    from ascend_vlm.finetune.train import METRICS_FILE, TrainConfig, train
+    from ascend_vlm.finetune.config import TrainConfig
+    from ascend_vlm.finetune.metrics_log import METRICS_FILE
+    from ascend_vlm.finetune.train import train
 
     logging.getLogger("ascend_vlm").setLevel(logging.WARNING)
     transformers_logging.set_verbosity_error()

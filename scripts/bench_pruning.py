@@ -256,14 +256,14 @@ def _speed_table(rows: list[dict]) -> str:
 
 def bench_accuracy(keeps: list[float], methods: list[str], limit: int, batch_size: int) -> list:
     """Held-out accuracy of the reference checkpoint unpruned and per (method, keep)."""
-    from ascend_vlm.evaluation.checkpoints import load_checkpoint
+    from ascend_vlm.evaluation.checkpoints import load_model_and_processor
     from ascend_vlm.evaluation.datasets import shapes_vqa
     from ascend_vlm.evaluation.metrics import normalised_match
     from ascend_vlm.evaluation.runner import generate_answers
     from ascend_vlm.evaluation.statistics import paired_accuracies
     from ascend_vlm.finetune.reference_model import RECIPE, reference_model_path
 
-    model, processor = load_checkpoint(reference_model_path(), "reference")
+    model, processor = load_model_and_processor(reference_model_path(), "reference")
     ascend_vlm.patch(model)
     dataset = shapes_vqa(limit, image_size=RECIPE.image_size)
 

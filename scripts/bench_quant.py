@@ -145,7 +145,7 @@ def bench_decode(model, new_tokens: int, repeats: int) -> list[dict]:
 
 def bench_accuracy(limit: int, batch_size: int) -> list[dict]:
     """Held-out accuracy of the reference checkpoint in fp32 and per quantization."""
-    from ascend_vlm.evaluation.checkpoints import load_checkpoint
+    from ascend_vlm.evaluation.checkpoints import load_model_and_processor
     from ascend_vlm.evaluation.datasets import shapes_vqa
     from ascend_vlm.evaluation.metrics import normalised_match
     from ascend_vlm.evaluation.runner import generate_answers
@@ -157,7 +157,7 @@ def bench_accuracy(limit: int, batch_size: int) -> list[dict]:
     path = reference_model_path()
 
     def correct(label: str, scheme: QuantizationConfig | None = None) -> list[bool]:
-        model, processor = load_checkpoint(path, "reference")
+        model, processor = load_model_and_processor(path, "reference")
         if scheme is not None:
             calibration = None
             if scheme.method == "awq":

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 import ascend_vlm
 from ascend_vlm.data.shapes_vqa import ShapesVQA
-from ascend_vlm.evaluation.checkpoints import load_checkpoint
+from ascend_vlm.evaluation.checkpoints import load_model_and_processor
 from ascend_vlm.evaluation.statistics import wilson_interval
 from ascend_vlm.finetune.reference_model import RECIPE, reference_model_path
 from ascend_vlm.observability.explain import explain
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.samples < 1:
         parser.error(f"--samples: expected an int >= 1, got {args.samples}")
-    model, processor = load_checkpoint(args.model or reference_model_path(), "--model")
+    model, processor = load_model_and_processor(args.model or reference_model_path(), "--model")
     if args.patch:
         ascend_vlm.patch(model)
     dataset = ShapesVQA(

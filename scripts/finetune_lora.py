@@ -6,7 +6,7 @@
     python scripts/finetune_lora.py --max-steps 20                       # single process
 
 The last line printed (rank 0) is ``eval_accuracy: <fraction>``. See
-``ascend_vlm.finetune.train`` for the loss and batching contract.
+``ascend_vlm.finetune.steps`` for the loss and batching contract.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import IO, NoReturn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ascend_vlm.data.vqa import BAD_RECORD_POLICIES
+from ascend_vlm.finetune.config import COMM_HOOKS, DTYPES, TrainConfig
 from ascend_vlm.finetune.reference_model import HELD_OUT_SKILL, base_model_path
-from ascend_vlm.finetune.train import COMM_HOOKS, DTYPES, TrainConfig, train
+from ascend_vlm.finetune.train import train
 
 EPILOG = f"""\
 Without --model-path the base is the reference checkpoint (python -m ascend_vlm reference-model,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -25,16 +26,13 @@ from transformers.utils import output_capturing
 from transformers.utils.deprecation import deprecate_kwarg
 
 import ascend_vlm
-from ascend_vlm import PatchError, _compat
-from ascend_vlm._compat import (
-    LOWEST_SUPPORTED,
-    NEWEST_TESTED,
-    check_transformers_version,
-    failed_probes,
-    rewrap,
-    rope_problem,
-)
+from ascend_vlm import PatchError
+from ascend_vlm._compat.decorators import rewrap, rope_problem
+from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION
+from ascend_vlm._compat.versions import LOWEST_SUPPORTED, NEWEST_TESTED, major_minor
 from ascend_vlm.models import REGISTRY
+from ascend_vlm.patching import version_gate
+from ascend_vlm.patching.version_gate import check_transformers_version, failed_probes
 
 NEWER = f"{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}.0"
 GLOBAL_PROBES = {
@@ -61,16 +59,25 @@ GLOBAL_PROBES = {
 def fresh_probes(monkeypatch):
     """Probe results and the one-time warning recomputed for this test, and after it."""
     failed_probes.cache_clear()
-    monkeypatch.setattr(_compat, "_warned", set())
+    monkeypatch.setattr(version_gate, "_warned", set())
     yield
     failed_probes.cache_clear()
 
 
 def test_every_probe_passes_on_the_installed_transformers():
-    names = {probe.name for probe in _compat.probes()}
+    names = {probe.name for probe in version_gate.probes()}
     assert names >= GLOBAL_PROBES | {f"vision-tower:{t}" for t in REGISTRY}
     assert {"rope:llama", "classes:qwen2_vl_vision", "varlen-vision:qwen2_vl_vision"} <= names
     assert failed_probes() == {}
+
+
+def test_every_probe_says_from_which_version_it_can_go():
+    removable_once = re.compile(r"removable once \d+\.\d+ is the lowest supported")
+    for probe in version_gate.probes():
+        removable = probe.removable
+        assert removable == NEEDED_ON_EVERY_SUPPORTED_VERSION or removable_once.fullmatch(
+            removable
+        ), (probe.name, removable)
 
 
 @pytest.mark.parametrize("version", ["5.16.1", "5.0.0", "4.57.1"])
@@ -86,7 +93,7 @@ def _low_end() -> str:
 
 @pytest.mark.parametrize("version", [_low_end(), "5.23.0.dev0", "5.25.3"])
 def test_a_supported_version_is_accepted_without_probing_or_warning(monkeypatch, version):
-    monkeypatch.setattr(_compat, "failed_probes", lambda: pytest.fail("probes ran"))
+    monkeypatch.setattr(version_gate, "failed_probes", lambda: pytest.fail("probes ran"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert check_transformers_version(version) == version
@@ -302,7 +309,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _pinned(requirements: str) -> tuple[int, int]:
     for line in (ROOT / requirements).read_text(encoding="utf-8").splitlines():
         if line.startswith("transformers=="):
-            return _compat._major_minor(line.removeprefix("transformers=="))
+            return major_minor(line.removeprefix("transformers=="))
     raise AssertionError(f"{requirements} pins no transformers")
 
 
@@ -315,4 +322,4 @@ def test_the_range_ends_are_the_pinned_test_environments():
 
 
 def test_the_installed_transformers_is_in_the_supported_range():
-    assert LOWEST_SUPPORTED <= _compat._major_minor(transformers.__version__) <= NEWEST_TESTED
+    assert LOWEST_SUPPORTED <= major_minor(transformers.__version__) <= NEWEST_TESTED

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ascend_vlm.default_model import default_model_path
-from ascend_vlm.finetune.train import TrainConfig
+from ascend_vlm.finetune.config import TrainConfig
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "finetune_lora.py"
 # A few steps on a small ShapesVQA slice; global batch 4 = 2 ranks x 2 = 1 rank x 4.

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ascend_vlm._base_model import base_model
-from ascend_vlm._compat import peft_active_adapter_problem, set_lora_active_adapter
+from ascend_vlm._compat.peft_layers import peft_active_adapter_problem, set_lora_active_adapter
 from ascend_vlm.adapters.mixed_rows import StackedAdapters, plain_lora_layers, rows_through_stacks
 from ascend_vlm.models.parts import model_part
 

@@ -19,6 +19,9 @@ budgets delay, never deadlock.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
 
 
 class BudgetError(ValueError):
@@ -88,3 +91,20 @@ def refusal(budgets: BatchBudgets, size: RequestSize, bytes_per_token: int) -> s
         if limit is not None and need > limit:
             return f"{name}: the request needs {need} {what}, more than the budget of {limit}"
     return None
+
+
+def kv_bytes_per_token(model: nn.Module) -> int:
+    """Bytes of keys and values one token adds to the cache, over every decoder layer."""
+    config = model.config
+    text = getattr(config, "text_config", None) or config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    element = model.get_input_embeddings().weight.element_size()  # the language model's dtype
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * element
+
+
+def cached_kv_bytes(cache: Any) -> int:
+    """Bytes of the keys and values ``cache`` (a transformers ``Cache``) holds, over every layer."""
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -34,7 +34,7 @@ import inspect
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -47,49 +47,22 @@ from ascend_vlm.batching.budgets import (
     BudgetError,
     RequestSize,
     StepUsage,
+    cached_kv_bytes,
+    kv_bytes_per_token,
     projected_kv_bytes,
     refusal,
 )
-from ascend_vlm.batching.request import GenerationRequest, RequestResult, TokenEvent
+from ascend_vlm.batching.request import (
+    GenerationRequest,
+    RequestHandle,
+    RequestResult,
+    SequenceState,
+    TokenEvent,
+)
 from ascend_vlm.batching.row_cache import RowCache
 from ascend_vlm.batching.sampling import generation_rules, next_token, request_generator
 from ascend_vlm.models import require_feature
 from ascend_vlm.patching.ledger import applied_features
-
-
-@dataclass
-class _Sequence:
-    """A request's state from submission to its result."""
-
-    request: GenerationRequest
-    inputs: dict[str, torch.Tensor]
-    size: RequestSize
-    submitted: float
-    generator: torch.Generator | None
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    admitted: float | None = None
-    first_token: float | None = None
-    rope_delta: int = 0
-    emitted: int = 0  # characters of text already streamed
-    cancelled: bool = False
-    finish_reason: str | None = None
-    # Its own cache and the KV bytes it will reach, when sequences cannot share one (pruning).
-    cache: Any = None
-    kv_bytes: int = 0
-
-
-class RequestHandle:
-    """A submitted request: its ``request_id`` and :meth:`cancel`."""
-
-    def __init__(self, sequence: _Sequence) -> None:
-        self._sequence = sequence
-        self.request_id = sequence.request.request_id
-
-    def cancel(self) -> None:
-        """Stop the request at the next step: it ends with ``finish_reason`` "cancelled" and
-        frees its batch row and budget."""
-        self._sequence.cancelled = True
 
 
 @dataclass(frozen=True)
@@ -146,10 +119,10 @@ class BatchGenerator:
         eos = generation_config.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self._rules = generation_rules(generation_config, sorted(self._eos))
-        self._kv_bytes_per_token = _kv_bytes_per_token(self._base)
+        self._kv_bytes_per_token = kv_bytes_per_token(self._base)
         self._device = next(self._base.parameters()).device
-        self._waiting: deque[_Sequence] = deque()
-        self._running: list[_Sequence] = []
+        self._waiting: deque[SequenceState] = deque()
+        self._running: list[SequenceState] = []
         self._rows = RowCache()
         self._clock = time.perf_counter()
         # Events made by a step and not yet yielded (run() may be left between two).
@@ -187,7 +160,7 @@ class BatchGenerator:
         why = refusal(self.budgets, size, self._kv_bytes_per_token)
         if why is not None:
             raise BudgetError(f"{why} (request {request.request_id!r})")
-        sequence = _Sequence(
+        sequence = SequenceState(
             request=request,
             inputs=inputs,
             size=size,
@@ -199,7 +172,7 @@ class BatchGenerator:
         self._submit_seconds += time.perf_counter() - start
         return RequestHandle(sequence)
 
-    def _pending_sequences(self) -> list[_Sequence]:
+    def _pending_sequences(self) -> list[SequenceState]:
         return [*self._waiting, *self._running]
 
     # ------------------------------------------------------------------ running
@@ -324,10 +297,10 @@ class BatchGenerator:
         if trace_events.listening():
             trace_events.emit("batching_step", self._base, **asdict(usage))
 
-    def _admit(self, events: Any) -> list[_Sequence]:
+    def _admit(self, events: Any) -> list[SequenceState]:
         """Waiting requests that fit this step's budgets, first come first served."""
         budgets = self.budgets
-        admitted: list[_Sequence] = []
+        admitted: list[SequenceState] = []
         tokens = len(self._running)
         visual = 0
         while self._waiting:
@@ -356,7 +329,7 @@ class BatchGenerator:
             visual += size.visual_tokens
         return admitted
 
-    def _projected_kv(self, sequences: list[_Sequence]) -> int:
+    def _projected_kv(self, sequences: list[SequenceState]) -> int:
         """KV bytes ``sequences`` reach at their longest: of the shared right-aligned cache, or
         the sum of their own caches'."""
         if self._own_caches:
@@ -364,7 +337,7 @@ class BatchGenerator:
         longest = [sequence.size.longest for sequence in sequences]
         return projected_kv_bytes(longest, self._kv_bytes_per_token)
 
-    def _prefill(self, sequence: _Sequence, events: Any) -> None:
+    def _prefill(self, sequence: SequenceState, events: Any) -> None:
         """Prefill ``sequence`` alone, as ``generate`` does (padding a batch of prompts to the
         longest would cost more than the batching saves, and change the arithmetic), and add
         it to the running batch unless it finished at its first token."""
@@ -384,7 +357,7 @@ class BatchGenerator:
             return
         if self._own_caches:
             sequence.cache = cache
-            held = sum(t.numel() * t.element_size() for t in _cached_tensors(cache))
+            held = cached_kv_bytes(cache)
             remaining = sequence.request.max_new_tokens - 1
             sequence.kv_bytes = held + remaining * self._kv_bytes_per_token
         else:
@@ -453,7 +426,7 @@ class BatchGenerator:
                 done.append(row)
         self._leave(done)
 
-    def _take(self, sequence: _Sequence, logits: torch.Tensor, events: Any) -> bool:
+    def _take(self, sequence: SequenceState, logits: torch.Tensor, events: Any) -> bool:
         """Choose and record the sequence's next token; True when the sequence finished (its
         result is in ``events``). The model's generation-config processors (repetition
         penalty, minimum length) see the prompt and the tokens so far, as in ``generate``."""
@@ -495,7 +468,7 @@ class BatchGenerator:
         leaving = set(rows)
         self._running = [s for row, s in enumerate(self._running) if row not in leaving]
 
-    def _finish(self, sequence: _Sequence, reason: str) -> RequestResult:
+    def _finish(self, sequence: SequenceState, reason: str) -> RequestResult:
         self._finished += 1
         self._output_tokens += len(sequence.tokens)
         trace_events.emit(
@@ -515,18 +488,3 @@ class BatchGenerator:
 
     def _now(self) -> float:
         return time.perf_counter() - self._clock
-
-
-def _cached_tensors(cache: Any) -> list[torch.Tensor]:
-    return [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
-
-
-def _kv_bytes_per_token(model: nn.Module) -> int:
-    """Bytes of keys and values one token adds to the cache, over every decoder layer."""
-    config = model.config
-    text = getattr(config, "text_config", None) or config
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    element = model.get_input_embeddings().weight.element_size()  # the language model's dtype
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * element

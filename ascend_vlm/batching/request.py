@@ -1,4 +1,5 @@
-"""`GenerationRequest` (what to generate) and `RequestResult` (what came out, with timings)."""
+"""`GenerationRequest` (what to generate), its state while it runs (`SequenceState`, with the
+`RequestHandle` that cancels it), and `RequestResult` (what came out, with timings)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
+
+from ascend_vlm.batching.budgets import RequestSize
 
 _IDS = itertools.count()
 
@@ -118,3 +123,38 @@ class TokenEvent:
     request_id: str
     token: int
     text: str
+
+
+@dataclass
+class SequenceState:
+    """A request's state from submission to its result."""
+
+    request: GenerationRequest
+    inputs: dict[str, torch.Tensor]
+    size: RequestSize
+    submitted: float
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    admitted: float | None = None
+    first_token: float | None = None
+    rope_delta: int = 0
+    emitted: int = 0  # characters of text already streamed
+    cancelled: bool = False
+    finish_reason: str | None = None
+    # Its own cache and the KV bytes it will reach, when sequences cannot share one (pruning).
+    cache: Any = None
+    kv_bytes: int = 0
+
+
+class RequestHandle:
+    """A submitted request: its ``request_id`` and :meth:`cancel`."""
+
+    def __init__(self, sequence: SequenceState) -> None:
+        self._sequence = sequence
+        self.request_id = sequence.request.request_id
+
+    def cancel(self) -> None:
+        """Stop the request at the next step: it ends with ``finish_reason`` "cancelled" and
+        frees its batch row and budget."""
+        self._sequence.cancelled = True

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ascend_vlm._compat import cache_layer_kind, replace_cached_states
+from ascend_vlm._compat.cache import cache_layer_kind, replace_cached_states
 
 
 def _layers(cache: Any) -> int:

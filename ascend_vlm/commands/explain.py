@@ -45,7 +45,11 @@ def run_command(args: argparse.Namespace) -> int:
     """Run ``explain``; argparse errors (status 2) name the bad option."""
     from PIL import Image, UnidentifiedImageError
 
-    from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_checkpoint, resolve_model
+    from ascend_vlm.evaluation.checkpoints import (
+        check_checkpoint,
+        load_model_and_processor,
+        resolve_model,
+    )
     from ascend_vlm.observability.explain import explain, save_explanation
 
     parser = args.parser
@@ -69,7 +73,7 @@ def run_command(args: argparse.Namespace) -> int:
         check_checkpoint(model_path, "--model")
     except FileNotFoundError as error:
         parser.error(str(error))
-    model, processor = load_checkpoint(model_path, "--model")
+    model, processor = load_model_and_processor(model_path, "--model")
     if args.patch:
         from ascend_vlm.patching import patch
 

@@ -132,7 +132,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run ``generate-batch``; argparse errors (status 2) name the bad option or line."""
     from ascend_vlm.batching.budgets import BudgetError
     from ascend_vlm.batching.generator import BatchGenerator
-    from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_checkpoint
+    from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_model_and_processor
     from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
     parser = args.parser
@@ -149,7 +149,7 @@ def run_command(args: argparse.Namespace) -> int:
         requests = read_requests(args.requests)
     except (FileNotFoundError, RequestFileError) as error:
         parser.error(str(error))
-    model, processor = load_checkpoint(args.model, "--model")
+    model, processor = load_model_and_processor(args.model, "--model")
     # Every request is encoded at submission; the fast image part gives the same tensors.
     processor = with_fast_pixels(processor, workers=2)
     if args.patch:

@@ -4,9 +4,9 @@
 chunks that are non-zero on some rank (exactly, or DGC-style top-k with error feedback).
 """
 
+from ascend_vlm.distributed.allreduce_stats import SparseAllReduceStats
 from ascend_vlm.distributed.sparse_allreduce import (
     SparseAllReduceState,
-    SparseAllReduceStats,
     register_sparse_allreduce,
     sparse_allreduce_hook,
 )

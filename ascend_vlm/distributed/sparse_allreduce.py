@@ -37,80 +37,31 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ascend_vlm.distributed.allreduce_stats import SparseAllReduceStats
+from ascend_vlm.distributed.gradient_chunks import (
+    MASK_DTYPE,
+    SUPPORTED_DTYPES,
+    GradientChunks,
+    union_rows,
+)
+
 __all__ = [
     "SparseAllReduceState",
-    "SparseAllReduceStats",
     "register_sparse_allreduce",
     "sparse_allreduce_hook",
 ]
-
-# float64 is left out on purpose: HcclAllReduce on Atlas training products accepts int8, int32,
-# int64, float16, float32 (A2 adds bfp16) but not float64 (hiascend hcclapiref hcclcpp_07_0015).
-_SAME_WIDTH_INT = {
-    torch.float32: torch.int32,
-    torch.bfloat16: torch.int16,
-    torch.float16: torch.int16,
-}
-_SUPPORTED_DTYPES = tuple(_SAME_WIDTH_INT)
-
-# The chunk mask travels as int8 with MAX: HCCL reduces int8 but not uint8 (same page as above),
-# and gloo supports int8 MAX too.
-_MASK_DTYPE = torch.int8
 
 # Both collectives use only async all_reduce, Work.wait() and Work.get_future()/.then, which HCCL
 # provides too (Ascend/pytorch torch_npu/csrc/distributed/ProcessGroupHCCL.cpp); this
 # hook has only run on gloo here, not on NPU hardware.
 
 MODES = ("exact", "topk")
-
-
-@dataclass(slots=True)
-class SparseAllReduceStats:
-    """Running counters of one :class:`SparseAllReduceState`, cheap enough to keep on.
-
-    ``bytes_*`` count the payload one rank hands to all-reduce (the ring or tree algorithm
-    multiplies both sides by the same factor); ``bytes_sent`` includes the chunk mask.
-    """
-
-    steps: int = 0
-    buckets: int = 0
-    dense_fallbacks: int = 0
-    warmup_buckets: int = 0
-    chunks_probed: int = 0
-    chunks_nonzero: int = 0
-    bytes_dense: int = 0
-    bytes_sent: int = 0
-    seconds: float = 0.0
-
-    @property
-    def chunk_density(self) -> float:
-        """Fraction of probed chunks that were non-zero on at least one rank."""
-        return self.chunks_nonzero / self.chunks_probed if self.chunks_probed else 0.0
-
-    @property
-    def bytes_ratio(self) -> float:
-        """``bytes_dense / bytes_sent``: how many times fewer bytes than the default hook."""
-        return self.bytes_dense / self.bytes_sent if self.bytes_sent else math.inf
-
-    @property
-    def seconds_per_bucket(self) -> float:
-        """Mean wall time from hook entry to the bucket's all-reduce completing."""
-        return self.seconds / self.buckets if self.buckets else 0.0
-
-    def summary(self) -> str:
-        return (
-            f"steps={self.steps} buckets={self.buckets} dense_fallbacks={self.dense_fallbacks} "
-            f"warmup_buckets={self.warmup_buckets} chunk_density={self.chunk_density:.3f} "
-            f"bytes_ratio={self.bytes_ratio:.2f}x "
-            f"ms_per_bucket={1e3 * self.seconds_per_bucket:.2f}"
-        )
 
 
 def _check_fraction(name: str, value: float) -> float:
@@ -262,7 +213,7 @@ class SparseAllReduceState:
                 setattr(self.stats, counter, getattr(self.stats, counter) + amount)
 
     def _packing_space(
-        self, bucket_index: int, chunks: "_Chunks", row_ids: torch.Tensor, with_tail: bool
+        self, bucket_index: int, chunks: "GradientChunks", row_ids: torch.Tensor, with_tail: bool
     ) -> torch.Tensor:
         """This bucket's packing buffer, grown (with 25% slack, at most the bucket) to fit."""
         numel = chunks.packed_numel(row_ids, with_tail)
@@ -281,109 +232,6 @@ class SparseAllReduceState:
         if is_last:
             self.iter += 1
             self._count(steps=1)
-
-
-class _Chunks:
-    """A flat tensor seen as ``num_full`` rows of ``chunk_size`` plus a shorter tail chunk."""
-
-    __slots__ = ("chunk_size", "flat", "num_full", "rows", "tail")
-
-    def __init__(self, flat: torch.Tensor, chunk_size: int) -> None:
-        self.flat = flat
-        self.chunk_size = chunk_size
-        self.num_full = flat.numel() // chunk_size
-        self.rows = flat[: self.num_full * chunk_size].view(self.num_full, chunk_size)
-        self.tail = flat[self.num_full * chunk_size :]
-
-    @property
-    def count(self) -> int:
-        return self.num_full + (1 if self.tail.numel() else 0)
-
-    def _per_chunk(self, reduce_rows: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """``reduce_rows`` maps [rows, width] to [rows]; applied to the full rows and the tail."""
-        result = reduce_rows(self.rows)
-        if self.tail.numel():
-            result = torch.cat([result, reduce_rows(self.tail.view(1, -1))])
-        return result
-
-    def nonzero_mask(self, via_bytes: bool | None = None) -> torch.Tensor:
-        """int8 [count]: 1 where some element's bit pattern is not +0.0, else 0.
-
-        Tested on raw bits so that -0.0 and NaN count as non-zero: a chunk is skipped only if
-        it is all +0.0, and +0.0 / world_size summed over ranks is +0.0, exactly what the dense
-        hook produces there. On CPU a uint8 max over the bytes is one vectorised pass, cheaper
-        than an integer max plus min or ``any``; whether NPU reduces uint8 is UNVERIFIED, so
-        other devices compare same-width integers with 0.
-        ``via_bytes`` forces one formulation (both give the same mask); None picks by device.
-        """
-        if via_bytes is None:
-            via_bytes = self.flat.device.type == "cpu"
-        if via_bytes:
-            width = self.chunk_size * self.flat.element_size()
-            raw = _Chunks(self.flat.view(torch.uint8), width)
-            return raw._per_chunk(lambda rows: rows.amax(dim=1).clamp_(max=1)).view(_MASK_DTYPE)
-        bits = _Chunks(self.flat.view(_SAME_WIDTH_INT[self.flat.dtype]), self.chunk_size)
-        return bits._per_chunk(lambda rows: rows.ne(0).any(dim=1)).to(_MASK_DTYPE)
-
-    def norms(self) -> torch.Tensor:
-        """float32 [count]: L2 norm of each chunk."""
-        return self._per_chunk(
-            lambda rows: torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32)
-        )
-
-    def packed_numel(self, row_ids: torch.Tensor, with_tail: bool) -> int:
-        """Elements of the selected rows (and the tail, if ``with_tail``)."""
-        return row_ids.numel() * self.chunk_size + (self.tail.numel() if with_tail else 0)
-
-    def gather(
-        self, row_ids: torch.Tensor, with_tail: bool, space: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Concatenate the selected rows (and the tail) into one flat tensor.
-
-        The result is a new tensor, or the front of ``space`` (flat, same dtype, at least
-        :meth:`packed_numel` elements) if given.
-        """
-        tail_len = self.tail.numel() if with_tail else 0
-        numel = self.packed_numel(row_ids, with_tail)
-        packed = self.flat.new_empty(numel) if space is None else space[:numel]
-        rows_out = packed[: row_ids.numel() * self.chunk_size].view(-1, self.chunk_size)
-        torch.index_select(self.rows, 0, row_ids, out=rows_out)
-        if with_tail:
-            packed[-tail_len:].copy_(self.tail)
-        return packed
-
-    def scatter_(
-        self,
-        row_ids: torch.Tensor,
-        with_tail: bool,
-        packed: torch.Tensor,
-        via_numpy: bool | None = None,
-    ) -> None:
-        """Inverse of :meth:`gather`: write ``packed`` back into the selected chunks.
-
-        On CPU the rows are copied by NumPy's row assignment on same-width integer views (a
-        bit-exact copy of whole contiguous rows, where ``index_copy_`` copies element by
-        element; README's benchmark section has the ratio). Other devices use ``index_copy_``. ``via_numpy`` forces one of the two (same result);
-        None picks by device.
-        """
-        rows_in = packed[: row_ids.numel() * self.chunk_size].view(-1, self.chunk_size)
-        rows_in = rows_in.to(self.rows.dtype)
-        if via_numpy is None:
-            via_numpy = self.rows.device.type == "cpu"
-        if via_numpy:
-            as_bits = _SAME_WIDTH_INT[self.rows.dtype]
-            self.rows.view(as_bits).numpy()[row_ids.numpy()] = rows_in.view(as_bits).numpy()
-        else:
-            self.rows.index_copy_(0, row_ids, rows_in)
-        if with_tail:
-            self.tail.copy_(packed[-self.tail.numel() :])
-
-
-def _union_rows(union: torch.Tensor, chunks: _Chunks) -> tuple[torch.Tensor, bool, int]:
-    """Row ids of the full chunks set in the int8 ``union`` mask, the tail flag, and their count."""
-    row_ids = union[: chunks.num_full].bool().nonzero().view(-1)
-    with_tail = chunks.count > chunks.num_full and bool(union[-1])
-    return row_ids, with_tail, row_ids.numel() + int(with_tail)
 
 
 class _BucketReduction:
@@ -492,10 +340,10 @@ def _exact_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
             return
         del state.dense_until[bucket_index]
 
-    chunks = _Chunks(buffer, state.chunk_size)
+    chunks = GradientChunks(buffer, state.chunk_size)
 
     def with_union(union: torch.Tensor) -> None:
-        row_ids, with_tail, num_sent = _union_rows(union, chunks)
+        row_ids, with_tail, num_sent = union_rows(union, chunks)
         _count_mask(state, union, chunks.count, num_sent)
         if num_sent > state.density_threshold * chunks.count:
             state._count(dense_fallbacks=1)
@@ -543,16 +391,16 @@ def _topk_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
         residual = torch.zeros(buffer.numel(), dtype=torch.float32, device=buffer.device)
         state.residuals[bucket_index] = residual
     accumulated = residual.add_(buffer)  # the residual tensor now holds residual + gradient
-    acc_chunks = _Chunks(accumulated, state.chunk_size)
+    acc_chunks = GradientChunks(accumulated, state.chunk_size)
 
     norms = acc_chunks.norms()
     keep = max(1, math.ceil(state.topk_ratio * acc_chunks.count))
-    mask = torch.zeros(acc_chunks.count, dtype=_MASK_DTYPE, device=buffer.device)
+    mask = torch.zeros(acc_chunks.count, dtype=MASK_DTYPE, device=buffer.device)
     mask[norms.topk(keep).indices] = 1  # keep <= count because topk_ratio <= 1
     mask.mul_(norms > 0)
 
     def with_union(union: torch.Tensor) -> None:
-        row_ids, with_tail, num_sent = _union_rows(union, acc_chunks)
+        row_ids, with_tail, num_sent = union_rows(union, acc_chunks)
         _count_mask(state, union, acc_chunks.count, num_sent)
         # What is sent is the bucket-dtype rounding of the accumulated chunks; the residual
         # keeps everything else, including that rounding error, so nothing is lost over steps.
@@ -563,7 +411,7 @@ def _topk_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
         if num_sent == 0:
             reduction.send(None)
             return
-        out_chunks = _Chunks(buffer, state.chunk_size)
+        out_chunks = GradientChunks(buffer, state.chunk_size)
         reduction.send(
             sent, unpack=lambda averaged: out_chunks.scatter_(row_ids, with_tail, averaged)
         )
@@ -624,7 +472,7 @@ def _reduce_bucket(
     state: SparseAllReduceState, buffer: torch.Tensor, bucket_index: int, is_last: bool
 ) -> torch.futures.Future[torch.Tensor]:
     """The hook on a bare flat buffer (used by the hook itself and by the benchmark)."""
-    if buffer.dtype not in _SUPPORTED_DTYPES:
+    if buffer.dtype not in SUPPORTED_DTYPES:
         raise TypeError(
             f"bucket: expected gradients of dtype float32, bfloat16 or float16, got {buffer.dtype}"
         )

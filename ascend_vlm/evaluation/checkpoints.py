@@ -34,7 +34,7 @@ def check_checkpoint(path: str | os.PathLike, argument: str = "path") -> None:
     require_processor_files(path, argument)
 
 
-def load_checkpoint(path: str | os.PathLike, argument: str = "path") -> tuple[Any, Any]:
+def load_model_and_processor(path: str | os.PathLike, argument: str = "path") -> tuple[Any, Any]:
     """``(model, processor)`` of the checkpoint folder ``path``, the model in eval mode.
 
     Raises ``FileNotFoundError`` naming ``argument`` as :func:`check_checkpoint` does.

@@ -243,7 +243,7 @@ class EvalCommand:
     def run(self, args: argparse.Namespace) -> int:
         """Validate ``args`` (errors exit through argparse, status 2), evaluate every
         configuration, print the report and write it to ``--json``; returns 0."""
-        from ascend_vlm.evaluation.checkpoints import load_checkpoint
+        from ascend_vlm.evaluation.checkpoints import load_model_and_processor
         from ascend_vlm.evaluation.report import (
             build_report,
             configuration_entry,
@@ -263,7 +263,7 @@ class EvalCommand:
         entries = []
         for configuration in configurations:
             _say(f"loading {configuration.model} ...")
-            model, processor = load_checkpoint(configuration.model)
+            model, processor = load_model_and_processor(configuration.model)
             try:
                 options = self.registry.apply(model, configuration.args, processor)
             except ValueError as error:  # the loaded model refuses a feature's flags

@@ -81,7 +81,7 @@ def generate_answers(
     """
     from tqdm import tqdm
 
-    from ascend_vlm.data.vqa import pad_token_id_of, processor_for_another_thread
+    from ascend_vlm.data.vqa import pad_token_id_of
 
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(
@@ -96,27 +96,12 @@ def generate_answers(
         for start in range(0, len(dataset), batch_size)
     ]
 
-    def batches() -> Any:
-        if not prefetch:
-            encoding = with_fast_pixels(processor)
-            return contextlib.nullcontext(
-                _batch_inputs(encoding, dataset, indices, None) for indices in chunks
-            )
-        # Encoded in another thread while answers are decoded here: its own tokenizer.
-        encoding = with_fast_pixels(processor_for_another_thread(processor))
-        return device_prefetcher(
-            chunks,
-            lambda indices, staging: _batch_inputs(encoding, dataset, indices, staging),
-            device,
-            describe=lambda indices: f"samples {indices.start}-{indices.stop - 1}",
-        )
-
     # The batches start last, so their preparation counts in the measured peak memory.
     with (
         torch.no_grad(),
         PeakRSS() as memory,
         tqdm(total=len(dataset), desc=description, unit="sample", disable=not progress) as bar,
-        batches() as prepared,
+        _prepared_batches(processor, dataset, chunks, device, prefetch) as prepared,
     ):
         for indices, batch in zip(chunks, prepared, strict=True):
             start = indices.start
@@ -138,15 +123,38 @@ def generate_answers(
             answers = processor.batch_decode(
                 output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
             )
-            for index, sample, answer in zip(indices, samples, answers, strict=True):
-                predictions.append(
-                    Prediction(
-                        index,
-                        dataset.question_type(index),
-                        sample.question,
-                        sample.answer,
-                        answer,
-                    )
-                )
+            predictions += _predictions(dataset, indices, samples, answers)
             bar.update(len(samples))
     return RunResult(predictions, stage_times, memory.peak_bytes)
+
+
+def _prepared_batches(
+    processor: Any, dataset: EvalDataset, chunks: list[range], device: torch.device, prefetch: bool
+) -> Any:
+    """A context manager over the model inputs of ``chunks`` (:func:`_batch_inputs`): prepared
+    ahead in a background thread (and on an NPU uploaded) with ``prefetch``, else when due."""
+    from ascend_vlm.data.vqa import processor_for_another_thread
+
+    if not prefetch:
+        encoding = with_fast_pixels(processor)
+        return contextlib.nullcontext(
+            _batch_inputs(encoding, dataset, indices, None) for indices in chunks
+        )
+    # Encoded in another thread while answers are decoded here: its own tokenizer.
+    encoding = with_fast_pixels(processor_for_another_thread(processor))
+    return device_prefetcher(
+        chunks,
+        lambda indices, staging: _batch_inputs(encoding, dataset, indices, staging),
+        device,
+        describe=lambda indices: f"samples {indices.start}-{indices.stop - 1}",
+    )
+
+
+def _predictions(
+    dataset: EvalDataset, indices: range, samples: list, answers: list[str]
+) -> list[Prediction]:
+    """One :class:`Prediction` per sample of a batch, with its question type and answer."""
+    return [
+        Prediction(index, dataset.question_type(index), sample.question, sample.answer, answer)
+        for index, sample, answer in zip(indices, samples, answers, strict=True)
+    ]

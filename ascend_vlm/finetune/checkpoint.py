@@ -200,7 +200,7 @@ def resolve_checkpoint(output_dir: str | os.PathLike, resume: str) -> Path:
     return path
 
 
-def load_checkpoint(
+def load_training_state(
     path: Path,
     *,
     model: Any,

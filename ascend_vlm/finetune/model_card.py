@@ -9,51 +9,19 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ascend_vlm.adapters.adapter_set import DEFAULT_ADAPTER_NAME
 from ascend_vlm.quantization.config import DEFAULT_GROUP_SIZE
 
-
-class RunSettings(Protocol):
-    """The settings of a run a card states: the fields of
-    :class:`ascend_vlm.finetune.train.TrainConfig` (whose module imports this one) it reads."""
-
-    train_data: str | None
-    eval_data: str | None
-    data_seed: int
-    image_size: int
-    shapes_binding: bool
-    shapes_new_kinds: bool
-    question_types: Sequence[str]
-    eval_question_types: Sequence[str]
-    max_steps: int
-    batch_size: int
-    grad_accum: int
-    learning_rate: float
-    weight_decay: float
-    warmup_steps: int
-    max_grad_norm: float
-    seed: int
-    lora_r: int
-    lora_alpha: int
-    lora_dropout: float
-    lora_targets: Sequence[str]
-    lora_vision: bool
-    lora_projector: bool
-    modules_to_save: Sequence[str]
-    full_finetune: bool
-    adapter_name: str
-    new_tokens: Sequence[str]
-    quantize: int | None
-    max_new_tokens: int
+if TYPE_CHECKING:
+    from ascend_vlm.finetune.config import TrainConfig
 
 
 class RunOutcome(Protocol):
     """The outcome of a run a card states: the fields of
-    :class:`ascend_vlm.finetune.train.TrainResult` it reads."""
+    :class:`ascend_vlm.finetune.train.TrainResult` (whose module imports this one) it reads."""
 
     eval_accuracy: float
     last_loss: float
@@ -65,7 +33,7 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
-def _data_line(path: str | None, records: int, split: str, config: RunSettings) -> str:
+def _data_line(path: str | None, records: int, split: str, config: TrainConfig) -> str:
     if path is not None:
         return f"JSONL file `{path}`, {records} records used"
     types = config.question_types if split == "train" else config.eval_question_types
@@ -85,7 +53,7 @@ def _data_line(path: str | None, records: int, split: str, config: RunSettings) 
     return line
 
 
-def _trained_line(config: RunSettings) -> str:
+def _trained_line(config: TrainConfig) -> str:
     if config.full_finetune:
         return "Every weight of the base model (full fine-tuning)."
     parts = [f"the language model's {', '.join(config.lora_targets)} linears"]
@@ -118,22 +86,10 @@ def _trained_line(config: RunSettings) -> str:
     return line
 
 
-def model_card(
-    config: RunSettings,
-    result: RunOutcome,
-    world_size: int,
-    folder: Path,
-    *,
-    base_path: str,
-    base_description: str,
-) -> str:
-    """Markdown card of a finished run of ``config`` (on ``world_size`` ranks) whose final
-    folder is ``folder``: the base model at ``base_path``, described by ``base_description``."""
-    folder = Path(os.path.abspath(folder))
-    global_batch = config.batch_size * config.grad_accum * world_size
-    loss = "n/a (no step ran in the final invocation)"
-    if not math.isnan(result.last_loss):
-        loss = f"{result.last_loss:.4g}"
+def _kind_header_and_loading(
+    config: TrainConfig, folder: Path, base_path: str
+) -> tuple[str, list[str], list[str]]:
+    """What the folder holds, the card's front matter, and the Python lines that load it."""
     if config.full_finetune:
         kind = "Fully fine-tuned model"
         header = ["---", "tags: [ascend_vlm, vqa]", "---"]
@@ -172,6 +128,26 @@ def model_card(
         if config.adapter_name == DEFAULT_ADAPTER_NAME:
             named = ""
         load.append(f'model = PeftModel.from_pretrained(base, "{folder}"{named})')
+    return kind, header, load
+
+
+def model_card(
+    config: TrainConfig,
+    result: RunOutcome,
+    world_size: int,
+    folder: Path,
+    *,
+    base_path: str,
+    base_description: str,
+) -> str:
+    """Markdown card of a finished run of ``config`` (on ``world_size`` ranks) whose final
+    folder is ``folder``: the base model at ``base_path``, described by ``base_description``."""
+    folder = Path(os.path.abspath(folder))
+    global_batch = config.batch_size * config.grad_accum * world_size
+    loss = "n/a (no step ran in the final invocation)"
+    if not math.isnan(result.last_loss):
+        loss = f"{result.last_loss:.4g}"
+    kind, header, load = _kind_header_and_loading(config, folder, base_path)
     lines = [
         *header,
         "",

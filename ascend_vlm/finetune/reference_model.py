@@ -56,7 +56,7 @@ class Recipe:
     of ``batch_size`` samples over ``train_size`` distinct train records (``data_seed``;
     encoded once and kept in memory, about 1.2 MB of pixel values each at 224 px), with a
     linear warm-up over ``warmup_steps`` to ``learning_rate`` then cosine decay
-    (:func:`ascend_vlm.finetune.train.scheduled_lr`); ``seed`` seeds the default model's
+    (:func:`ascend_vlm.finetune.schedule.scheduled_lr`); ``seed`` seeds the default model's
     weights, the sampler order and dropout. ``eval_size`` held-out records per question type
     are answered after training.
 
@@ -202,8 +202,8 @@ def _initial_checkpoint(folder: Path, recipe: Recipe) -> None:
 
 
 def train_config(recipe: Recipe, output_dir: Path, model_path: Path, progress: bool):
-    """The :class:`~ascend_vlm.finetune.train.TrainConfig` of ``recipe``'s training run."""
-    from ascend_vlm.finetune.train import TrainConfig
+    """The :class:`~ascend_vlm.finetune.config.TrainConfig` of ``recipe``'s training run."""
+    from ascend_vlm.finetune.config import TrainConfig
 
     return TrainConfig(
         output_dir=str(output_dir),
@@ -230,12 +230,10 @@ def train_config(recipe: Recipe, output_dir: Path, model_path: Path, progress: b
 def _build(target: Path, recipe: Recipe, progress: bool) -> None:
     from ascend_vlm._version import __version__
     from ascend_vlm.finetune.checkpoint import atomic_write_text
-    from ascend_vlm.finetune.train import (
-        FINAL_MODEL,
-        accuracy_per_type,
-        init_process_placement,
-        train,
-    )
+    from ascend_vlm.finetune.export import FINAL_MODEL
+    from ascend_vlm.finetune.held_out import accuracy_per_type
+    from ascend_vlm.finetune.placement import init_process_placement
+    from ascend_vlm.finetune.train import train
 
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

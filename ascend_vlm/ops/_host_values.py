@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from ascend_vlm._compat import fake_tensor_test
+from ascend_vlm._compat.torch_internals import fake_tensor_test
 
 Value = TypeVar("Value")
 _is_fake = fake_tensor_test()

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from ascend_vlm._compat import torch_mode_stack_depths
+from ascend_vlm._compat.torch_internals import torch_mode_stack_depths
 from ascend_vlm.kernel_backend import use_npu_kernels
 from ascend_vlm.ops._checks import invalid
 from ascend_vlm.ops._op_spec import OpSpec

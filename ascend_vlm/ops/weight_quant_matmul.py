@@ -50,7 +50,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ascend_vlm._compat import int8_weight_matmul
+from ascend_vlm._compat.torch_internals import int8_weight_matmul
 from ascend_vlm.kernel_backend import active_backend, use_npu_kernels
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
 from ascend_vlm.ops._op_spec import load_spec

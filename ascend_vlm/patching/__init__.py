@@ -24,7 +24,7 @@ How (the *what* lives in `ascend_vlm.models`), one module per concern:
   ``apply_rotary_pos_emb``) resolved to an adapter around ``ops.rotary_embedding_pair`` (q and
   k in one call); the transformers module and class stay untouched. Decorators on that forward
   (``deprecate_kwarg``, kernels' ``use_kernelized_func``) are rebuilt around the rebound code
-  (`ascend_vlm._compat.rewrap`), so they keep working. ``adapters.ADAPTERS`` maps each
+  (`ascend_vlm._compat.decorators.rewrap`), so they keep working. ``adapters.ADAPTERS`` maps each
   ``PartSpec`` field to its adapter.
 * `state`: what the adapters work with: the options, the report, and the ledger's edits, so
   ``unpatch`` restores exactly what was there. Modules wrapped by accelerate hooks
@@ -39,7 +39,7 @@ function with transformers, so the loaded model runs patched and still unpatches
 
 from __future__ import annotations
 
-from ascend_vlm._compat import ATTENTION_NAME
+from ascend_vlm._compat.attention import ATTENTION_NAME
 from ascend_vlm.patching.attention import ascend_attention_forward
 from ascend_vlm.patching.core import is_patched, patch, unpatch
 from ascend_vlm.patching.ledger import (

@@ -17,13 +17,12 @@ import torch
 from torch import nn
 
 from ascend_vlm import ops
-from ascend_vlm._compat import (
+from ascend_vlm._compat.decorators import rewrap, rope_problem
+from ascend_vlm._compat.module_internals import (
     MLP_ACTIVATION,
     MLP_PROJECTIONS,
     NORM_EPS_ATTRIBUTES,
     SILU_ACTIVATIONS,
-    rewrap,
-    rope_problem,
 )
 from ascend_vlm.models.family_spec import LeaveAlone, RmsNorm, Rope, SwigluMlp
 from ascend_vlm.patching.state import PatchState

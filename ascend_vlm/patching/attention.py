@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ascend_vlm import ops
-from ascend_vlm._compat import (
+from ascend_vlm._compat.attention import (
     ATTENTION_NAME,
     VARLEN_BOUND_KWARGS,
     VARLEN_KWARGS,

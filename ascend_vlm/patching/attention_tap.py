@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ascend_vlm._compat import (
+from ascend_vlm._compat.attention import (
     attention_function,
     register_attention_function,
     set_attention_implementation,

@@ -9,7 +9,6 @@ from typing import ClassVar
 from torch import nn
 
 from ascend_vlm._base_model import base_model
-from ascend_vlm._compat import check_transformers_version
 from ascend_vlm._errors import PatchError
 from ascend_vlm.models import (
     TEXT_BACKBONES,
@@ -24,6 +23,7 @@ from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, r
 from ascend_vlm.patching.report import PatchReport
 from ascend_vlm.patching.routing import attention_configs_to_route, route_attention
 from ascend_vlm.patching.state import PatchState
+from ascend_vlm.patching.version_gate import check_transformers_version
 
 
 def _find_vision_tower(base: nn.Module, paths: tuple[str, ...]) -> nn.Module | None:

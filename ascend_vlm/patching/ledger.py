@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ascend_vlm._base_model import base_model
-from ascend_vlm._compat import forward_attribute
+from ascend_vlm._compat.module_internals import forward_attribute
 from ascend_vlm._errors import PatchError
 
 # Innermost first: weights, then the kernels that run them, then what adds to layer outputs,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ascend_vlm._compat import ATTENTION_NAME
+from ascend_vlm._compat.attention import ATTENTION_NAME
 from ascend_vlm.models.family_spec import KINDS
 
 

@@ -6,7 +6,7 @@ import copy
 
 from torch import nn
 
-from ascend_vlm._compat import ATTENTION_NAME, set_attention_implementation
+from ascend_vlm._compat.attention import ATTENTION_NAME, set_attention_implementation
 from ascend_vlm.models.family_spec import PartSpec
 from ascend_vlm.patching.adapters import Part
 from ascend_vlm.patching.state import PatchState

@@ -19,10 +19,10 @@ from __future__ import annotations
 from torch import nn
 
 from ascend_vlm._base_model import base_model
-from ascend_vlm._compat import check_transformers_version
 from ascend_vlm.models import model_types_supporting, require_feature
 from ascend_vlm.models.decoder_parts import decoder_parts
 from ascend_vlm.patching.ledger import applied_features, apply_feature, remove_feature
+from ascend_vlm.patching.version_gate import check_transformers_version
 from ascend_vlm.pruning.config import PruneConfig, SnapKVConfig
 from ascend_vlm.pruning.pruner import TokenPruner
 from ascend_vlm.pruning.stats import PruningStats

@@ -27,12 +27,8 @@ from torch import nn
 
 from ascend_vlm import ops
 from ascend_vlm import trace_events as events
-from ascend_vlm._compat import (
-    ATTENTION_NAME,
-    cache_argument,
-    cache_layer_kind,
-    replace_cached_states,
-)
+from ascend_vlm._compat.attention import ATTENTION_NAME
+from ascend_vlm._compat.cache import cache_argument, cache_layer_kind, replace_cached_states
 from ascend_vlm.models.decoder_parts import DecoderParts
 from ascend_vlm.patching.attention_tap import (
     tap_for_call,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ascend_vlm._compat import tensor_version
+from ascend_vlm._compat.torch_internals import tensor_version
 from ascend_vlm.kernel_backend import use_npu_kernels
 from ascend_vlm.ops import npu_int4_kernel_takes, prepack_int4_for_npu, weight_quant_matmul
 from ascend_vlm.quantization.quantized_weight import QuantizedWeight, group_count, storage_of

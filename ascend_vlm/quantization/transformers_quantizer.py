@@ -16,25 +16,13 @@
   method and load those layers as float layers of random weights.
 
 Both rely on transformers internals that no public contract covers; each is checked by a named
-probe (:data:`PROBES`, run once per process) when a model loads, and a failing probe is a
-PatchError naming it.
-
-========================= ===============================================================
-probe                     detail
-========================= ===============================================================
-quantizer-hooks           ``HfQuantizer`` calls ``_process_model_before_weight_loading`` /
-                          ``_process_model_after_weight_loading`` and asks
-                          ``param_needs_quantization`` / ``get_quantize_ops`` (5.17 to 5.25).
-quantize-op-call          the loader runs a param's ``quantization_operation`` (a
-                          ``core_model_loading.ConversionOps``) on the loaded tensor with
-                          ``full_layer_name``, ``model`` and ``missing_keys`` (5.17 to 5.25).
-========================= ===============================================================
+probe (:data:`ascend_vlm._compat.quantizer.QUANTIZER_PROBES`, run once per process) when a
+model loads, and a failing probe is a PatchError naming it.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any
 
 import transformers
@@ -47,50 +35,14 @@ from transformers.quantizers.auto import (
 )
 from transformers.quantizers.base import HfQuantizer
 
-from ascend_vlm._compat import Probe
+from ascend_vlm._compat.probe import Probe
+from ascend_vlm._compat.quantizer import QUANTIZER_PROBES
 from ascend_vlm._errors import PatchError
 from ascend_vlm.quantization.config import QUANT_METHOD, QuantizationConfig
 from ascend_vlm.quantization.feature import install_quantization
 from ascend_vlm.quantization.quantize import quantization_targets, quantize_linear
 from ascend_vlm.quantization.quantized_checkpoint import check_checkpoint
 from ascend_vlm.quantization.quantized_weight import QuantizedWeight
-
-_HOOKS = (
-    "_process_model_before_weight_loading",
-    "_process_model_after_weight_loading",
-    "param_needs_quantization",
-    "get_quantize_ops",
-)
-
-
-def _quantizer_hooks() -> str | None:
-    missing = [name for name in _HOOKS if not hasattr(HfQuantizer, name)]
-    if missing:
-        return f"HfQuantizer has no {', '.join(missing)}"
-    for caller, hook in (
-        ("preprocess_model", "_process_model_before_weight_loading"),
-        ("postprocess_model", "_process_model_after_weight_loading"),
-    ):
-        if hook not in inspect.getsource(getattr(HfQuantizer, caller)):
-            return f"HfQuantizer.{caller} does not call {hook}"
-    return None
-
-
-def _quantize_op_call() -> str | None:
-    from transformers import core_model_loading
-
-    transform = getattr(core_model_loading, "WeightTransform", None)
-    if transform is None or "quantization_operation" not in transform.__slots__:
-        return "core_model_loading.WeightTransform holds no quantization_operation"
-    source = inspect.getsource(core_model_loading)
-    if "self.quantization_operation.convert(" not in source:
-        return "no loader calls quantization_operation.convert"
-    call = source.split("self.quantization_operation.convert(", 1)[1].split(")", 1)[0]
-    absent = [k for k in ("full_layer_name=", "model=", "missing_keys=") if k not in call]
-    return f"quantization_operation.convert gets no {', '.join(absent)}" if absent else None
-
-
-PROBES = (Probe("quantizer-hooks", _quantizer_hooks), Probe("quantize-op-call", _quantize_op_call))
 
 
 @functools.cache
@@ -100,7 +52,7 @@ def _problem(probe: Probe) -> str | None:
 
 
 def _require_probes(names: tuple[str, ...], action: str) -> None:
-    for probe in PROBES:
+    for probe in QUANTIZER_PROBES:
         if probe.name in names and (why := _problem(probe)) is not None:
             raise PatchError(
                 f"quantization_config: {action} relies on a transformers internal that "

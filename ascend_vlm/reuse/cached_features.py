@@ -37,7 +37,7 @@ from torch import nn
 
 from ascend_vlm import trace_events as events
 from ascend_vlm._base_model import base_model
-from ascend_vlm._compat import tensor_version
+from ascend_vlm._compat.torch_internals import tensor_version
 from ascend_vlm.models import require_feature
 from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, remove_feature
 from ascend_vlm.reuse.cache_entry import CachedFeatures

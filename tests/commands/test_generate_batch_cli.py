@@ -39,7 +39,7 @@ def _requests(tmp_path) -> tuple:
 
 
 def test_results_come_in_input_order_and_equal_generate(tmp_path):
-    from ascend_vlm.evaluation.checkpoints import load_checkpoint
+    from ascend_vlm.evaluation.checkpoints import load_model_and_processor
 
     path, _ = _requests(tmp_path)
     out = tmp_path / "results.jsonl"
@@ -51,7 +51,7 @@ def test_results_come_in_input_order_and_equal_generate(tmp_path):
     assert [r["id"] for r in results] == ["text", "image", "chat", "line-4"]
     assert [len(r["tokens"]) for r in results] == [6, 4, 5, 3]
     assert all(r["time_to_first_token"] <= r["latency"] for r in results)
-    model, processor = load_checkpoint(str(default_model_path()), "--model")
+    model, processor = load_model_and_processor(str(default_model_path()), "--model")
     image = Image.open(tmp_path / "red.png").convert("RGB")
     messages = [{"role": "user", "content": [{"type": "image", "image": image},
                                              {"type": "text", "text": "what colour"}]}]  # fmt: skip

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ascend_vlm.distributed.sparse_allreduce import _Chunks
+from ascend_vlm.distributed.gradient_chunks import GradientChunks
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SPECIALS = (0.0, -0.0, float("nan"), float("inf"), 1e-40, -3.5)
@@ -45,7 +45,7 @@ def test_nonzero_mask_flags_every_chunk_that_is_not_all_positive_zero(
     numel: int, chunk_size: int, dtype: torch.dtype, seed: int, via_bytes: bool
 ) -> None:
     flat = chunk_tensor(numel, chunk_size, dtype, seed)
-    chunks = _Chunks(flat, chunk_size)
+    chunks = GradientChunks(flat, chunk_size)
     mask = chunks.nonzero_mask(via_bytes=via_bytes)
     assert mask.dtype == torch.int8
     assert chunks.count == math.ceil(numel / chunk_size) == mask.numel()
@@ -58,7 +58,7 @@ def test_gather_then_scatter_moves_exactly_the_selected_chunks(
     numel: int, chunk_size: int, dtype: torch.dtype, seed: int
 ) -> None:
     generator = torch.Generator().manual_seed(seed)
-    source = _Chunks(torch.randn(numel, generator=generator).to(dtype), chunk_size)
+    source = GradientChunks(torch.randn(numel, generator=generator).to(dtype), chunk_size)
     selected = torch.rand(source.count, generator=generator) < 0.5
     row_ids = selected[: source.num_full].nonzero().view(-1)
     with_tail = source.count > source.num_full and bool(selected[-1])
@@ -73,7 +73,7 @@ def test_gather_then_scatter_moves_exactly_the_selected_chunks(
     element_selected = selected.repeat_interleave(chunk_size)[:numel]
     want = torch.where(element_selected, source.flat, torch.zeros((), dtype=dtype))
     for via_numpy in (True, False):  # the CPU row assignment and the index_copy_ of devices
-        target = _Chunks(torch.zeros(numel, dtype=dtype), chunk_size)
+        target = GradientChunks(torch.zeros(numel, dtype=dtype), chunk_size)
         target.scatter_(row_ids, with_tail, packed, via_numpy=via_numpy)
         assert torch.equal(target.flat.view(torch.uint8), want.view(torch.uint8))
 
@@ -81,6 +81,6 @@ def test_gather_then_scatter_moves_exactly_the_selected_chunks(
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norms_are_per_chunk_l2_in_float32(dtype: torch.dtype) -> None:
     flat = torch.tensor([3.0, 4.0, 0.0, 0.0, -1.0], dtype=dtype)
-    norms = _Chunks(flat, 2).norms()
+    norms = GradientChunks(flat, 2).norms()
     assert norms.dtype == torch.float32
     assert norms.tolist() == [5.0, 0.0, 1.0]

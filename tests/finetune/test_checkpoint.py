@@ -43,7 +43,7 @@ def test_save_then_load_restores_weights_optimizer_and_rng(tmp_path):
     other, other_optimizer = _parts(1)
     assert checkpoint.resolve_checkpoint(tmp_path, "latest") == path
     assert checkpoint.saved_step(path) == 7
-    loop = checkpoint.load_checkpoint(path, model=other, optimizer=other_optimizer, rank=0)
+    loop = checkpoint.load_training_state(path, model=other, optimizer=other_optimizer, rank=0)
     assert loop == {"epoch": 2, "next_index": 5, "step": 7}
     assert _draws() == expected_draws
     assert torch.equal(other[1].weight, expected_weight)
@@ -66,10 +66,10 @@ def test_mismatches_and_missing_checkpoints_are_refused(tmp_path):
         tmp_path, 1, **kwargs, loop_state={}, rank=0, barrier=lambda: None
     )
     with pytest.raises(ValueError, match="RNG state for rank 1"):
-        checkpoint.load_checkpoint(path, **kwargs, rank=1)
+        checkpoint.load_training_state(path, **kwargs, rank=1)
     model[0].requires_grad_(True)
     with pytest.raises(ValueError, match="expected the checkpoint to hold this run's 4"):
-        checkpoint.load_checkpoint(path, **kwargs, rank=0)
+        checkpoint.load_training_state(path, **kwargs, rank=0)
 
 
 def test_same_names_with_other_shapes_are_refused_before_anything_is_restored(tmp_path):
@@ -84,5 +84,5 @@ def test_same_names_with_other_shapes_are_refused_before_anything_is_restored(tm
         match=r"resume: expected 1\.weight of shape \(2, 5\) as this run builds it, the "
         r"checkpoint .* holds \(2, 3\)",
     ):
-        checkpoint.load_checkpoint(path, model=wider, optimizer=wider_optimizer, rank=0)
+        checkpoint.load_training_state(path, model=wider, optimizer=wider_optimizer, rank=0)
     assert torch.equal(wider[1].weight, before)

@@ -15,14 +15,12 @@ from ascend_vlm.adapters import AdapterSet, load_visual_tokens
 from ascend_vlm.adapters.visual_vocabulary import VISUAL_TOKENS_FILE
 from ascend_vlm.data.shapes_vqa import KINDS, NEW_SHAPE_KINDS
 from ascend_vlm.data.vqa import EncodedDataset, collate, pad_token_id_of
-from ascend_vlm.finetune.train import (
-    FINAL_ADAPTER,
-    METRICS_FILE,
-    load_base_model,
-    model_inputs,
-    shapes_dataset,
-    train,
-)
+from ascend_vlm.finetune.export import FINAL_ADAPTER
+from ascend_vlm.finetune.metrics_log import METRICS_FILE
+from ascend_vlm.finetune.micro_batches import model_inputs
+from ascend_vlm.finetune.model_setup import load_base_model
+from ascend_vlm.finetune.samples import shapes_dataset
+from ascend_vlm.finetune.train import train
 
 TOKENS = ("<star>", "<cross>")
 NEW_TOKEN_SETTINGS = {
@@ -188,7 +186,7 @@ def test_tokens_no_training_record_mentions_are_refused(tmp_path):
 
 
 def test_whole_table_bytes_count_the_embedding_and_an_untied_head(new_token_run):
-    from ascend_vlm.finetune.train import whole_table_bytes
+    from ascend_vlm.finetune.communication import whole_table_bytes
 
     model = new_token_run.result.model
     embedding = model.get_input_embeddings().weight

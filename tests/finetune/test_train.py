@@ -21,18 +21,14 @@ from tiny_finetune import COMMON, SCRIPT, tiny_config
 from ascend_vlm.data.shapes_vqa import ShapesVQA
 from ascend_vlm.data.vqa import BadRecordError, EncodedDataset, collate, pad_token_id_of
 from ascend_vlm.default_model import default_model_path
+from ascend_vlm.finetune.communication import CommCounter
+from ascend_vlm.finetune.config import LANGUAGE_PROJECTIONS, TrainConfig
+from ascend_vlm.finetune.export import FINAL_ADAPTER, save_merged
+from ascend_vlm.finetune.micro_batches import model_inputs
+from ascend_vlm.finetune.model_setup import lora_target_modules
 from ascend_vlm.finetune.resume import ResumeError
-from ascend_vlm.finetune.train import (
-    FINAL_ADAPTER,
-    LANGUAGE_PROJECTIONS,
-    CommCounter,
-    TrainConfig,
-    lora_target_modules,
-    model_inputs,
-    save_merged,
-    scheduled_lr,
-    train,
-)
+from ascend_vlm.finetune.schedule import scheduled_lr
+from ascend_vlm.finetune.train import train
 
 
 def _run(output_dir: Path, nproc: int, *extra: str) -> str:
@@ -244,7 +240,7 @@ def test_a_quantized_base_trains_lora_and_its_card_loads_it_onto_the_same(tmp_pa
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
-    from ascend_vlm.quantization import QuantizationConfig, QuantLinear, quantize
+    from ascend_vlm.quantization import QuantLinear, quantize
 
     config = tiny_config(tmp_path / "qlora", quantize=4, patch=True, max_steps=2)
     result = train(config)
@@ -253,9 +249,9 @@ def test_a_quantized_base_trains_lora_and_its_card_loads_it_onto_the_same(tmp_pa
     adapter = tmp_path / "qlora" / FINAL_ADAPTER
     card = (adapter / "README.md").read_text()
     assert "weight-only quantized (W4 g128, RTN) and frozen" in card
-    assert "quantize(base, QuantizationConfig(bits=4, group_size=128))" in card
+    assert "quantize(base, bits=4, group_size=128)" in card
     base = AutoModelForImageTextToText.from_pretrained(default_model_path())
-    quantize(base, QuantizationConfig(bits=4, group_size=128), progress=False)
+    quantize(base, bits=4, group_size=128, progress=False)
     model = PeftModel.from_pretrained(base, adapter)
     adapted = [m for m in model.modules() if hasattr(m, "lora_A")]
     assert adapted and all(isinstance(m.base_layer, QuantLinear) for m in adapted)
@@ -412,7 +408,7 @@ def test_resume_with_more_steps_continues_logs_it_and_writes_the_model_card(
     stopped_run, tmp_path, caplog
 ):
     run = _resumable_copy(stopped_run, tmp_path)
-    with caplog.at_level(logging.INFO, logger="ascend_vlm.finetune.train"):
+    with caplog.at_level(logging.INFO, logger="ascend_vlm.finetune.run_settings"):
         result = train(_resume_config(run, stopped_run, max_steps=4, stop_after_steps=None))
     assert (
         "resume: --max-steps 3 -> 4: the LoRA phase continues from step 2 to step 4; its "
@@ -464,12 +460,12 @@ def test_prefetched_micro_batches_train_exactly_as_batches_made_in_the_loop(tmp_
 
 
 def test_a_failing_sample_is_named_from_the_prefetch_thread(tmp_path, monkeypatch):
-    from ascend_vlm.data import vqa
+    from ascend_vlm.finetune import data
 
     def broken(processor, sample, with_answer=True):
         raise OSError("image file is truncated")
 
-    monkeypatch.setattr(vqa, "encode_sample", broken)
+    monkeypatch.setattr(data, "encode_sample", broken)
     with pytest.raises(OSError, match="truncated") as caught:
         train(tiny_config(tmp_path / "out", prefetch=2))
     assert any("while preparing batch 0 (epoch 0, samples [" in n for n in caught.value.__notes__)

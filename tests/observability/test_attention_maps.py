@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import ascend_vlm
-from ascend_vlm._compat import set_attention_implementation
+from ascend_vlm._compat.attention import set_attention_implementation
 from ascend_vlm.observability.attention_maps import answer_attention
 from ascend_vlm.observability.token_report import (
     OUTLIER_THRESHOLD,

@@ -14,6 +14,7 @@ from _recording import RecordOps
 
 from ascend_vlm import ops
 from ascend_vlm.kernel_backend import using_backend
+from ascend_vlm.ops._attention_args import check_attention_args
 
 attention_module = importlib.import_module("ascend_vlm.ops.fused_attention")
 
@@ -26,7 +27,7 @@ def _implementation(implementation):
         bound = attention_module.SPEC.signature().bind(*args, **kwargs)
         bound.apply_defaults()
         arguments = tuple(bound.arguments.values())
-        return implementation(attention_module._check(*arguments), *arguments)
+        return implementation(check_attention_args(*arguments), *arguments)
 
     return call
 

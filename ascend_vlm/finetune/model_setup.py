@@ -1,0 +1,141 @@
+"""The model a run trains: the base loaded from its folder, optionally quantized and patched,
+new tokens added, then wrapped in LoRA (or unfrozen for full training)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ascend_vlm.adapters.visual_vocabulary import (
+    VisualTokens,
+    add_visual_tokens,
+    trainable_token_indices,
+)
+from ascend_vlm.data.vqa import VQASample
+from ascend_vlm.finetune.config import LANGUAGE_PROJECTIONS
+from ascend_vlm.models.parts import model_part
+
+if TYPE_CHECKING:
+    from ascend_vlm.finetune.config import TrainConfig
+
+
+# Training images whose mean projected visual feature initialises a new token's rows.
+EXAMPLES_PER_NEW_TOKEN = 16
+
+
+def lora_target_modules(
+    model: torch.nn.Module,
+    language_targets: Sequence[str] = LANGUAGE_PROJECTIONS,
+    vision: bool = False,
+    projector: bool = False,
+) -> list[str]:
+    """Full names of the ``nn.Linear`` modules LoRA should wrap.
+
+    Language-model linears whose last name part is in ``language_targets``; with ``vision``
+    every linear of the vision tower; with ``projector`` every linear of the projector. Parts
+    are told apart by :func:`ascend_vlm.models.parts.model_part`.
+    """
+    names = []
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        part = model_part(name)
+        if part == "projector":
+            selected = projector
+        elif part == "vision":
+            selected = vision
+        else:
+            selected = name.split(".")[-1] in language_targets
+        if selected:
+            names.append(name)
+    if not names:
+        raise ValueError(
+            f"lora_targets: expected names of linear layers in the model, got "
+            f"{list(language_targets)} (vision={vision}, projector={projector}) matching none"
+        )
+    return names
+
+
+def load_base_model(
+    model_path: str, device: torch.device, dtype: torch.dtype = torch.float32
+) -> tuple[Any, Any]:
+    """``(model, processor)`` from a local ``from_pretrained`` folder, weights in ``dtype``."""
+    from transformers import AutoModelForImageTextToText
+
+    from ascend_vlm.default_model import load_processor
+
+    if not (Path(model_path) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model_path: expected a local checkpoint folder with config.json, got {model_path!r}"
+        )
+    model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype)
+    return model.to(device), load_processor(model_path)
+
+
+def apply_ascend_patch(model: torch.nn.Module, enabled: bool) -> str:
+    """Run ``ascend_vlm.patch`` on ``model`` when enabled; return a one-line note of it.
+
+    Patching happens before LoRA wraps the linears: the patched forwards call the projection
+    submodules, so PEFT's wrappers stay on the path.
+    """
+    if not enabled:
+        return "disabled (--no-patch)"
+    from ascend_vlm.patching import patch
+
+    report = patch(model)
+    return f"applied ({type(report).__name__} for {report.model_type})"
+
+
+def with_trainable_weights(
+    model: Any, config: TrainConfig, visual: VisualTokens | None
+) -> tuple[Any, int]:
+    """``model`` ready to train: fully unfrozen, or wrapped in PEFT LoRA (adapter
+    ``config.adapter_name``, plus the rows of ``visual``'s tokens as trainable tokens); plus
+    the number of LoRA targets."""
+    from peft import LoraConfig, get_peft_model
+
+    if config.full_finetune:
+        model.requires_grad_(True)
+        return model, 0
+    targets = lora_target_modules(
+        model, config.lora_targets, config.lora_vision, config.lora_projector
+    )
+    token_indices = None if visual is None else trainable_token_indices(model, visual)
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=targets,
+        modules_to_save=list(config.modules_to_save) or None,
+        trainable_token_indices=token_indices,
+    )
+    return get_peft_model(model, lora, adapter_name=config.adapter_name), len(targets)
+
+
+def add_new_tokens(
+    model: Any, processor: Any, tokens: Sequence[str], samples: Sequence[VQASample]
+) -> VisualTokens:
+    """Add ``tokens`` to ``processor`` and ``model`` (:func:`add_visual_tokens`), each row
+    initialised from the mean projected visual feature of the images of the first
+    ``EXAMPLES_PER_NEW_TOKEN`` training records whose question or answer holds the token.
+
+    Raises ``ValueError`` naming the tokens no training record mentions."""
+    examples: dict[str, list] = {token: [] for token in tokens}
+    for index in range(len(samples)):
+        open_tokens = [t for t in tokens if len(examples[t]) < EXAMPLES_PER_NEW_TOKEN]
+        if not open_tokens:
+            break
+        sample = samples[index]
+        for token in open_tokens:
+            if token in sample.question or token in sample.answer:
+                examples[token].append(sample.image)
+    missing = [token for token, images in examples.items() if not images]
+    if missing:
+        raise ValueError(
+            f"new_tokens: expected training records whose question or answer holds each new "
+            f"token (their images initialise its rows), got none for {missing}"
+        )
+    return add_visual_tokens(model, processor, tokens, examples=examples)
