@@ -24,6 +24,7 @@ and pickles and deep-copies with it; it is gone once the last feature is removed
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,17 +35,19 @@ from ascend_vlm._base_model import base_model
 from ascend_vlm._compat.module_internals import forward_attribute
 from ascend_vlm._errors import PatchError
 
-# Innermost first: weights, then the kernels that run them, then what adds to layer outputs,
-# what answers encodings from a cache, what reshapes the prompt, and the observers last, so an
-# observer sees what the model really computes.
+# Innermost first: weights, then the kernels that run them (the vision cache keys its entries
+# by these two), what answers encodings from a cache, what reshapes the prompt, and the
+# observers, so an observer sees what the model really computes. Mixed-adapter rows come and
+# go with every mixed-row call and hook only PEFT's LoRA layers, which nothing else hooks, so
+# they go last, where applying them unwinds nothing.
 FEATURE_ORDER = (
     "quantization",
     "patch",
-    "adapter_rows",
     "vision_cache",
     "token_pruning",
     "attention_tap",
     "tracer",
+    "adapter_rows",
 )
 _LEDGER_KEY = "_ascend_vlm_ledger"
 
@@ -94,7 +97,7 @@ class Edits:
         previous = parent._modules[name]
         if not keep_previous:
             self.reversible = False
-            previous = None
+            previous = MISSING
         self._undo.append(("submodule", (parent, name, previous)))
         parent._modules[name] = module
 
@@ -109,13 +112,14 @@ class Edits:
         self._undo.append(("callback", callback))
 
     def undo(self) -> None:
-        """Revert every recorded edit, newest first. PatchError if a submodule was swapped
-        without keeping the module it replaced."""
-        if not self.reversible:
-            raise PatchError("edits: a swapped submodule was not kept, so they cannot be undone")
+        """Revert every recorded edit, newest first. A submodule swapped without keeping the
+        module it replaced stays; PatchError naming it once everything else is reverted."""
+        lost = []
         while self._undo:
             kind, record = self._undo.pop()
-            if kind == "attribute":
+            if kind == "submodule" and record[2] is MISSING:
+                lost.append(record[1])
+            elif kind == "attribute":
                 target, name, previous = record
                 if previous is MISSING:
                     vars(target).pop(name, None)
@@ -128,20 +132,35 @@ class Edits:
                 record.remove()
             else:
                 record()
+        if lost:
+            raise PatchError(
+                f"edits: {', '.join(lost)} replaced a submodule that was not kept, so it stays"
+            )
 
 
 class _Ledger:
-    """The features applied to one model, in :data:`FEATURE_ORDER`, each with its edits."""
+    """The features applied to one model, in :data:`FEATURE_ORDER`, each with its edits.
+
+    One lock serialises applying and removing features on the model. It does not guard the
+    model's forward: a model's features must not change while another thread runs it."""
 
     def __init__(self) -> None:
         self.entries: list[tuple[Feature, Edits]] = []
+        self.lock = threading.RLock()
+
+    def __getstate__(self) -> dict:
+        return {"entries": self.entries}
+
+    def __setstate__(self, state: dict) -> None:
+        self.entries = state["entries"]
+        self.lock = threading.RLock()
 
     def _unwind(self, start: int) -> list[Feature]:
         """Undo the entries from ``start`` on, newest first; returns their features in order."""
         features = [feature for feature, _ in self.entries[start:]]
-        for _, edits in reversed(self.entries[start:]):
+        while len(self.entries) > start:
+            _, edits = self.entries.pop()
             edits.undo()
-        del self.entries[start:]
         return features
 
     def _install(self, features: list[Feature]) -> None:
@@ -149,10 +168,31 @@ class _Ledger:
             edits = Edits()
             try:
                 feature.install(edits)
-            except BaseException:
-                edits.undo()
+            except BaseException as error:
+                try:
+                    edits.undo()
+                except PatchError as lost:
+                    raise lost from error
                 raise
             self.entries.append((feature, edits))
+
+    def _restack(self, start: int, features: list[Feature], previous: list[Feature]) -> None:
+        """Install ``features`` from ``start`` on; if one fails, give the model back the
+        ``previous`` features (those it carried from ``start`` on before) and re-raise."""
+        try:
+            self._install(features)
+        except BaseException as error:
+            try:
+                self._unwind(start)
+                self._install(previous)
+            except BaseException as stuck:
+                raise PatchError(
+                    f"{features[0].name}: installing {', '.join(f.name for f in features)} "
+                    f"failed ({error!r}), and so did restoring "
+                    f"{', '.join(f.name for f in previous) or 'nothing'} ({stuck!r}); the model "
+                    f"carries {', '.join(f.name for f, _ in self.entries) or 'no feature'}"
+                ) from error
+            raise
 
     def _refuse_irreversible(self, start: int, action: str) -> None:
         for feature, edits in self.entries[start:]:
@@ -169,16 +209,13 @@ class _Ledger:
         )
         self._refuse_irreversible(start, f"applying {feature.name}")
         above = self._unwind(start)
-        try:
-            self._install([feature])
-        finally:
-            self._install(above)
+        self._restack(start, [feature, *above], above)
 
     def remove(self, feature: Feature) -> None:
         start = next(i for i, (f, _) in enumerate(self.entries) if f is feature)
         self._refuse_irreversible(start, f"removing {feature.name}")
-        above = self._unwind(start)[1:]
-        self._install(above)
+        stack = self._unwind(start)
+        self._restack(start, stack[1:], stack)
 
 
 def _rank(name: str) -> int:
@@ -196,20 +233,22 @@ def _ledger(model: nn.Module, create: bool) -> _Ledger | None:
 
 
 def apply_feature(model: nn.Module, feature: Feature) -> None:
-    """Install ``feature`` on ``model`` (a transformers model, optionally PEFT-wrapped) in its
-    place in :data:`FEATURE_ORDER`. ValueError for an unknown feature name or a feature object
-    already applied; PatchError when a feature above it cannot be undone and re-installed. If
-    ``install`` raises, its partial edits are undone and the model is as it was."""
+    """Install ``feature`` on ``model`` (a transformers model, optionally PEFT-wrapped or
+    compiled) in its place in :data:`FEATURE_ORDER`. ValueError for an unknown feature name or
+    a feature object already applied; PatchError when a feature above it cannot be undone and
+    re-installed. If ``install`` raises, or installing a feature above it again does, the
+    model is given back the features it had and the error is raised."""
     if not isinstance(feature, Feature):
         raise TypeError(f"feature: expected an object with name and install(), got {feature!r}")
     _rank(feature.name)
     ledger = _ledger(model, create=True)
-    if any(f is feature for f, _ in ledger.entries):
-        raise ValueError(f"feature: this {feature.name} is already applied to the model")
-    try:
-        ledger.add(feature)
-    finally:
-        _drop_if_empty(model, ledger)
+    with ledger.lock:
+        if any(f is feature for f, _ in ledger.entries):
+            raise ValueError(f"feature: this {feature.name} is already applied to the model")
+        try:
+            ledger.add(feature)
+        finally:
+            _drop_if_empty(model, ledger)
 
 
 def remove_feature(model: nn.Module, feature: Feature | str) -> list[Feature]:

@@ -199,10 +199,12 @@ class TokenPruner:
         edits.on_undo(self._end_interrupted_prefill)
 
     def _end_interrupted_prefill(self) -> None:
-        for layer in self.target.layers:
-            untap_after_call(layer.self_attn)
+        """On removal: a forward of this model that an exception interrupted in this thread
+        leaves its scored layers tapped and itself active; end it."""
         active = _ACTIVE.get()
         if active is not None and active.pruner is self:
+            for attention in active.swapped.values():
+                untap_after_call(attention)
             _ACTIVE.set(active.previous)
 
     def _active(self) -> _Forward | None:

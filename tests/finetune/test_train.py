@@ -240,7 +240,7 @@ def test_a_quantized_base_trains_lora_and_its_card_loads_it_onto_the_same(tmp_pa
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
-    from ascend_vlm.quantization import QuantLinear, quantize
+    from ascend_vlm.quantization import QuantizationConfig, QuantLinear, quantize
 
     config = tiny_config(tmp_path / "qlora", quantize=4, patch=True, max_steps=2)
     result = train(config)
@@ -249,9 +249,9 @@ def test_a_quantized_base_trains_lora_and_its_card_loads_it_onto_the_same(tmp_pa
     adapter = tmp_path / "qlora" / FINAL_ADAPTER
     card = (adapter / "README.md").read_text()
     assert "weight-only quantized (W4 g128, RTN) and frozen" in card
-    assert "quantize(base, bits=4, group_size=128)" in card
+    assert "quantize(base, QuantizationConfig(bits=4, group_size=128))" in card
     base = AutoModelForImageTextToText.from_pretrained(default_model_path())
-    quantize(base, bits=4, group_size=128, progress=False)
+    quantize(base, QuantizationConfig(bits=4, group_size=128), progress=False)
     model = PeftModel.from_pretrained(base, adapter)
     adapted = [m for m in model.modules() if hasattr(m, "lora_A")]
     assert adapted and all(isinstance(m.base_layer, QuantLinear) for m in adapted)
@@ -460,12 +460,12 @@ def test_prefetched_micro_batches_train_exactly_as_batches_made_in_the_loop(tmp_
 
 
 def test_a_failing_sample_is_named_from_the_prefetch_thread(tmp_path, monkeypatch):
-    from ascend_vlm.finetune import data
+    from ascend_vlm.data import vqa
 
     def broken(processor, sample, with_answer=True):
         raise OSError("image file is truncated")
 
-    monkeypatch.setattr(data, "encode_sample", broken)
+    monkeypatch.setattr(vqa, "encode_sample", broken)
     with pytest.raises(OSError, match="truncated") as caught:
         train(tiny_config(tmp_path / "out", prefetch=2))
     assert any("while preparing batch 0 (epoch 0, samples [" in n for n in caught.value.__notes__)

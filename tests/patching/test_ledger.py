@@ -100,16 +100,57 @@ def test_features_stack_in_the_canonical_order_whatever_order_they_come_in():
     torch.testing.assert_close(model(x), model.inner(x) + 2)  # two hooks left, +1 each
 
 
+def _shape_of(model: nn.Module) -> dict:
+    """Each module's attribute names, children and hook counts: what a re-installed feature
+    gives back (its hook handles are new)."""
+    return {
+        name: (set(vars(m)), dict(m._modules), len(m._forward_hooks), len(m._forward_pre_hooks))
+        for name, m in model.named_modules()
+    }
+
+
 def test_a_failing_install_leaves_the_model_and_the_features_above_as_they_were():
     model, log = _Toy(), []
     apply_feature(model, _Recording("tracer", model, log))
-    before = instance_state(model)
+    before = _shape_of(model)
     with pytest.raises(RuntimeError, match="on purpose"):
         apply_feature(model, _Recording("patch", model, log, fail=True))
     assert [f.name for f in applied_features(model)] == ["tracer"]
     assert model.stack == ("tracer",)
-    # the tracer was installed again: same attributes, a new hook handle in the same place
-    assert instance_state(model).keys() == before.keys()
+    assert _shape_of(model) == before
+
+
+class _NeedsWhatWasBeneath(_Recording):
+    """Fails to install unless the model carries quantization exactly when it first did."""
+
+    def install(self, edits: Edits) -> None:
+        quantized = "quantization" in getattr(self.module, "stack", ())
+        self.first = getattr(self, "first", quantized)
+        self.fail = quantized != self.first
+        super().install(edits)
+
+
+@pytest.mark.parametrize("change", ["apply", "remove"])
+def test_a_feature_failing_to_install_again_gives_back_the_stack_it_was_on(change):
+    model, log = _Toy(), []
+    quantization = _Recording("quantization", model, [])
+    if change == "remove":
+        apply_feature(model, quantization)
+    patch, tracer = _NeedsWhatWasBeneath("patch", model, log), _Recording("tracer", model, [])
+    apply_feature(model, patch)
+    apply_feature(model, tracer)
+    before, stack = _shape_of(model), model.stack
+    with pytest.raises(RuntimeError, match="on purpose"):
+        if change == "apply":
+            apply_feature(model, quantization)
+        else:
+            remove_feature(model, quantization)
+    # patch could not go on top of the change: the model carries what it carried before
+    assert applied_features(model) == ([quantization] if change == "remove" else []) + [
+        patch,
+        tracer,
+    ]
+    assert model.stack == stack and _shape_of(model) == before
 
 
 def test_a_swap_that_did_not_keep_the_module_refuses_to_be_undone():
@@ -177,3 +218,12 @@ def test_a_tap_survives_unpatch_and_taps_the_stock_attention():
     remove_feature(model, tap)
     assert attention.config._attn_implementation == "sdpa"
     assert not applied_features(model)
+
+
+def test_a_stack_that_cannot_be_restored_says_what_the_model_carries():
+    model = _Toy()
+    patch = _Recording("patch", model, [])
+    apply_feature(model, patch)
+    patch.fail = True  # from now on every install fails, the restoring one too
+    with pytest.raises(PatchError, match=r"and so did restoring patch .*carries no feature"):
+        apply_feature(model, _Recording("quantization", model, []))

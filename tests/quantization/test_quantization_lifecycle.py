@@ -160,7 +160,9 @@ def test_a_failing_probe_is_named(float_checkpoint, monkeypatch):
     _, folder = float_checkpoint
     broken = transformers_quantizer.Probe("quantize-op-call", lambda: "no such call")
     monkeypatch.setattr(
-        transformers_quantizer, "PROBES", (transformers_quantizer.PROBES[0], broken)
+        transformers_quantizer,
+        "QUANTIZER_PROBES",
+        (transformers_quantizer.QUANTIZER_PROBES[0], broken),
     )
     with pytest.raises(PatchError, match=r"probe 'quantize-op-call': no such call"):
         AutoModelForImageTextToText.from_pretrained(
