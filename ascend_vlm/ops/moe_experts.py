@@ -29,9 +29,20 @@ by ``routed_scaling_factor``; Llama 4 takes top-k of the logits and the sigmoid 
 renormalising. One gating signature over these would be a union of flags; each family keeps its
 router (and its shared expert) and passes the router's ``(weights, indices)`` here, so the op is
 exactly transformers' experts module for all four. Routing weights are not renormalised here.
+torch_npu's gating kernels each fit one router, so they are for the family wiring to call, not
+part of this op: ``npu_moe_gating_top_k_softmax(x, finished=None, k=1)`` is softmax then top-k
+without renormalisation (Qwen's router before its division by the sum);
+``npu_moe_gating_top_k(x, k, *, bias, k_group, group_count, group_select_mode, renorm=0,
+norm_type, routed_scaling_factor, eps=1e-20)`` with ``norm_type=1`` (sigmoid), the correction
+bias, ``group_select_mode=1`` (groups scored by their top-2 sum) and GLM's scaling factor has
+GLM's parameters (at most 2048 experts; the doc does not spell out y's formula). Both are
+documented for inference only.
 
-NPU (every kernel's registered schema identical from torch-npu 2.6.0.post5, the oldest supported,
-to 2.14.0 for the arguments passed; docs: ``torch_npu/_op_plugin_docs.py`` of each wheel):
+NPU: every kernel below is registered by torch-npu 2.6.0.post5 (the oldest supported release)
+through 2.14.0 with the same parameters this op passes (``npu_grouped_matmul``'s schema changed
+in 2.7.1.post11 only in arguments left at their defaults: ``output_dtype`` became an int and
+``x_dtype``/``weight_dtype``/``scale_dtype``/``per_token_scale_dtype`` appeared). Docs:
+``torch_npu/_op_plugin_docs.py`` of each wheel; output shapes as its meta registrations give them.
 
 * ``npu_moe_token_permute(tokens (T, H), indices (T, K) int64) -> (permuted (T*K, H),
   sorted_indices (T*K,) int32)``: rows sorted by expert (deterministic), with
@@ -51,14 +62,17 @@ to 2.14.0 for the arguments passed; docs: ``torch_npu/_op_plugin_docs.py`` of ea
   index layout of ``npu_moe_init_routing``).
 
 The permute/unpermute docs of torch-npu 2.6.0.post5, 2.8.0.post5 and 2.9.1 allow bfloat16 only
-(later releases' docs add fp16 and fp32), so those two kernels run for bfloat16 and the same
-sort-and-gather in plain torch on the device for fp16/fp32. Atlas A2/A3 SoCs
+(later releases' docs add fp16 and fp32), so those two kernels run for bfloat16 (the routing
+weights then enter the unpermute's weighted sum rounded to bfloat16) and the same sort, gather
+and fp32 weighted sum as the reference run in plain torch on the device for fp16/fp32. Atlas A2/A3 SoCs
 (``Ascend910B*``/``Ascend910_93*``) run the kernels; other SoCs, fp64, K > 512 or shapes beyond
 the limits above run the reference on the device.
 
-Reference (CPU): the same plan in torch — stable sort of the T*K choices by expert, one matmul
-pair per expert over its rows, the gated SiLU, the weighted sum over the K choices back in token
-order. It reads the per-expert row counts on the host (one sync), which is also where
+Reference (CPU): the same plan in torch — stable sort of the T*K choices by expert, the gate/up
+and down GEMMs of each expert over its rows, the gated SiLU, the weighted sum over the K choices
+back in token order. The GEMMs are torch's CPU grouped GEMM (``grouped_mm``, two calls) where it
+takes the call (fp32/bf16/fp16, H and I multiples of 16 bytes), a matmul pair per expert
+otherwise. It reads the per-expert row counts on the host (one sync), which is also where
 ``selected_experts`` values outside [0, E) raise.
 
 Autograd: backward recomputes the reference (``_registration``), so every floating-point input
@@ -90,6 +104,17 @@ _PERMUTE_MAX_TOP_K = 512
 _PERMUTE_MAX_INDICES = 16777215
 _GROUPED_MATMUL_MAX_GROUPS = 1024
 _GROUPED_MATMUL_INNER_LIMIT = 65536
+# torch's grouped GEMM on CPU: torch.nn.functional.grouped_mm (torch >= 2.10) or
+# torch._grouped_mm (2.9; the releases before have no CPU kernel). It wants fp32/bf16/fp16 and
+# strides and addresses aligned to 16 bytes. This probe belongs with ascend_vlm's other torch
+# probes; it can go when torch 2.10 is the oldest supported.
+_CPU_GROUPED_MM = getattr(F, "grouped_mm", None) or (
+    getattr(torch, "_grouped_mm", None)
+    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 9)
+    else None
+)
+_GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_GROUPED_MM_ALIGNMENT = 16
 
 
 class Geometry(NamedTuple):
@@ -207,6 +232,59 @@ def _scaled_rows(rows: torch.Tensor, row_weights: torch.Tensor) -> torch.Tensor:
     return (rows * row_weights.unsqueeze(-1)).to(rows.dtype)
 
 
+def _gated_silu(projected: torch.Tensor) -> torch.Tensor:
+    gate, up = projected.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _experts_looped(
+    rows: torch.Tensor,
+    counts: list[int],
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    transposed: bool,
+) -> torch.Tensor:
+    """Rows sorted by expert through their experts, one matmul pair per expert with rows."""
+    outputs = []
+    for expert, expert_rows in enumerate(rows.split(counts)):
+        if not counts[expert]:
+            continue
+        gate_up, down = gate_up_proj[expert], down_proj[expert]
+        projected = expert_rows @ gate_up if transposed else F.linear(expert_rows, gate_up)
+        activated = _gated_silu(projected)
+        outputs.append(activated @ down if transposed else F.linear(activated, down))
+    return torch.cat(outputs)
+
+
+def _experts_grouped(
+    rows: torch.Tensor,
+    counts: list[int],
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    transposed: bool,
+) -> torch.Tensor:
+    """:func:`_experts_looped` as two grouped GEMMs (torch's CPU kernel, one call each)."""
+    ends = torch.tensor(counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    first = gate_up_proj if transposed else gate_up_proj.transpose(1, 2)
+    second = down_proj if transposed else down_proj.transpose(1, 2)
+    activated = _gated_silu(_CPU_GROUPED_MM(rows, first, offs=ends))
+    return _CPU_GROUPED_MM(activated, second, offs=ends)
+
+
+def _cpu_grouped_mm_takes(
+    rows: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor
+) -> bool:
+    """Whether torch's CPU grouped GEMM takes this call, forward and backward: its dtypes, and
+    every row stride (H, 2I and I elements) and the weights' addresses multiples of 16 bytes."""
+    if _CPU_GROUPED_MM is None or rows.device.type != "cpu" or rows.dtype not in _GROUPED_MM_DTYPES:
+        return False
+    size = rows.element_size()
+    return all(
+        extent * size % _GROUPED_MM_ALIGNMENT == 0
+        for extent in (rows.shape[1], down_proj.shape[1], down_proj.shape[2])
+    ) and all(t.data_ptr() % _GROUPED_MM_ALIGNMENT == 0 for t in (rows, gate_up_proj, down_proj))
+
+
 def _reference(
     geometry: Geometry,
     hidden: torch.Tensor,
@@ -223,19 +301,14 @@ def _reference(
     rows = hidden[source // geometry.top_k]
     if routing_weights_on == "input":
         rows = _scaled_rows(rows, routing_weights.reshape(-1)[source])
-    outputs = []
-    for expert, expert_rows in enumerate(rows.split(counts)):
-        if not counts[expert]:
-            continue
-        gate_up, down = gate_up_proj[expert], down_proj[expert]
-        projected = expert_rows @ gate_up if transposed else F.linear(expert_rows, gate_up)
-        gate, up = projected.chunk(2, dim=-1)
-        activated = F.silu(gate) * up
-        outputs.append(activated @ down if transposed else F.linear(activated, down))
-    if not outputs:  # no tokens
+    if not rows.shape[0]:  # no tokens
         return hidden.new_zeros(hidden.shape)
+    if _cpu_grouped_mm_takes(rows, gate_up_proj, down_proj):
+        expert_rows = _experts_grouped(rows, counts, gate_up_proj, down_proj, transposed)
+    else:
+        expert_rows = _experts_looped(rows, counts, gate_up_proj, down_proj, transposed)
     weights = routing_weights if routing_weights_on == "output" else None
-    return _combine(torch.cat(outputs), position, weights, geometry, hidden.dtype)
+    return _combine(expert_rows, position, weights, geometry, hidden.dtype)
 
 
 def _kernels_take(geometry: Geometry, hidden: torch.Tensor, torch_npu) -> bool:

@@ -4,6 +4,7 @@ torch_npu) equals its CPU reference, through the kernels the module docstring na
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -241,3 +242,30 @@ def test_no_tokens_give_an_empty_output() -> None:
         torch.randn(3, 4, 5),
     )
     assert out.shape == (0, 4)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_grouped_gemm_and_the_per_expert_loop_agree(
+    dtype: torch.dtype, transposed: bool
+) -> None:
+    """The reference's two plans: torch's grouped GEMM where it takes the call (16-byte
+    aligned rows), a matmul pair per expert otherwise; values and gradients agree."""
+    module = importlib.import_module("ascend_vlm.ops.moe_experts")
+    generator = torch.Generator().manual_seed(4)
+    counts = [3, 0, 5, 1]
+    rows = torch.randn(9, 16, generator=generator).to(dtype).requires_grad_(True)
+    shapes = ((4, 16, 16), (4, 8, 16)) if transposed else ((4, 16, 16), (4, 16, 8))
+    gate_up, down = (
+        torch.randn(shape, generator=generator).to(dtype).requires_grad_(True) for shape in shapes
+    )
+    assert module._cpu_grouped_mm_takes(rows, gate_up, down)
+    assert not module._cpu_grouped_mm_takes(rows[:, :15], gate_up, down)
+    results = []
+    for plan in (module._experts_grouped, module._experts_looped):
+        out = plan(rows, counts, gate_up, down, transposed)
+        cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+        results.append((out, *torch.autograd.grad(out, [rows, gate_up, down], cotangent)))
+    tolerance = FP32 if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    for grouped, looped in zip(*results, strict=True):
+        torch.testing.assert_close(grouped, looped, **tolerance)
