@@ -48,8 +48,10 @@ in 2.7.1.post11 only in arguments left at their defaults: ``output_dtype`` becam
   sorted_indices (T*K,) int32)``: rows sorted by expert (deterministic), with
   ``permuted[sorted_indices[i]] = tokens[i // K]``; K <= 512, fewer than 16777215 indices.
   Chosen over ``npu_moe_init_routing(_v2)`` because it is documented for training as well as
-  inference and needs no ``row_idx`` from ``npu_moe_gating_top_k_softmax``, whose routing
-  (softmax top-k without renormalisation) fits none of the families as is.
+  inference, keeps one schema across the supported releases (``_v2``'s ``quant_mode`` default
+  and ``x_dtype`` changed in 2.7.1.post11) and needs no ``row_idx`` from
+  ``npu_moe_gating_top_k_softmax``, whose routing (softmax top-k without renormalisation) fits
+  none of the families as is.
 * ``npu_grouped_matmul([x (M, K)], [weight (G, K, N)], group_list=cumsum of rows per group
   (int64, group_list_type=0), split_item=2, group_type=0) -> [y (M, N)]``: one GEMM per expert over
   its sorted rows ("单单单"); fp16/bf16/fp32 (fp32 only with single tensors, as here), at most
@@ -59,7 +61,7 @@ in 2.7.1.post11 only in arguments left at their defaults: ``output_dtype`` becam
 * ``npu_moe_token_unpermute(permuted, sorted_indices, probs (T, K)) -> (T, H)``:
   ``y[t] = sum_k probs[t, k] * permuted[sorted_indices[t*K + k]]``; without ``probs`` it takes
   K = 1, so ``"input"`` passes ones. Chosen over ``npu_moe_finalize_routing`` (inference only, the
-  index layout of ``npu_moe_init_routing``).
+  index layout of ``npu_moe_init_routing``, ``k`` added in 2.7.1.post11).
 
 The permute/unpermute docs of torch-npu 2.6.0.post5, 2.8.0.post5 and 2.9.1 allow bfloat16 only
 (later releases' docs add fp16 and fp32), so those two kernels run for bfloat16 (the routing
