@@ -269,3 +269,31 @@ def test_the_cpu_grouped_gemm_and_the_per_expert_loop_agree(
     tolerance = FP32 if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     for grouped, looped in zip(*results, strict=True):
         torch.testing.assert_close(grouped, looped, **tolerance)
+
+
+@pytest.mark.parametrize(
+    ("soc", "dtype"),
+    [
+        ("Ascend910A", torch.bfloat16),
+        ("Ascend310P3", torch.float16),
+        ("Ascend910B1", torch.float64),
+    ],
+)
+def test_other_socs_and_float64_run_the_reference_on_the_device(
+    soc: str, dtype: torch.dtype, mock_npu, monkeypatch
+) -> None:
+    """The MoE kernels are documented for Atlas A2/A3 and fp16/bf16/fp32 only."""
+    monkeypatch.setattr(mock_npu.torch_npu.npu, "get_device_name", lambda device=None: soc)
+    family = FAMILIES["qwen3_vl_moe"]
+    block = _block(family, "eager").to(dtype)
+    hidden = torch.randn(TOKENS, HIDDEN, dtype=dtype)
+    with torch.no_grad():
+        args = (hidden, *_route(block, hidden), *_experts(block))
+        reference = ops.moe_experts(*args)
+        spies = [
+            KernelSpy(monkeypatch, mock_npu.torch_npu, kernel)
+            for kernel in ("npu_moe_token_permute", "npu_grouped_matmul")
+        ]
+        out = ops.moe_experts(*on_device(args, {}, mock_npu.device)[0])
+    assert [spy.calls for spy in spies] == [0, 0]
+    torch.testing.assert_close(out.cpu(), reference)
