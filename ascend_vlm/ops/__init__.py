@@ -19,6 +19,7 @@ which ``npu_int4_kernel_takes`` says a call can use.
 
 from ascend_vlm.ops.attention_probabilities import attention_probabilities
 from ascend_vlm.ops.fused_attention import fused_attention
+from ascend_vlm.ops.moe_experts import moe_experts
 from ascend_vlm.ops.rms_norm import rms_norm, rms_norm_promoting
 from ascend_vlm.ops.rotary_embedding import (
     rotary_embedding,
@@ -38,6 +39,7 @@ from ascend_vlm.ops.weight_quant_matmul import (
 # names are plain functions composed of them.
 OPS = (
     "fused_attention",
+    "moe_experts",
     "rms_norm",
     "rotary_embedding",
     "rotary_embedding_pair",
@@ -51,6 +53,7 @@ __all__ = [
     "attention_probabilities",
     "dequantize_weight",
     "fused_attention",
+    "moe_experts",
     "npu_int4_kernel_takes",
     "packed_attention",
     "prepack_int4_for_npu",

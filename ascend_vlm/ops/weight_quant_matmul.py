@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from ascend_vlm._compat.torch_internals import int8_weight_matmul
 from ascend_vlm.kernel_backend import active_backend, use_npu_kernels
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
+from ascend_vlm.ops._npu_kernels import A2_A3_SOC_PREFIXES
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op
 from ascend_vlm.ops.int4_layout import unpack_int4
@@ -66,7 +67,6 @@ INT4_PER_INT32 = 8  # npu_convert_weight_to_int4pack: 8 int4 values per int32
 # npu_weight_quant_batchmatmul
 _NPU_X_DTYPES = (torch.float16, torch.bfloat16)
 _NPU_MAX_DIM = 65535  # K and N
-_A2_A3_SOC_PREFIXES = ("Ascend910B", "Ascend910_93")
 _INFERENCE_CARD_SOC_PREFIX = "Ascend310P"
 # torch._weight_int8pack_mm (CPU, bf16) reads K in blocks: on torch 2.13 a K that is not a
 # multiple of 16 gives nan/inf or crashes; multiples of 32 (every model's hidden sizes) keep a
@@ -258,7 +258,7 @@ def _soc_support(get_device_name: Callable[[], str]) -> str:
     replacing ``torch_npu.npu.get_device_name`` gets a fresh answer.
     """
     name = get_device_name()
-    if name.startswith(_A2_A3_SOC_PREFIXES):
+    if name.startswith(A2_A3_SOC_PREFIXES):
         return "full"
     if name.startswith(_INFERENCE_CARD_SOC_PREFIX):
         return "int8_fp16_per_channel"

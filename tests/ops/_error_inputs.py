@@ -172,6 +172,56 @@ def _rotary_embedding_pair_errors() -> ErrorTable:
     }
 
 
+def _moe_experts_errors() -> ErrorTable:
+    op = ops.moe_experts
+    X, W = torch.randn(3, 4), torch.rand(3, 2)
+    E = torch.tensor([[0, 1], [1, 2], [2, 0]])
+    GU, D = torch.randn(3, 10, 4), torch.randn(3, 4, 5)
+    return {
+        "hidden_rank": (
+            lambda: op(X[None], W, E, GU, D),
+            "hidden: expected 2-D (T, H), got shape (1, 3, 4)",
+        ),
+        "hidden_dtype": (lambda: op(X.int(), W, E, GU, D), "hidden: expected dtype in"),
+        "weights_tokens": (
+            lambda: op(X, W[:2], E, GU, D),
+            "routing_weights: expected 2-D (T=3, K) with K >= 1, got shape (2, 2)",
+        ),
+        "weights_dtype": (lambda: op(X, W.int(), E, GU, D), "routing_weights: expected dtype"),
+        "indices_shape": (
+            lambda: op(X, W, E[:, :1], GU, D),
+            "selected_experts: expected shape (3, 2) like routing_weights, got shape (3, 1)",
+        ),
+        "indices_dtype": (lambda: op(X, W, E.float(), GU, D), "selected_experts: expected dtype"),
+        "gate_up_dtype": (
+            lambda: op(X, W, E, GU.double(), D),
+            "gate_up_proj: expected dtype torch.float32 (same as hidden), got torch.float64",
+        ),
+        "gate_up_hidden": (
+            lambda: op(X, W, E, GU[..., :3], D),
+            "gate_up_proj: expected shape (E, 2I, H) with E >= 1, H=4 and an even 2I >= 2 for "
+            "transposed=False, got shape (3, 10, 3)",
+        ),
+        "gate_up_odd": (
+            lambda: op(X, W, E, GU[:, :9], D),
+            "gate_up_proj: expected shape (E, 2I, H)",
+        ),
+        "gate_up_transposed": (
+            lambda: op(X, W, E, GU, D, transposed=True),
+            "gate_up_proj: expected shape (E, H, 2I) with E >= 1, H=4",
+        ),
+        "down_shape": (
+            lambda: op(X, W, E, GU, D.transpose(1, 2)),
+            "down_proj: expected shape (3, 4, 5) for transposed=False and gate_up_proj "
+            "(3, 10, 4), got shape (3, 5, 4)",
+        ),
+        "routing_weights_on": (
+            lambda: op(X, W, E, GU, D, routing_weights_on="both"),
+            "routing_weights_on: expected one of ('output', 'input'), got 'both'",
+        ),
+    }
+
+
 def _swiglu_errors() -> ErrorTable:
     X = torch.randn(2, 6)
     return {
@@ -296,6 +346,7 @@ def _weight_quant_matmul_errors() -> ErrorTable:
 
 ERROR_INPUTS: dict[str, ErrorTable] = {
     "fused_attention": _fused_attention_errors(),
+    "moe_experts": _moe_experts_errors(),
     "rms_norm": _rms_norm_errors(),
     "rotary_embedding": _rotary_embedding_errors(),
     "rotary_embedding_pair": _rotary_embedding_pair_errors(),

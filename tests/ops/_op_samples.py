@@ -552,6 +552,85 @@ def weight_quant_cases(
     )
 
 
+# --- moe_experts ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoeCase(NaiveCase):
+    """Routed experts: K distinct experts per token; weights scaled by 1/sqrt(fan-in) keep the
+    output of order 1. ``transposed`` stores the expert weights (in, out) as Llama 4 does."""
+
+    tokens: int
+    top_k: int
+    experts: int
+    hidden_size: int
+    intermediate_size: int
+    transposed: bool
+    routing_weights_on: str
+    index_dtype: torch.dtype
+    weights_dtype: torch.dtype
+    dtype: torch.dtype
+    seed: int
+
+    def op_args(self) -> tuple[tuple, dict]:
+        h, i, e = self.hidden_size, self.intermediate_size, self.experts
+        hidden = _randn((self.tokens, h), self.seed, self.dtype)
+        scores = torch.rand((self.tokens, e), generator=_generator(self.seed + 1))
+        selected = scores.argsort(dim=-1)[:, : self.top_k].to(self.index_dtype)
+        weights = torch.rand((self.tokens, self.top_k), generator=_generator(self.seed + 2))
+        gate_up = _randn((e, 2 * i, h), self.seed + 3, torch.float64) / math.sqrt(h)
+        down = _randn((e, h, i), self.seed + 4, torch.float64) / math.sqrt(i)
+        if self.transposed:
+            gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+        kwargs = {"transposed": self.transposed, "routing_weights_on": self.routing_weights_on}
+        return (
+            hidden,
+            weights.to(self.weights_dtype),
+            selected,
+            gate_up.contiguous().to(self.dtype),
+            down.contiguous().to(self.dtype),
+        ), kwargs
+
+    def naive(self, hidden, weights, selected, gate_up, down) -> torch.Tensor:
+        """``y[t] = sum_k w * down_e(silu(gate_e(x)) * up_e(x))``, with ``x = w * x[t]`` instead
+        when the weights scale the input; one token and choice at a time."""
+        rows = []
+        for t in range(self.tokens):
+            total = torch.zeros(self.hidden_size, dtype=torch.float64)
+            for k in range(self.top_k):
+                e = int(selected[t, k])
+                w = weights[t, k]
+                first = gate_up[e].t() if self.transposed else gate_up[e]  # (2I, H)
+                second = down[e].t() if self.transposed else down[e]  # (H, I)
+                x = w * hidden[t] if self.routing_weights_on == "input" else hidden[t]
+                projected = first @ x
+                gate = projected[: self.intermediate_size]
+                up = projected[self.intermediate_size :]
+                y = second @ (gate / (1.0 + torch.exp(-gate)) * up)
+                total = total + (w * y if self.routing_weights_on == "output" else y)
+            rows.append(total)
+        return torch.stack(rows)
+
+
+@st.composite
+def moe_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> MoeCase:
+    dtype = draw(st.sampled_from(dtypes))
+    experts = draw(st.integers(1, 6))
+    return MoeCase(
+        tokens=draw(st.integers(1, 6)),
+        top_k=draw(st.integers(1, min(experts, 3))),
+        experts=experts,
+        hidden_size=draw(st.integers(1, 8)),
+        intermediate_size=draw(st.integers(1, 6)),
+        transposed=draw(st.booleans()),
+        routing_weights_on=draw(st.sampled_from(("output", "input"))),
+        index_dtype=draw(st.sampled_from((torch.int64, torch.int32))),
+        weights_dtype=draw(st.sampled_from((dtype, torch.float32))),
+        dtype=dtype,
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
 # --- helpers shared by the op tests -----------------------------------------------------------
 
 

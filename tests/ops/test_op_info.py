@@ -24,6 +24,7 @@ from _op_samples import (
     as_float64,
     assert_matches_naive,
     attention_cases,
+    moe_cases,
     on_device,
     rms_norm_cases,
     rotary_cases,
@@ -88,6 +89,10 @@ OP_INFOS = {
         "npu_fusion_attention",
         (0, 1, 2),
         _varlen_kernel_applies,
+    ),
+    # One grouped matmul per projection; bfloat16 also permutes with npu_moe_token_permute.
+    "moe_experts": OpInfo(
+        ops.moe_experts, moe_cases, "npu_grouped_matmul", (0, 1, 3, 4), kernel_launches=2
     ),
     "rms_norm": OpInfo(ops.rms_norm, rms_norm_cases, "npu_rms_norm", (0, 1)),
     "rotary_embedding": OpInfo(

@@ -53,10 +53,11 @@ def _with_grads(args: tuple) -> tuple:
     )
 
 
-# varlen_attention's segment lengths are values of cu_seqlens: its backward (the reference
-# recomputed) reads them on the host, which fake tensors cannot, so AOT autograd cannot trace
-# it. The forward traces through the fake kernel and is checked like every other op's.
-_UNTRACEABLE_BACKWARD = {"varlen_attention"}
+# varlen_attention's segment lengths are values of cu_seqlens, moe_experts' rows per expert
+# counts of selected_experts: their backward (the reference recomputed) reads them on the host,
+# which fake tensors cannot, so AOT autograd cannot trace it. The forward traces through the
+# fake kernel and is checked like every other op's.
+_UNTRACEABLE_BACKWARD = {"moe_experts", "varlen_attention"}
 _ALL_CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor")
 _AOT = ("test_aot_dispatch_dynamic",)
 

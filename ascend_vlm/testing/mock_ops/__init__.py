@@ -8,6 +8,11 @@ conservative; what the mock does not model raises ``NotImplementedError`` naming
 """
 
 from ascend_vlm.testing.mock_ops.fusion_attention import npu_fusion_attention
+from ascend_vlm.testing.mock_ops.grouped_matmul import npu_grouped_matmul
+from ascend_vlm.testing.mock_ops.moe_token_permute import (
+    npu_moe_token_permute,
+    npu_moe_token_unpermute,
+)
 from ascend_vlm.testing.mock_ops.rms_norm import npu_rms_norm
 from ascend_vlm.testing.mock_ops.rotary_mul import npu_rotary_mul
 from ascend_vlm.testing.mock_ops.swiglu import npu_swiglu
@@ -22,6 +27,9 @@ MOCK_OPS = {
     for op in (
         npu_convert_weight_to_int4pack,
         npu_fusion_attention,
+        npu_grouped_matmul,
+        npu_moe_token_permute,
+        npu_moe_token_unpermute,
         npu_rms_norm,
         npu_rotary_mul,
         npu_swiglu,
@@ -33,6 +41,9 @@ __all__ = [
     "MOCK_OPS",
     "npu_convert_weight_to_int4pack",
     "npu_fusion_attention",
+    "npu_grouped_matmul",
+    "npu_moe_token_permute",
+    "npu_moe_token_unpermute",
     "npu_rms_norm",
     "npu_rotary_mul",
     "npu_swiglu",
