@@ -7,7 +7,12 @@ support and the return structure. What the docs leave open is marked UNVERIFIED 
 conservative; what the mock does not model raises ``NotImplementedError`` naming it.
 """
 
+from ascend_vlm.testing.mock_ops.fused_causal_conv1d import npu_fused_causal_conv1d
 from ascend_vlm.testing.mock_ops.fusion_attention import npu_fusion_attention
+from ascend_vlm.testing.mock_ops.gated_delta_rule import (
+    npu_chunk_gated_delta_rule,
+    npu_recurrent_gated_delta_rule,
+)
 from ascend_vlm.testing.mock_ops.rms_norm import npu_rms_norm
 from ascend_vlm.testing.mock_ops.rotary_mul import npu_rotary_mul
 from ascend_vlm.testing.mock_ops.swiglu import npu_swiglu
@@ -20,8 +25,11 @@ from ascend_vlm.testing.mock_ops.weight_quant import (
 MOCK_OPS = {
     op.__name__: op
     for op in (
+        npu_chunk_gated_delta_rule,
         npu_convert_weight_to_int4pack,
+        npu_fused_causal_conv1d,
         npu_fusion_attention,
+        npu_recurrent_gated_delta_rule,
         npu_rms_norm,
         npu_rotary_mul,
         npu_swiglu,
@@ -31,8 +39,11 @@ MOCK_OPS = {
 
 __all__ = [
     "MOCK_OPS",
+    "npu_chunk_gated_delta_rule",
     "npu_convert_weight_to_int4pack",
+    "npu_fused_causal_conv1d",
     "npu_fusion_attention",
+    "npu_recurrent_gated_delta_rule",
     "npu_rms_norm",
     "npu_rotary_mul",
     "npu_swiglu",

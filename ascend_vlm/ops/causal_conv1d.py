@@ -1,0 +1,183 @@
+"""``causal_conv1d``: a causal depthwise 1-D convolution continuing a conv state (the short
+convolution before Qwen3.5's gated delta rule), optionally followed by SiLU.
+
+With ``W`` the kernel width and ``xs = cat(conv_state, x^T)`` along time (zeros for a None
+state): ``out[b, t, c] = act(bias[c] + sum_j weight[c, j] * xs[b, c, t + S - W + 1 + j])`` for
+``j < W``, ``S`` the state length; ``new_state = xs[..., -S:]`` (the last ``S`` inputs).
+Layouts: x ``[B, T, C]`` (channels last, as the model's projections give it and the NPU kernel
+takes it), weight ``[C, W]`` (a depthwise ``nn.Conv1d`` weight without its middle axis),
+conv_state ``[B, C, S]`` with ``S >= W - 1`` (transformers' cache keeps ``S = W``). Computed in
+float32 (float64 for float64 x); out in x's dtype, new_state in the state's dtype (x's and
+``S = W - 1`` for a None state).
+
+NPU: ``torch_npu.npu_fused_causal_conv1d(x, weight, conv_states, *, query_start_loc,
+cache_indices, ...) -> Tensor`` (doc in ``torch_npu/_op_plugin_docs.py``): x ``[batch, seq_len,
+dim]`` (or packed ``[cu_seq_len, dim]`` with ``query_start_loc``) float16/bfloat16, weight ``[K,
+dim]`` with K fixed at 3, ``dim % 128 == 0``, conv_states ``[..., state_len, dim]`` padded in
+front of each sequence and overwritten in place with its tail, ``cache_indices`` ``[batch]``
+naming each sequence's state; bias, activation, ``initial_state_mode`` and ``run_mode`` are
+documented as not supported yet. Only the Ascend 950 is listed. Its registered signature
+differs across wheels: 2.7.1.post11, 2.9.0.post9 and 2.10.0.post7 onwards name the activation
+``activation`` and take APC arguments; 2.8.0.post5 and 2.9.1 name it ``activation_mode`` and
+stop at ``residual_connection``; 2.6.0.post5 lacks the kernel. We pass only what all take, and
+add bias and apply the activation after the kernel. Calls outside the limits (Qwen3.5's
+``W = 4`` among them), or on another SoC, run the reference. The state buffer handed to the
+kernel holds the last ``K - 1`` state steps as ``[B, K - 1, C]`` (how the kernel reads a longer
+``state_len`` is not documented); the new state is sliced here, as in the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
+from ascend_vlm.ops._gated_delta import NPU_LENGTH_DTYPE, compute_dtype, torch_npu_with
+from ascend_vlm.ops._op_spec import load_spec
+from ascend_vlm.ops._registration import define_op
+
+SPEC = load_spec("causal_conv1d")
+_DTYPES = SPEC.input_dtypes("x")
+ACTIVATIONS = (None, "silu", "swish")  # swish is silu
+NPU_KERNEL = "npu_fused_causal_conv1d"
+NPU_DTYPES = frozenset({torch.float16, torch.bfloat16})
+NPU_WIDTH = 3
+NPU_CHANNEL_MULTIPLE = 128
+NPU_SOC_PREFIX = "Ascend950"
+
+
+def _check(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> int:
+    """Validate and return the state length ``S``."""
+    check_dtype("x", x, _DTYPES)
+    check_rank("x", x, 3, "3-D [B, T, C]")
+    batch, _, channels = x.shape
+    check_dtype("weight", weight, _DTYPES)
+    if weight.dim() != 2 or weight.shape[0] != channels or weight.shape[1] < 1:
+        raise invalid("weight", f"2-D [C={channels}, W >= 1]", f"shape {tuple(weight.shape)}")
+    width = weight.shape[1]
+    if conv_state is not None:
+        check_dtype("conv_state", conv_state, _DTYPES)
+        if (
+            conv_state.dim() != 3
+            or conv_state.shape[:2] != (batch, channels)
+            or conv_state.shape[2] < width - 1
+        ):
+            raise invalid(
+                "conv_state",
+                f"3-D [B={batch}, C={channels}, S >= W - 1 = {width - 1}]",
+                f"shape {tuple(conv_state.shape)}",
+            )
+    if bias is not None:
+        check_same_dtype("bias", bias, "weight", weight.dtype)
+        if bias.shape != (channels,):
+            raise invalid("bias", f"shape ({channels},) [C]", f"shape {tuple(bias.shape)}")
+    if activation not in ACTIVATIONS:
+        raise invalid("activation", f"one of {ACTIVATIONS}", repr(activation))
+    return width - 1 if conv_state is None else conv_state.shape[2]
+
+
+def _inputs_and_new_state(
+    state_len: int, x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``xs = cat(conv_state, x^T)`` ``[B, C, S + T]`` in the compute dtype, and the new state."""
+    dtype = compute_dtype(x.dtype)
+    if conv_state is None:
+        conv_state = x.new_zeros((x.shape[0], x.shape[2], state_len))
+    xs = torch.cat((conv_state.to(dtype), x.transpose(1, 2).to(dtype)), dim=-1)
+    return xs, xs[..., -state_len:].to(conv_state.dtype) if state_len else conv_state.clone()
+
+
+def _activated(out: torch.Tensor, activation: str | None) -> torch.Tensor:
+    return out if activation is None else F.silu(out)
+
+
+def _reference(
+    state_len: int,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, new_state = _inputs_and_new_state(state_len, x, weight, conv_state)
+    width = weight.shape[1]
+    dtype = xs.dtype
+    # only the last W - 1 state steps reach the output
+    window = xs[..., state_len - (width - 1) :]
+    out = F.conv1d(
+        window,
+        weight.to(dtype)[:, None, :],
+        None if bias is None else bias.to(dtype),
+        groups=x.shape[2],
+    )
+    return _activated(out, activation).transpose(1, 2).to(x.dtype), new_state
+
+
+def _npu(
+    state_len: int,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    torch_npu = torch_npu_with(NPU_KERNEL)
+    if (
+        torch_npu is None
+        or x.dtype not in NPU_DTYPES
+        or weight.shape[1] != NPU_WIDTH
+        or x.shape[2] % NPU_CHANNEL_MULTIPLE
+        or x.shape[1] == 0
+        or not torch.npu.get_device_name(x.device).startswith(NPU_SOC_PREFIX)
+    ):
+        return _reference(state_len, x, weight, conv_state, bias, activation)
+    batch, _, channels = x.shape
+    if conv_state is None:
+        states = x.new_zeros((batch, NPU_WIDTH - 1, channels))
+    else:  # a copy: the kernel overwrites it
+        states = conv_state[..., -(NPU_WIDTH - 1) :].transpose(1, 2).to(x.dtype)
+        states = states.clone(memory_format=torch.contiguous_format)
+    out = torch_npu.npu_fused_causal_conv1d(
+        x.contiguous(),
+        weight.t().to(x.dtype).contiguous(),
+        states,
+        cache_indices=torch.arange(batch, dtype=NPU_LENGTH_DTYPE, device=x.device),
+    )
+    if bias is not None or activation is not None:
+        out = out.to(compute_dtype(x.dtype))
+        out = _activated(out if bias is None else out + bias.to(out.dtype), activation)
+    _, new_state = _inputs_and_new_state(state_len, x, weight, conv_state)
+    return out.to(x.dtype), new_state
+
+
+def _fake(
+    state_len: int,
+    x: torch.Tensor,
+    _weight: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    *_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    state = x.new_empty((x.shape[0], x.shape[2], state_len))
+    return torch.empty_like(x), state if conv_state is None else torch.empty_like(conv_state)
+
+
+causal_conv1d = define_op(
+    SPEC,
+    check=_check,
+    reference=_reference,
+    npu=_npu,
+    fake=_fake,
+    doc="""Causal depthwise convolution of x ``[B, T, C]`` with weight ``[C, W]``, continuing
+    conv_state ``[B, C, S]`` (``S >= W - 1``; None: zeros, ``S = W - 1``).
+
+    ``activation`` None, "silu" or "swish" (the same). Returns ``(out [B, T, C] in x's dtype,
+    new_state [B, C, S])``: the new state is the last ``S`` inputs, so a prefill's state
+    continues into decode. Bad inputs raise ``ValueError`` naming the argument.
+    """,
+)
