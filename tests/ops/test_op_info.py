@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -78,10 +78,16 @@ def _recurrent_kernel_applies(case: Any) -> bool:
     return case.dtype == torch.bfloat16
 
 
+# float32 gradients of a recurrence through exponentials and triangular solves (backward
+# differentiates the whole scan) carry more rounding than one op's: 1e-4 instead of 1e-5.
+GATED_DELTA_GRAD_TOLERANCE = {"atol": 1e-4, "rtol": 1e-4}
+
+
 @dataclass(frozen=True)
 class OpInfo:
     """``differentiable``: positions of the op's inputs that can require grad;
-    ``kernel_launches``: NPU kernel calls per op call when the kernel applies."""
+    ``kernel_launches``: NPU kernel calls per op call when the kernel applies;
+    ``grad_tolerance``: of the float32 gradients against the float64 formula's."""
 
     op: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
     cases: Callable[[], st.SearchStrategy]
@@ -89,6 +95,7 @@ class OpInfo:
     differentiable: tuple[int, ...]
     kernel_applies: Callable[[Any], bool] = lambda case: True
     kernel_launches: Callable[[Any], int] = lambda case: 1
+    grad_tolerance: dict[str, float] = field(default_factory=lambda: tolerance(torch.float32))
 
 
 OP_INFOS = {
@@ -107,6 +114,7 @@ OP_INFOS = {
         "npu_chunk_gated_delta_rule",
         (0, 1, 2, 3, 4, 5),
         _chunk_kernel_applies,
+        grad_tolerance=GATED_DELTA_GRAD_TOLERANCE,
     ),
     "recurrent_gated_delta_rule": OpInfo(
         ops.recurrent_gated_delta_rule,
@@ -115,6 +123,7 @@ OP_INFOS = {
         (0, 1, 2, 3, 4, 5),
         _recurrent_kernel_applies,
         kernel_launches=lambda case: case.tokens,  # one call per time step
+        grad_tolerance=GATED_DELTA_GRAD_TOLERANCE,
     ),
     "fused_attention": OpInfo(
         ops.fused_attention, attention_cases, "npu_fusion_attention", (0, 1, 2)
@@ -263,7 +272,7 @@ def test_grad_of_each_input_subset_matches_naive(
             torch.testing.assert_close(
                 got_grad.cpu(),
                 want_grad,
-                **tolerance(torch.float32),
+                **info.grad_tolerance,
                 msg=lambda m, p=position, u=used: f"input {p}, outputs {u}: {m}",
             )
 
