@@ -144,7 +144,7 @@ def prepared_inputs(
     state = (
         query.new_zeros(state_shape, dtype=dtype)
         if initial_state is None
-        else initial_state.to(dtype)
+        else initial_state.to(dtype).contiguous()  # the final state comes out contiguous
     )
     return (
         q * shape.scale,

@@ -82,19 +82,33 @@ def _check(
     return width - 1 if conv_state is None else conv_state.shape[2]
 
 
-def _inputs_and_new_state(
-    state_len: int, x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``xs = cat(conv_state, x^T)`` ``[B, C, S + T]`` in the compute dtype, and the new state."""
-    dtype = compute_dtype(x.dtype)
+def _past_steps(
+    state_len: int, x: torch.Tensor, conv_state: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """The state's steps as ``[B, S, C]`` in ``dtype`` (zeros for a None state)."""
     if conv_state is None:
-        conv_state = x.new_zeros((x.shape[0], x.shape[2], state_len))
-    xs = torch.cat((conv_state.to(dtype), x.transpose(1, 2).to(dtype)), dim=-1)
-    return xs, xs[..., -state_len:].to(conv_state.dtype) if state_len else conv_state.clone()
+        return x.new_zeros((x.shape[0], state_len, x.shape[2]), dtype=dtype)
+    return conv_state.transpose(1, 2).to(dtype)
+
+
+def _new_state(state_len: int, x: torch.Tensor, conv_state: torch.Tensor | None) -> torch.Tensor:
+    """The last ``S`` steps of the state followed by x, as a new ``[B, C, S]`` tensor in the
+    state's dtype (x's for a None state)."""
+    dtype = x.dtype if conv_state is None else conv_state.dtype
+    recent = x[:, max(x.shape[1] - state_len, 0) :].to(dtype)
+    steps = torch.cat((_past_steps(state_len, x, conv_state, dtype), recent), dim=1)
+    # a copy, not a view: a cache holding the state would otherwise keep the steps alive
+    return (
+        steps[:, steps.shape[1] - state_len :]
+        .transpose(1, 2)
+        .clone(memory_format=torch.contiguous_format)
+    )
 
 
 def _activated(out: torch.Tensor, activation: str | None) -> torch.Tensor:
-    return out if activation is None else F.silu(out)
+    """``out`` (an intermediate the caller owns) through the activation, in place when no
+    gradient is recorded (silu's backward reads its input)."""
+    return out if activation is None else F.silu(out, inplace=not out.requires_grad)
 
 
 def _reference(
@@ -105,18 +119,18 @@ def _reference(
     bias: torch.Tensor | None,
     activation: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    xs, new_state = _inputs_and_new_state(state_len, x, weight, conv_state)
-    width = weight.shape[1]
-    dtype = xs.dtype
-    # only the last W - 1 state steps reach the output
-    window = xs[..., state_len - (width - 1) :]
-    out = F.conv1d(
-        window,
-        weight.to(dtype)[:, None, :],
-        None if bias is None else bias.to(dtype),
-        groups=x.shape[2],
-    )
-    return _activated(out, activation).transpose(1, 2).to(x.dtype), new_state
+    dtype = compute_dtype(x.dtype)
+    width, tokens = weight.shape[1], x.shape[1]
+    # channels last throughout: W shifted products of [B, T, C] (only the last W - 1 state
+    # steps reach the output), so neither x nor the output is transposed
+    past = _past_steps(state_len, x, conv_state, dtype)[:, state_len - (width - 1) :]
+    steps = torch.cat((past, x.to(dtype)), dim=1)
+    w = weight.to(dtype)
+    first = steps[:, :tokens]
+    out = first * w[:, 0] if bias is None else torch.addcmul(bias.to(dtype), first, w[:, 0])
+    for j in range(1, width):  # in place: out is this function's own intermediate
+        out.addcmul_(steps[:, j : j + tokens], w[:, j])
+    return _activated(out, activation).to(x.dtype), _new_state(state_len, x, conv_state)
 
 
 def _npu(
@@ -152,8 +166,7 @@ def _npu(
     if bias is not None or activation is not None:
         out = out.to(compute_dtype(x.dtype))
         out = _activated(out if bias is None else out + bias.to(out.dtype), activation)
-    _, new_state = _inputs_and_new_state(state_len, x, weight, conv_state)
-    return out.to(x.dtype), new_state
+    return out.to(x.dtype), _new_state(state_len, x, conv_state)
 
 
 def _fake(
@@ -163,8 +176,10 @@ def _fake(
     conv_state: torch.Tensor | None,
     *_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    state = x.new_empty((x.shape[0], x.shape[2], state_len))
-    return torch.empty_like(x), state if conv_state is None else torch.empty_like(conv_state)
+    """Both outputs are new contiguous tensors, whatever the inputs' strides."""
+    state_dtype = x.dtype if conv_state is None else conv_state.dtype
+    state = x.new_empty((x.shape[0], x.shape[2], state_len), dtype=state_dtype)
+    return x.new_empty(x.shape), state
 
 
 causal_conv1d = define_op(

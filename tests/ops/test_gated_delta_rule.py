@@ -181,3 +181,22 @@ def test_causal_conv1d_calls_the_kernel_on_an_ascend_950(with_state, mock_npu, m
     assert spy.calls == 1
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_outputs_are_contiguous_for_strided_inputs_as_the_fake_says() -> None:
+    """The model hands transposed views (conv input, cached states); opcheck compares the fake
+    outputs' strides with the real ones."""
+    x = torch.randn(2, 6, 7).transpose(1, 2)
+    conv_state = torch.randn(2, 4, 6).transpose(1, 2)
+    torch.library.opcheck(
+        torch.ops.ascend_vlm.causal_conv1d.default,
+        (x, torch.randn(6, 4), conv_state, None),
+        {"activation": "silu"},
+    )
+    q = torch.randn(2, 2, 5, 3).transpose(1, 2)
+    v = torch.randn(2, 4, 5, 3).transpose(1, 2)
+    g = -torch.rand(2, 4, 5).transpose(1, 2)
+    state = torch.randn(2, 4, 3, 3).transpose(-1, -2)
+    for op in (ops.chunk_gated_delta_rule, ops.recurrent_gated_delta_rule):
+        overload = getattr(torch.ops.ascend_vlm, op.__name__).default
+        torch.library.opcheck(overload, (q, q, v, g, g.sigmoid(), state), {"use_qk_l2norm": True})
