@@ -29,7 +29,6 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
 from ascend_vlm import ops
 
 KEY_HEADS, VALUE_HEADS, HEAD_DIM, CONV_WIDTH = 2, 4, 32, 4
-RECURRENT_MAX_TOKENS = 1024  # the token-by-token scan is slow by nature; longer adds nothing
 
 
 def interleaved_medians(
@@ -68,6 +67,11 @@ def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], obj
             lambda: qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g, beta, **theirs),
         ),
         (
+            f"recurrent_gated_delta_rule T={tokens}",
+            lambda: ops.recurrent_gated_delta_rule(q, k, v, g, beta, state, use_qk_l2norm=True),
+            lambda: qwen3_5.torch_recurrent_gated_delta_rule(q, k, v, g, beta, **theirs),
+        ),
+        (
             f"A/A: transformers chunk T={tokens}",
             lambda: qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g, beta, **theirs),
             lambda: qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g, beta, **theirs),
@@ -78,15 +82,6 @@ def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], obj
             lambda: qwen3_5.causal_conv1d_fn(steps, weight, None, activation="silu"),
         ),
     ]
-    if tokens <= RECURRENT_MAX_TOKENS:
-        rows.insert(
-            1,
-            (
-                f"recurrent_gated_delta_rule T={tokens}",
-                lambda: ops.recurrent_gated_delta_rule(q, k, v, g, beta, state, use_qk_l2norm=True),
-                lambda: qwen3_5.torch_recurrent_gated_delta_rule(q, k, v, g, beta, **theirs),
-            ),
-        )
     return rows
 
 

@@ -3,7 +3,8 @@
 ``install_mock_npu()`` puts a module named ``torch_npu`` into ``sys.modules`` (with the stand-in
 kernels of :mod:`ascend_vlm.testing.mock_ops`: ``npu_fusion_attention``, ``npu_rms_norm``,
 ``npu_rotary_mul``, ``npu_swiglu``, ``npu_weight_quant_batchmatmul``,
-``npu_convert_weight_to_int4pack``, and an ``npu`` submodule) and sets ``torch.npu`` to that
+``npu_convert_weight_to_int4pack``, ``npu_chunk_gated_delta_rule``,
+``npu_recurrent_gated_delta_rule``, ``npu_fused_causal_conv1d``, and an ``npu`` submodule) and sets ``torch.npu`` to that
 submodule (:mod:`ascend_vlm.testing.npu_namespace`: ``is_available``, ``device_count``,
 ``current_device``, ``set_device``, ``synchronize``, ``Stream``, ``Event``, ``current_stream``,
 ``stream``, ``recorded_streams`` (what ``Tensor.record_stream``, patched as torch_npu patches
@@ -17,7 +18,8 @@ held by ``tests/testing/test_torch_npu_schemas.py``). Sources (Ascend/op-plugin 
 ``docs/context/torch_npu-npu_rotary_mul.md``, ``（beta）torch_npu-npu_rms_norm.md``,
 ``（beta）torch_npu-npu_swiglu.md``, ``torch_npu-npu_weight_quant_batchmatmul.md``,
 ``torch_npu-npu_convert_weight_to_int4pack.md``; summarised with sources in
-shared/reference/npu_api.md §1.
+shared/reference/npu_api.md §1. The gated delta rule and causal conv1d kernels: their docstrings
+in the wheels' ``torch_npu/_op_plugin_docs.py``.
 """
 
 from __future__ import annotations
