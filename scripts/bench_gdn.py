@@ -3,10 +3,11 @@ implementation of the same math, at 1k and 8k tokens with small heads.
 
 Rows: prefill (``ops.chunk_gated_delta_rule`` vs ``torch_chunk_gated_delta_rule``), a token by
 token scan (``ops.recurrent_gated_delta_rule`` vs ``torch_recurrent_gated_delta_rule``), the
-conv (``ops.causal_conv1d`` vs ``causal_conv1d_fn``), and an A/A row (transformers' chunk
-function against itself) that shows the noise. Each pair is warmed up, then timed in
-interleaved rounds (ours, theirs, ours, ...) so load changes hit both; the table gives medians
-and ratios (ours / transformers; < 1 is faster). A benchmark, not a test. Usage::
+conv (``ops.causal_conv1d`` vs ``causal_conv1d_fn`` on the state and input concatenated, as
+with a cache), and an A/A row (transformers' chunk function against itself) that shows the
+noise. Each pair is warmed up, then timed in interleaved rounds (ours, theirs, ours, ...) so
+load changes hit both; the table gives medians and ratios (ours / transformers; < 1 is
+faster). A benchmark, not a test. Usage::
 
     python scripts/bench_gdn.py [--threads N] [--rounds R] [--tokens 1024 8192]
 """
@@ -59,7 +60,6 @@ def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], obj
     x = torch.randn(1, tokens, channels, generator=generator)
     weight = torch.randn(channels, CONV_WIDTH, generator=generator)
     conv_state = torch.zeros(1, channels, CONV_WIDTH - 1)
-    steps = torch.cat((conv_state, x.transpose(1, 2)), dim=-1)
     rows = [
         (
             f"chunk_gated_delta_rule T={tokens}",
@@ -79,7 +79,10 @@ def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], obj
         (
             f"causal_conv1d silu T={tokens}",
             lambda: ops.causal_conv1d(x, weight, conv_state, activation="silu"),
-            lambda: qwen3_5.causal_conv1d_fn(steps, weight, None, activation="silu"),
+            # with a cache, transformers' layer concatenates the state and the input first
+            lambda: qwen3_5.causal_conv1d_fn(
+                torch.cat((conv_state, x.transpose(1, 2)), dim=-1), weight, None, activation="silu"
+            ),
         ),
     ]
     return rows

@@ -36,13 +36,16 @@ def test_chunked_equals_recurrent_equals_transformers(tokens: int, with_state: b
     state = state if with_state else None
     chunked = ops.chunk_gated_delta_rule(q, k, v, g, beta, state, use_qk_l2norm=True)
     recurrent = ops.recurrent_gated_delta_rule(q, k, v, g, beta, state, use_qk_l2norm=True)
+    # Qwen3.5's layer repeats each key head over Hv / Hk value heads before these functions in
+    # the lowest supported transformers (inside them in newer ones): the same mapping either way
+    q_rep, k_rep = (t.repeat_interleave(2, dim=2) for t in (q, k))
     theirs = {}
     for name, function in (
         ("chunk", qwen3_5.torch_chunk_gated_delta_rule),
         ("recurrent", qwen3_5.torch_recurrent_gated_delta_rule),
     ):
         theirs[name] = function(
-            q, k, v, g, beta, initial_state=state, output_final_state=True,
+            q_rep, k_rep, v, g, beta, initial_state=state, output_final_state=True,
             use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
     for ours in (chunked, recurrent):
