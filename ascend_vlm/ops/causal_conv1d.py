@@ -11,19 +11,21 @@ float32 (float64 for float64 x); out in x's dtype, new_state in the state's dtyp
 ``S = W - 1`` for a None state).
 
 NPU: ``torch_npu.npu_fused_causal_conv1d(x, weight, conv_states, *, query_start_loc,
-cache_indices, ...) -> Tensor`` (doc in ``torch_npu/_op_plugin_docs.py``): x ``[batch, seq_len,
-dim]`` (or packed ``[cu_seq_len, dim]`` with ``query_start_loc``) float16/bfloat16, weight ``[K,
-dim]`` with K fixed at 3, ``dim % 128 == 0``, conv_states ``[..., state_len, dim]`` padded in
-front of each sequence and overwritten in place with its tail, ``cache_indices`` ``[batch]``
-naming each sequence's state; bias, activation, ``initial_state_mode`` and ``run_mode`` are
-documented as not supported yet. Only the Ascend 950 is listed. Its registered signature
-differs across wheels: 2.7.1.post11, 2.9.0.post9 and 2.10.0.post7 onwards name the activation
-``activation`` and take APC arguments; 2.8.0.post5 and 2.9.1 name it ``activation_mode`` and
-stop at ``residual_connection``; 2.6.0.post5 lacks the kernel. We pass only what all take, and
-add bias and apply the activation after the kernel. Calls outside the limits (Qwen3.5's
-``W = 4`` among them), or on another SoC, run the reference. The state buffer handed to the
-kernel holds the last ``K - 1`` state steps as ``[B, K - 1, C]`` (how the kernel reads a longer
-``state_len`` is not documented); the new state is sliced here, as in the reference.
+cache_indices, ...) -> Tensor`` (doc in ``torch_npu/_op_plugin_docs.py``): float16/bfloat16 x,
+packed ``[cu_seq_len, dim]`` with ``query_start_loc`` int32 ``[batch + 1]`` and
+``cache_indices`` int32 ``[batch]`` naming each sequence's state (newer docs also allow ``[batch,
+seq_len, dim]``), weight ``[K, dim]`` with K fixed at 3, conv_states ``[..., K - 1, dim]``:
+each sequence is padded in front with its state, which is then overwritten in place with the
+sequence's tail. Its registered signature and doc differ across wheels: 2.8.0.post5 and 2.9.1
+name the activation ``activation_mode``, stop at ``residual_connection`` and document
+``cu_seq_len <= 65536``, ``64 <= dim <= 16384``, ``batch <= 256`` and the "昇腾910_95";
+2.7.1.post11, 2.9.0.post9 and 2.10.0.post7 onwards name it ``activation``, add APC arguments,
+require ``dim % 128 == 0``, list the "昇腾950" and mark bias, activation,
+``initial_state_mode`` and ``run_mode`` as not supported yet; 2.6.0.post5 lacks the kernel. We
+pass the packed form and only arguments every wheel takes, within every wheel's limits, and add
+bias and apply the activation after the kernel; other calls (Qwen3.5's ``W = 4`` among them),
+or another SoC, run the reference. That the kernel's ``weight[K - 1]`` multiplies the newest
+step, as PyTorch's conv1d does, is our reading (the docs give no formula).
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ NPU_KERNEL = "npu_fused_causal_conv1d"
 NPU_DTYPES = frozenset({torch.float16, torch.bfloat16})
 NPU_WIDTH = 3
 NPU_CHANNEL_MULTIPLE = 128
-NPU_SOC_PREFIX = "Ascend950"
+NPU_MAX_CHANNELS = 16384
+NPU_MAX_TOKENS = 65536  # cu_seq_len
+NPU_MAX_BATCH = 256
+NPU_SOCS = ("Ascend950", "Ascend910_95")  # name prefixes of the SoC the docs list
 
 
 def _check(
@@ -147,22 +152,27 @@ def _npu(
         or x.dtype not in NPU_DTYPES
         or weight.shape[1] != NPU_WIDTH
         or x.shape[2] % NPU_CHANNEL_MULTIPLE
-        or x.shape[1] == 0
-        or not torch.npu.get_device_name(x.device).startswith(NPU_SOC_PREFIX)
+        or x.shape[2] > NPU_MAX_CHANNELS
+        or not 0 < x.shape[0] * x.shape[1] <= NPU_MAX_TOKENS
+        or x.shape[0] > NPU_MAX_BATCH
+        or not torch.npu.get_device_name(x.device).startswith(NPU_SOCS)
     ):
         return _reference(state_len, x, weight, conv_state, bias, activation)
-    batch, _, channels = x.shape
+    batch, tokens, channels = x.shape
     if conv_state is None:
         states = x.new_zeros((batch, NPU_WIDTH - 1, channels))
     else:  # a copy: the kernel overwrites it
         states = conv_state[..., -(NPU_WIDTH - 1) :].transpose(1, 2).to(x.dtype)
         states = states.clone(memory_format=torch.contiguous_format)
     out = torch_npu.npu_fused_causal_conv1d(
-        x.contiguous(),
+        x.reshape(batch * tokens, channels),
         weight.t().to(x.dtype).contiguous(),
         states,
+        query_start_loc=torch.arange(
+            0, batch * tokens + 1, tokens, dtype=NPU_LENGTH_DTYPE, device=x.device
+        ),
         cache_indices=torch.arange(batch, dtype=NPU_LENGTH_DTYPE, device=x.device),
-    )
+    ).view(batch, tokens, channels)
     if bias is not None or activation is not None:
         out = out.to(compute_dtype(x.dtype))
         out = _activated(out if bias is None else out + bias.to(out.dtype), activation)

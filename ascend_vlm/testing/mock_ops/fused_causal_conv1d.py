@@ -3,10 +3,11 @@ the torch-npu wheels; output: ``torch_npu/op_plugin/meta/_meta_registrations.py`
 
 x ``[batch, seq_len, dim]`` or packed ``[cu_seq_len, dim]`` (then ``query_start_loc`` ``[batch
 + 1]`` is required) in float16/bfloat16, weight ``[K, dim]`` with K fixed at 3, ``dim % 128 ==
-0``, conv_states ``[..., state_len, dim]``: each sequence is padded in front with its cached
-steps (``conv_states[cache_indices[b]]``, ``cache_indices`` ``[batch]``, default the identity:
+0``, conv_states ``[..., K - 1, dim]`` (the 2.8.0.post5 doc's shape; newer docs say
+``state_len``): each sequence is padded in front with its cached steps
+(``conv_states[cache_indices[b]]``, ``cache_indices`` ``[batch]``, default the identity:
 UNVERIFIED) and its last steps are written back in place. ``residual_connection=1`` adds x.
-The Ascend 950 is the only SoC the doc lists; the mock does not model the SoC.
+The docs list one SoC (the Ascend 950); the mock does not model the SoC.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ def _check_conv(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor
     if tuple(weight.shape) != (CONV_WIDTH, dim):
         raise bad("weight", f"shape {(CONV_WIDTH, dim)} [K=3, dim]", tuple(weight.shape))
     check_dtype("conv_states", conv_states, CONV_DTYPES)
-    # UNVERIFIED: how a state_len other than K - 1 is read; the mock takes exactly K - 1
     if conv_states.dim() != 3 or tuple(conv_states.shape[1:]) != (CONV_WIDTH - 1, dim):
         raise bad("conv_states", f"[..., state_len={CONV_WIDTH - 1}, dim={dim}]", conv_states.shape)
 
