@@ -83,22 +83,22 @@ def _npu(
     largest = max(shape.value_heads, shape.key_dim, shape.value_dim)
     if torch_npu is None or query.dtype != NPU_DTYPE or largest > NPU_MAX_SIZE:
         return _reference(shape, query, key, value, g, beta, initial_state, scale, use_qk_l2norm)
-    q, k, v, g, beta, state = npu_inputs(
-        shape, query, key, value, g, beta, initial_state, use_qk_l2norm
-    )
+    *per_token, state = npu_inputs(shape, query, key, value, g, beta, initial_state, use_qk_l2norm)
+    # time-major and contiguous, so each step's [B, ...] slice is a dense tensor
+    q, k, v, g, beta = (t.transpose(0, 1).contiguous() for t in per_token)
     one_token_each = torch.ones(shape.batch, dtype=NPU_LENGTH_DTYPE, device=query.device)
     own_state = torch.arange(shape.batch, dtype=NPU_LENGTH_DTYPE, device=query.device)
     outputs = [
         torch_npu.npu_recurrent_gated_delta_rule(
-            q[:, t],
-            k[:, t],
-            v[:, t],
+            q[t],
+            k[t],
+            v[t],
             state,
-            beta=beta[:, t],
+            beta=beta[t],
             scale=shape.scale,
             actual_seq_lengths=one_token_each,
             ssm_state_indices=own_state,
-            g=g[:, t],
+            g=g[t],
         )
         for t in range(shape.tokens)
     ]
