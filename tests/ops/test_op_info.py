@@ -105,7 +105,7 @@ OP_INFOS = {
         "npu_fused_causal_conv1d",
         (0, 1, 2, 3),
         # documented for the Ascend 950 only, and the mock reports an Atlas A2 SoC:
-        # tests/ops/test_causal_conv1d.py runs the kernel path with the SoC name replaced
+        # tests/ops/test_gated_delta_rule.py runs the kernel path with the SoC name replaced
         lambda case: False,
     ),
     "chunk_gated_delta_rule": OpInfo(
