@@ -23,6 +23,7 @@ needed on every supported version.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
@@ -113,6 +114,22 @@ def _torch_int8pack_mm() -> str | None:
     expected = x.float() @ (weight.float() * scales.float()[:, None]).t()
     error = float((got - expected).abs().max() / expected.abs().max())
     return None if error < 2e-2 else f"relative error {error:.3g} against x @ (w * s)^T"
+
+
+@functools.cache
+def cpu_grouped_mm() -> Callable | None:
+    """torch's grouped GEMM on CPU (``ops.moe_experts``' reference):
+    ``torch.nn.functional.grouped_mm`` (torch >= 2.10) or the private ``torch._grouped_mm``
+    (2.9; the releases before have no CPU kernel), None without either. The private fallback
+    can go once torch 2.10 is the oldest supported."""
+    import torch
+
+    public = getattr(torch.nn.functional, "grouped_mm", None)
+    if public is not None:
+        return public
+    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 9):
+        return getattr(torch, "_grouped_mm", None)
+    return None
 
 
 TORCH_PROBES = (

@@ -14,10 +14,18 @@ from dataclasses import dataclass, field
 import torch
 
 from ascend_vlm.adapters.adapter_set import DEFAULT_ADAPTER_NAME, check_adapter_name
-from ascend_vlm.data.shapes_vqa import QUESTION_TYPES, check_question_types
-from ascend_vlm.finetune.export import FINAL_MODEL
-from ascend_vlm.finetune.samples import shapes_dataset
+from ascend_vlm.data.shapes_vqa import (
+    KINDS,
+    QUESTION_TYPES,
+    ShapesVQA,
+    check_question_types,
+    new_kind_names,
+)
 from ascend_vlm.quantization.config import DEFAULT_GROUP_SIZE
+
+# The folders under <output_dir> a finished LoRA / full run saves to.
+FINAL_ADAPTER = "adapter"
+FINAL_MODEL = "model"
 
 # The language-model linears LoRA wraps by default (the last part of their module names).
 LANGUAGE_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -141,7 +149,7 @@ class TrainConfig:
                     f"train_data={self.train_data!r}"
                 )
             try:  # the datasets' kinds and names, checked now rather than at training time
-                shapes_dataset(self, "train", 1, self.question_types)
+                self.shapes_dataset("train", 1, self.question_types)
             except ValueError as error:
                 raise ValueError(f"new_tokens: {error}") from None
         if self.dtype not in DTYPES:
@@ -163,6 +171,30 @@ class TrainConfig:
                     "frozen and cannot take a merged adapter), got "
                     f"full_finetune={self.full_finetune}, save_merged={self.save_merged!r}"
                 )
+
+    def shapes_dataset(self, split: str, size: int, question_types: Sequence[str]) -> ShapesVQA:
+        """``size`` ShapesVQA records of ``split`` asking ``question_types``, drawn as this
+        config says (``data_seed``, ``image_size``, ``shapes_binding``).
+
+        With ``shapes_new_kinds`` the new kinds are the first K of ``NEW_SHAPE_KINDS``, named by
+        the K ``new_tokens`` in order (all four by their own names without tokens). Training
+        scenes draw from the base kinds and the new ones together, so the base's kind words stay
+        in use while the new ones are learnt; eval scenes show only the new kinds, the ones taught.
+        """
+        kinds, kind_names = KINDS, None
+        if self.shapes_new_kinds:
+            kind_names = new_kind_names(self.new_tokens)
+            kinds = (*KINDS, *kind_names) if split == "train" else tuple(kind_names)
+        return ShapesVQA(
+            split,
+            size,
+            self.data_seed,
+            self.image_size,
+            self.shapes_binding,
+            question_types,
+            kinds,
+            kind_names,
+        )
 
 
 def _check_new_tokens(tokens: Sequence[str]) -> tuple[str, ...]:

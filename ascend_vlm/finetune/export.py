@@ -17,15 +17,10 @@ from ascend_vlm.adapters.visual_vocabulary import (
     load_visual_tokens,
     save_visual_tokens,
 )
+from ascend_vlm.finetune.config import FINAL_ADAPTER, FINAL_MODEL, TrainConfig
 
 if TYPE_CHECKING:
-    from ascend_vlm.finetune.config import TrainConfig
     from ascend_vlm.finetune.placement import ProcessPlacement
-
-
-# The folders under <output_dir> a finished LoRA / full run saves to.
-FINAL_ADAPTER = "adapter"
-FINAL_MODEL = "model"
 
 
 def save_merged(

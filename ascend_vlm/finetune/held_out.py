@@ -16,7 +16,6 @@ from ascend_vlm.data.vqa import (
     pad_token_id_of,
 )
 from ascend_vlm.finetune.micro_batches import model_inputs
-from ascend_vlm.finetune.samples import shapes_dataset
 
 if TYPE_CHECKING:
     from ascend_vlm.finetune.config import TrainConfig
@@ -73,7 +72,7 @@ def accuracy_per_type(
         question_type: evaluate(
             model,
             processor,
-            shapes_dataset(config, "eval", config.eval_size, (question_type,)),
+            config.shapes_dataset("eval", config.eval_size, (question_type,)),
             placement,
             config.eval_batch_size,
             config.max_new_tokens,

@@ -15,7 +15,6 @@ import torch.distributed as dist
 
 if TYPE_CHECKING:
     from ascend_vlm.finetune.config import TrainConfig
-    from ascend_vlm.finetune.placement import ProcessPlacement
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ def torchrun_job_id() -> str | None:
     return None if run_id in (None, "", "none") else run_id
 
 
-def resumed_after_restart(config: TrainConfig, placement: ProcessPlacement) -> TrainConfig:
+def resumed_after_restart(config: TrainConfig, is_main: bool) -> TrainConfig:
     """``config`` resuming from the latest checkpoint when this torchrun job has already
     started the run in ``output_dir`` (its ``TORCHELASTIC_RUN_ID`` is in the folder's
     :data:`RUN_MARKER`): its workers were restarted after a failure (``--max-restarts``), on
@@ -77,7 +76,7 @@ def resumed_after_restart(config: TrainConfig, placement: ProcessPlacement) -> T
     marker = Path(config.output_dir) / RUN_MARKER
     if run_id is None or not marker.is_file() or marker.read_text(encoding="utf-8") != run_id:
         return config
-    if placement.is_main:
+    if is_main:  # one log line per job, from the main rank
         logger.warning(
             "torchrun job %s restarted its workers (restart %d on this node): resuming from the "
             "latest checkpoint",

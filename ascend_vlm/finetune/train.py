@@ -94,7 +94,7 @@ def train(config: TrainConfig) -> TrainResult:
     """
     try:
         placement = init_process_placement(config.collective_timeout)
-        config = resumed_after_restart(config, placement)
+        config = resumed_after_restart(config, placement.is_main)
         settle_run_config(config, placement)
         return _train(without_missing_latest(config))
     finally:

@@ -18,8 +18,11 @@ which ``npu_int4_kernel_takes`` says a call can use.
 """
 
 from ascend_vlm.ops.attention_probabilities import attention_probabilities
+from ascend_vlm.ops.causal_conv1d import causal_conv1d
+from ascend_vlm.ops.chunk_gated_delta_rule import chunk_gated_delta_rule
 from ascend_vlm.ops.fused_attention import fused_attention
 from ascend_vlm.ops.moe_experts import moe_experts
+from ascend_vlm.ops.recurrent_gated_delta_rule import recurrent_gated_delta_rule
 from ascend_vlm.ops.rms_norm import rms_norm, rms_norm_promoting
 from ascend_vlm.ops.rotary_embedding import (
     rotary_embedding,
@@ -38,8 +41,11 @@ from ascend_vlm.ops.weight_quant_matmul import (
 # The torch.library ops (``torch.ops.ascend_vlm.<name>``, one spec.json each); the other public
 # names are plain functions composed of them.
 OPS = (
+    "causal_conv1d",
+    "chunk_gated_delta_rule",
     "fused_attention",
     "moe_experts",
+    "recurrent_gated_delta_rule",
     "rms_norm",
     "rotary_embedding",
     "rotary_embedding_pair",
@@ -51,12 +57,15 @@ OPS = (
 __all__ = [
     "OPS",
     "attention_probabilities",
+    "causal_conv1d",
+    "chunk_gated_delta_rule",
     "dequantize_weight",
     "fused_attention",
     "moe_experts",
     "npu_int4_kernel_takes",
     "packed_attention",
     "prepack_int4_for_npu",
+    "recurrent_gated_delta_rule",
     "rms_norm",
     "rms_norm_promoting",
     "rotary_embedding",

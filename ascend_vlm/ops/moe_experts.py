@@ -90,6 +90,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ascend_vlm._compat.torch_internals import cpu_grouped_mm
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
 from ascend_vlm.ops._npu_kernels import A2_A3_SOC_PREFIXES, NPU_DTYPES
 from ascend_vlm.ops._op_spec import load_spec
@@ -106,15 +107,6 @@ _PERMUTE_MAX_TOP_K = 512
 _PERMUTE_MAX_INDICES = 16777215
 _GROUPED_MATMUL_MAX_GROUPS = 1024
 _GROUPED_MATMUL_INNER_LIMIT = 65536
-# torch's grouped GEMM on CPU: torch.nn.functional.grouped_mm (torch >= 2.10) or
-# torch._grouped_mm (2.9; the releases before have no CPU kernel). It wants fp32/bf16/fp16 and
-# strides and addresses aligned to 16 bytes. This probe belongs with ascend_vlm's other torch
-# probes; it can go when torch 2.10 is the oldest supported.
-_CPU_GROUPED_MM = getattr(F, "grouped_mm", None) or (
-    getattr(torch, "_grouped_mm", None)
-    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 9)
-    else None
-)
 _GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _GROUPED_MM_ALIGNMENT = 16
 
@@ -269,8 +261,8 @@ def _experts_grouped(
     ends = torch.tensor(counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     first = gate_up_proj if transposed else gate_up_proj.transpose(1, 2)
     second = down_proj if transposed else down_proj.transpose(1, 2)
-    activated = _gated_silu(_CPU_GROUPED_MM(rows, first, offs=ends))
-    return _CPU_GROUPED_MM(activated, second, offs=ends)
+    activated = _gated_silu(cpu_grouped_mm()(rows, first, offs=ends))
+    return cpu_grouped_mm()(activated, second, offs=ends)
 
 
 def _cpu_grouped_mm_takes(
@@ -278,7 +270,11 @@ def _cpu_grouped_mm_takes(
 ) -> bool:
     """Whether torch's CPU grouped GEMM takes this call, forward and backward: its dtypes, and
     every row stride (H, 2I and I elements) and the weights' addresses multiples of 16 bytes."""
-    if _CPU_GROUPED_MM is None or rows.device.type != "cpu" or rows.dtype not in _GROUPED_MM_DTYPES:
+    if (
+        cpu_grouped_mm() is None
+        or rows.device.type != "cpu"
+        or rows.dtype not in _GROUPED_MM_DTYPES
+    ):
         return False
     size = rows.element_size()
     return all(

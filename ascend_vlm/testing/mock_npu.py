@@ -4,7 +4,8 @@
 kernels of :mod:`ascend_vlm.testing.mock_ops`: ``npu_fusion_attention``, ``npu_rms_norm``,
 ``npu_rotary_mul``, ``npu_swiglu``, ``npu_weight_quant_batchmatmul``,
 ``npu_convert_weight_to_int4pack``, ``npu_grouped_matmul``, ``npu_moe_token_permute``,
-``npu_moe_token_unpermute``, and an ``npu`` submodule) and sets ``torch.npu`` to that
+``npu_moe_token_unpermute``, ``npu_chunk_gated_delta_rule``, ``npu_recurrent_gated_delta_rule``,
+``npu_fused_causal_conv1d``, and an ``npu`` submodule) and sets ``torch.npu`` to that
 submodule (:mod:`ascend_vlm.testing.npu_namespace`: ``is_available``, ``device_count``,
 ``current_device``, ``set_device``, ``synchronize``, ``Stream``, ``Event``, ``current_stream``,
 ``stream``, ``recorded_streams`` (what ``Tensor.record_stream``, patched as torch_npu patches
@@ -18,8 +19,9 @@ held by ``tests/testing/test_torch_npu_schemas.py``). Sources (Ascend/op-plugin 
 ``docs/context/torch_npu-npu_rotary_mul.md``, ``（beta）torch_npu-npu_rms_norm.md``,
 ``（beta）torch_npu-npu_swiglu.md``, ``torch_npu-npu_weight_quant_batchmatmul.md``,
 ``torch_npu-npu_convert_weight_to_int4pack.md``; summarised with sources in
-shared/reference/npu_api.md §1. The MoE kernels: the ``torch_npu/_op_plugin_docs.py`` of the
-torch-npu wheels (``ascend_vlm/ops/moe_experts.py`` sums them up).
+shared/reference/npu_api.md §1. The MoE, gated delta rule and causal conv1d kernels: their
+docstrings in the wheels' ``torch_npu/_op_plugin_docs.py`` (``ascend_vlm/ops/moe_experts.py``
+and the gated delta rule ops sum them up).
 """
 
 from __future__ import annotations

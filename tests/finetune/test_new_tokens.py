@@ -15,11 +15,10 @@ from ascend_vlm.adapters import AdapterSet, load_visual_tokens
 from ascend_vlm.adapters.visual_vocabulary import VISUAL_TOKENS_FILE
 from ascend_vlm.data.shapes_vqa import KINDS, NEW_SHAPE_KINDS
 from ascend_vlm.data.vqa import EncodedDataset, collate, pad_token_id_of
-from ascend_vlm.finetune.export import FINAL_ADAPTER
+from ascend_vlm.finetune.config import FINAL_ADAPTER
 from ascend_vlm.finetune.metrics_log import METRICS_FILE
 from ascend_vlm.finetune.micro_batches import model_inputs
 from ascend_vlm.finetune.model_setup import load_base_model
-from ascend_vlm.finetune.samples import shapes_dataset
 from ascend_vlm.finetune.train import train
 
 TOKENS = ("<star>", "<cross>")
@@ -42,7 +41,7 @@ def new_token_run(tmp_path_factory):
 
 
 def _batch(processor, config) -> dict[str, torch.Tensor]:
-    samples = shapes_dataset(config, "eval", 4, ("shape", "colour"))
+    samples = config.shapes_dataset("eval", 4, ("shape", "colour"))
     encoded = EncodedDataset(samples, processor)
     batch = collate([encoded[i] for i in range(len(samples))], pad_token_id_of(processor))
     return model_inputs(batch, torch.device("cpu"))
@@ -52,7 +51,7 @@ def test_training_mixes_base_and_new_kinds_and_eval_shows_the_new_ones(new_token
     config = new_token_run.config
     train_kinds, eval_kinds = set(), set()
     for split, kinds in (("train", train_kinds), ("eval", eval_kinds)):
-        samples = shapes_dataset(config, split, 40, ("shape",))
+        samples = config.shapes_dataset(split, 40, ("shape",))
         for index in range(len(samples)):
             (shape,) = samples.scene(index)[0]
             kinds.add(shape.kind)

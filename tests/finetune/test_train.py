@@ -22,8 +22,8 @@ from ascend_vlm.data.shapes_vqa import ShapesVQA
 from ascend_vlm.data.vqa import BadRecordError, EncodedDataset, collate, pad_token_id_of
 from ascend_vlm.default_model import default_model_path
 from ascend_vlm.finetune.communication import CommCounter
-from ascend_vlm.finetune.config import LANGUAGE_PROJECTIONS, TrainConfig
-from ascend_vlm.finetune.export import FINAL_ADAPTER, save_merged
+from ascend_vlm.finetune.config import FINAL_ADAPTER, LANGUAGE_PROJECTIONS, TrainConfig
+from ascend_vlm.finetune.export import save_merged
 from ascend_vlm.finetune.micro_batches import model_inputs
 from ascend_vlm.finetune.model_setup import lora_target_modules
 from ascend_vlm.finetune.resume import ResumeError

@@ -344,9 +344,53 @@ def _weight_quant_matmul_errors() -> ErrorTable:
     }
 
 
+def _gated_delta_errors(op: Callable[..., object]) -> ErrorTable:
+    """Both gated delta rule ops share one contract."""
+    Q = torch.randn(2, 3, 2, 4)
+    V = torch.randn(2, 3, 4, 5)
+    G = torch.randn(2, 3, 4)
+    return {
+        "query_rank": (lambda: op(Q[0], Q[0], V, G, G), "query: expected 4-D [B, T, Hk, K]"),
+        "key_shape": (lambda: op(Q, Q[:, :2], V, G, G), "key: expected shape (2, 3, 2, 4)"),
+        "value_heads": (
+            lambda: op(Q, Q, V[:, :, :3], G, G),
+            "value: expected [B=2, T=3, Hv, V] with Hv a multiple of Hk=2",
+        ),
+        "g_shape": (lambda: op(Q, Q, V, G[..., :2], G), "g: expected shape (2, 3, 4) [B, T, Hv]"),
+        "state_shape": (
+            lambda: op(Q, Q, V, G, G, torch.zeros(2, 4, 5, 4)),
+            "initial_state: expected shape (2, 4, 4, 5) [B, Hv, K, V], got (2, 4, 5, 4)",
+        ),
+        "no_tokens": (lambda: op(Q[:, :0], Q[:, :0], V[:, :0], G[:, :0], G[:, :0]), "T >= 1"),
+        "dtype": (lambda: op(Q, Q, V.double(), G, G), "value: expected dtype torch.float32"),
+        "scale": (lambda: op(Q, Q, V, G, G, scale=float("nan")), "scale: expected a finite"),
+    }
+
+
+def _causal_conv1d_errors() -> ErrorTable:
+    X = torch.randn(2, 3, 4)
+    W = torch.randn(4, 3)
+    return {
+        "x_rank": (lambda: ops.causal_conv1d(X[0], W), "x: expected 3-D [B, T, C]"),
+        "weight": (lambda: ops.causal_conv1d(X, W.t()), "weight: expected 2-D [C=4, W >= 1]"),
+        "state_len": (
+            lambda: ops.causal_conv1d(X, W, torch.zeros(2, 4, 1)),
+            "conv_state: expected 3-D [B=2, C=4, S >= W - 1 = 2], got shape (2, 4, 1)",
+        ),
+        "bias": (lambda: ops.causal_conv1d(X, W, None, torch.zeros(3)), "bias: expected shape"),
+        "activation": (
+            lambda: ops.causal_conv1d(X, W, activation="gelu"),
+            "activation: expected one of (None, 'silu', 'swish'), got 'gelu'",
+        ),
+    }
+
+
 ERROR_INPUTS: dict[str, ErrorTable] = {
+    "causal_conv1d": _causal_conv1d_errors(),
+    "chunk_gated_delta_rule": _gated_delta_errors(ops.chunk_gated_delta_rule),
     "fused_attention": _fused_attention_errors(),
     "moe_experts": _moe_experts_errors(),
+    "recurrent_gated_delta_rule": _gated_delta_errors(ops.recurrent_gated_delta_rule),
     "rms_norm": _rms_norm_errors(),
     "rotary_embedding": _rotary_embedding_errors(),
     "rotary_embedding_pair": _rotary_embedding_pair_errors(),

@@ -631,6 +631,162 @@ def moe_cases(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -
     )
 
 
+# --- gated delta rule (chunk_gated_delta_rule, recurrent_gated_delta_rule) ---------------------
+
+
+@dataclass(frozen=True)
+class GatedDeltaCase(NaiveCase):
+    """q/k ``[B, T, Hk, K]`` with keys of norm about 1 (the delta rule is stable for ``beta |k|^2
+    <= 2``), v ``[B, T, Hk * group, V]``, g = -softplus(noise) and beta = sigmoid(noise)."""
+
+    batch: int
+    tokens: int
+    key_heads: int
+    group: int
+    key_dim: int
+    value_dim: int
+    with_state: bool
+    l2norm: bool
+    scale: float | None
+    dtype: torch.dtype
+    seed: int
+
+    @property
+    def output_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        """The output in the query's dtype, the state in the compute dtype."""
+        return self.dtype, torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    def op_args(self) -> tuple[tuple, dict]:
+        heads = self.key_heads * self.group
+        qk_shape = (self.batch, self.tokens, self.key_heads, self.key_dim)
+        gate_shape = (self.batch, self.tokens, heads)
+        unit = self.key_dim**-0.5
+        q = (_randn(qk_shape, self.seed, torch.float64) * unit).to(self.dtype)
+        k = (_randn(qk_shape, self.seed + 1, torch.float64) * unit).to(self.dtype)
+        v = _randn((self.batch, self.tokens, heads, self.value_dim), self.seed + 2, self.dtype)
+        g = -torch.nn.functional.softplus(_randn(gate_shape, self.seed + 3, torch.float64))
+        beta = torch.sigmoid(_randn(gate_shape, self.seed + 4, torch.float64))
+        state = None
+        if self.with_state:
+            state_shape = (self.batch, heads, self.key_dim, self.value_dim)
+            state = _randn(state_shape, self.seed + 5, torch.float32)
+        args = (q, k, v, g.to(self.dtype), beta.to(self.dtype), state)
+        return args, {"scale": self.scale, "use_qk_l2norm": self.l2norm}
+
+    def naive(self, q, k, v, g, beta, state) -> tuple[torch.Tensor, torch.Tensor]:
+        """The paper's recurrence with ``S`` ``[V, K]``: ``S_t = e^g_t S_{t-1} (I - beta_t k_t
+        k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t * scale``; returns ``(o, S_T^T)``."""
+        if self.l2norm:
+            q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+            k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        scale = self.key_dim**-0.5 if self.scale is None else self.scale
+        q, k = (x.repeat_interleave(self.group, dim=2) for x in (q, k))
+        heads = v.shape[2]
+        if state is None:
+            s = torch.zeros(self.batch, heads, self.value_dim, self.key_dim, dtype=torch.float64)
+        else:
+            s = state.transpose(-1, -2)
+        eye = torch.eye(self.key_dim, dtype=torch.float64)
+        outputs = []
+        for t in range(self.tokens):
+            k_t, b_t = k[:, t, :, :, None], beta[:, t, :, None, None]
+            s = g[:, t, :, None, None].exp() * s @ (eye - b_t * k_t @ k_t.transpose(-1, -2))
+            s = s + b_t * v[:, t, :, :, None] @ k_t.transpose(-1, -2)
+            outputs.append((s @ q[:, t, :, :, None])[..., 0] * scale)
+        return torch.stack(outputs, dim=1), s.transpose(-1, -2)
+
+
+@st.composite
+def gated_delta_cases(
+    draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES, kernel_dims: int = 0
+) -> GatedDeltaCase:
+    """``kernel_dims``: a head dim the NPU kernel needs, drawn for K and V half of the time."""
+    dims = draw(st.sampled_from((0, kernel_dims))) if kernel_dims else 0
+    return GatedDeltaCase(
+        batch=draw(st.integers(1, 2)),
+        tokens=draw(st.integers(1, 6)),
+        key_heads=draw(st.integers(1, 2)),
+        group=draw(st.integers(1, 2)),
+        key_dim=dims or draw(st.integers(1, 4)),
+        value_dim=dims or draw(st.integers(1, 4)),
+        with_state=draw(st.booleans()),
+        l2norm=draw(st.booleans()),
+        scale=draw(st.sampled_from((None, 0.7))),
+        dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+# --- causal_conv1d ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CausalConvCase(NaiveCase):
+    batch: int
+    tokens: int
+    channels: int
+    width: int
+    state_len: int | None  # None: no conv_state
+    with_bias: bool
+    activation: str | None
+    dtype: torch.dtype
+    seed: int
+
+    @property
+    def output_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        return self.dtype, self.dtype
+
+    def op_args(self) -> tuple[tuple, dict]:
+        x = _randn((self.batch, self.tokens, self.channels), self.seed, self.dtype)
+        weight = _randn((self.channels, self.width), self.seed + 1, self.dtype)
+        state = bias = None
+        if self.state_len is not None:
+            state_shape = (self.batch, self.channels, self.state_len)
+            state = _randn(state_shape, self.seed + 2, self.dtype)
+        if self.with_bias:
+            bias = _randn((self.channels,), self.seed + 3, self.dtype)
+        return (x, weight, state, bias), {"activation": self.activation}
+
+    def naive(self, x, weight, state, bias) -> tuple[torch.Tensor, torch.Tensor]:
+        """``out[t] = act(bias + sum_j weight[:, j] * xs[t + S - W + 1 + j])`` over ``xs`` = the
+        state's steps then x's; the new state is the last S steps of ``xs``."""
+        length = self.width - 1 if state is None else state.shape[-1]
+        steps = [] if state is None else list(state.unbind(-1))
+        if state is None:
+            steps = [x.new_zeros(self.batch, self.channels)] * length
+        steps += list(x.unbind(1))
+        outputs = []
+        for t in range(self.tokens):
+            window = steps[t + length - self.width + 1 : t + length + 1]
+            out = sum(weight[:, j] * step for j, step in enumerate(window))
+            out = out if bias is None else out + bias
+            outputs.append(out if self.activation is None else out * torch.sigmoid(out))
+        new_state = (
+            torch.stack(steps[len(steps) - length :], dim=-1)
+            if length
+            else x.new_zeros(self.batch, self.channels, 0)
+        )
+        return torch.stack(outputs, dim=1), new_state
+
+
+@st.composite
+def causal_conv_cases(
+    draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+) -> CausalConvCase:
+    width = draw(st.integers(1, 4))
+    return CausalConvCase(
+        batch=draw(st.integers(1, 2)),
+        tokens=draw(st.integers(1, 6)),
+        channels=draw(st.integers(1, 5)),
+        width=width,
+        state_len=draw(st.sampled_from((None, width - 1, width))),
+        with_bias=draw(st.booleans()),
+        activation=draw(st.sampled_from((None, "silu"))),
+        dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
 # --- helpers shared by the op tests -----------------------------------------------------------
 
 
@@ -643,8 +799,16 @@ def on_device(args: tuple, kwargs: dict, device: torch.device) -> tuple[tuple, d
     return tuple(move(a) for a in args), {name: move(v) for name, v in kwargs.items()}
 
 
-def assert_matches_naive(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
-    assert out.dtype == dtype, f"output dtype {out.dtype}, expected {dtype}"
+def assert_matches_naive(
+    out: torch.Tensor,
+    expected: torch.Tensor,
+    dtype: torch.dtype,
+    output_dtype: torch.dtype | None = None,
+) -> None:
+    """``out`` has ``output_dtype`` (default ``dtype``) and matches within ``dtype``'s
+    tolerance (the inputs' precision bounds the error of an output computed in more)."""
+    output_dtype = dtype if output_dtype is None else output_dtype
+    assert out.dtype == output_dtype, f"output dtype {out.dtype}, expected {output_dtype}"
     assert out.shape == expected.shape, (
         f"output shape {tuple(out.shape)} vs {tuple(expected.shape)}"
     )

@@ -31,7 +31,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PROJECT_FILES = sorted(p for top in ("ascend_vlm", "scripts") for p in (ROOT / top).rglob("*.py"))
 SCHEMAS = load_schemas()
 NEWEST = SCHEMAS[newest_release()]
-PYTHON_APIS = sorted(json.loads(SCHEMAS_PATH.read_text())["releases"][newest_release()]["python"])
+RELEASES = json.loads(SCHEMAS_PATH.read_text())["releases"]
+PYTHON_APIS = sorted(RELEASES[newest_release()]["python"])
+# Ops a release does not have: the op modules look them up on torch_npu and run their reference
+# when they are missing (tests/ops/test_gated_delta_rule.py holds that).
+ABSENT = {release: set(data["absent"]) for release, data in RELEASES.items()}
 
 
 def _mock_api_parameters(api: str) -> tuple[Parameter, ...]:
@@ -75,6 +79,8 @@ def test_the_schema_parser_reads_names_order_keyword_only_markers_and_defaults()
 def test_the_mock_provides_exactly_the_recorded_ops() -> None:
     ops = {api for api in NEWEST if not api.startswith("npu.")}
     assert set(MOCK_OPS) == ops
+    for release, absent in ABSENT.items():
+        assert absent == set(MOCK_OPS) - set(SCHEMAS[release]), release
 
 
 @pytest.mark.parametrize("op", sorted(MOCK_OPS))
@@ -107,6 +113,8 @@ def _call_problems(paths: list[Path]) -> list[str]:
             problems.append(f"{where}: passes *args/**kwargs, which cannot be checked")
             continue
         for release, apis in SCHEMAS.items():
+            if site.api in ABSENT[release]:
+                continue
             if site.api not in apis:
                 problems.append(f"{where}: not in the schema file for {release}")
                 continue

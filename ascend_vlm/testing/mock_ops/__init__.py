@@ -7,7 +7,12 @@ support and the return structure. What the docs leave open is marked UNVERIFIED 
 conservative; what the mock does not model raises ``NotImplementedError`` naming it.
 """
 
+from ascend_vlm.testing.mock_ops.fused_causal_conv1d import npu_fused_causal_conv1d
 from ascend_vlm.testing.mock_ops.fusion_attention import npu_fusion_attention
+from ascend_vlm.testing.mock_ops.gated_delta_rule import (
+    npu_chunk_gated_delta_rule,
+    npu_recurrent_gated_delta_rule,
+)
 from ascend_vlm.testing.mock_ops.grouped_matmul import npu_grouped_matmul
 from ascend_vlm.testing.mock_ops.moe_token_permute import (
     npu_moe_token_permute,
@@ -25,11 +30,14 @@ from ascend_vlm.testing.mock_ops.weight_quant import (
 MOCK_OPS = {
     op.__name__: op
     for op in (
+        npu_chunk_gated_delta_rule,
         npu_convert_weight_to_int4pack,
+        npu_fused_causal_conv1d,
         npu_fusion_attention,
         npu_grouped_matmul,
         npu_moe_token_permute,
         npu_moe_token_unpermute,
+        npu_recurrent_gated_delta_rule,
         npu_rms_norm,
         npu_rotary_mul,
         npu_swiglu,
@@ -39,11 +47,14 @@ MOCK_OPS = {
 
 __all__ = [
     "MOCK_OPS",
+    "npu_chunk_gated_delta_rule",
     "npu_convert_weight_to_int4pack",
+    "npu_fused_causal_conv1d",
     "npu_fusion_attention",
     "npu_grouped_matmul",
     "npu_moe_token_permute",
     "npu_moe_token_unpermute",
+    "npu_recurrent_gated_delta_rule",
     "npu_rms_norm",
     "npu_rotary_mul",
     "npu_swiglu",
