@@ -4,6 +4,7 @@ refusal there, the report's table."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -158,7 +159,9 @@ def test_a_failing_probe_is_named(float_checkpoint, monkeypatch):
     from ascend_vlm.quantization import transformers_quantizer
 
     _, folder = float_checkpoint
-    broken = transformers_quantizer.Probe("quantize-op-call", lambda: "no such call")
+    broken = dataclasses.replace(
+        transformers_quantizer.QUANTIZER_PROBES[1], check=lambda: "no such call"
+    )
     monkeypatch.setattr(
         transformers_quantizer,
         "QUANTIZER_PROBES",
