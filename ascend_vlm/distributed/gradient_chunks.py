@@ -100,8 +100,8 @@ class GradientChunks:
 
         On CPU the rows are copied by NumPy's row assignment on same-width integer views (a
         bit-exact copy of whole contiguous rows, where ``index_copy_`` copies element by
-        element; README's benchmark section has the ratio). Other devices use ``index_copy_``. ``via_numpy`` forces one of the two (same result);
-        None picks by device.
+        element; README's benchmark section has the ratio). Other devices use ``index_copy_``.
+        ``via_numpy`` forces one of the two (same result); None picks by device.
         """
         rows_in = packed[: row_ids.numel() * self.chunk_size].view(-1, self.chunk_size)
         rows_in = rows_in.to(self.rows.dtype)

@@ -163,8 +163,8 @@ def resolve_checkpoint(output_dir: str | os.PathLike, resume: str) -> Path:
 
     ``"latest"`` is the directory the ``latest`` file names; if that one is not complete
     (:func:`is_complete`: the disk lost part of it), the newest complete ``step-<n>`` directory
-    of an earlier step, with a warning. Staging directories of an interrupted save are never candidates. Raises
-    ``FileNotFoundError`` naming ``resume`` when there is no complete checkpoint.
+    of an earlier step, with a warning. Staging directories of an interrupted save are never
+    candidates. Raises ``FileNotFoundError`` naming ``resume`` when there is no complete checkpoint.
     """
     if resume == "latest":
         root = checkpoint_root(output_dir)

@@ -1,8 +1,8 @@
 """Where an answer's tokens looked: attention rows of chosen decoder layers, on demand.
 
 One teacher-forced forward over prompt + answer taps the chosen layers' attention
-(:class:`~ascend_vlm.patching.attention_tap.AttentionTap`, through the edit ledger) and keeps, per layer, only the rows of the positions that
-produced the answer tokens: answer token ``i`` comes from the logits at position
+(:class:`~ascend_vlm.patching.attention_tap.AttentionTap`, through the edit ledger) and keeps,
+per layer, only the rows of the positions that produced the answer tokens: answer token ``i`` comes from the logits at position
 ``prompt_length - 1 + i``, so that position's attention is what the model looked at when it
 chose the token. Rows are ``softmax(q k^T * scale + mask)`` averaged over heads
 (``ops.attention_probabilities``), whatever attention implementation the model runs (a patched

@@ -72,11 +72,12 @@ class _OpenStage:
 
 
 class Tracer:
-    """A ledger feature (``"tracer"``, one per model) that times the stages of every request ``model`` serves while enabled.
+    """A ledger feature (``"tracer"``, one per model) that times the stages of every request
+    ``model`` serves while enabled.
 
     ``model`` is a transformers VLM for generation (``...ForConditionalGeneration``; a PEFT
-    or ``torch.compile`` wrapper is looked through) whose ``.model`` holds a language model (``language_model`` or
-    ``text_model``) and usually a vision tower and projector (found by the names in
+    or ``torch.compile`` wrapper is looked through) whose ``.model`` holds a language model
+    (``language_model`` or ``text_model``) and usually a vision tower and projector (found by the names in
     :mod:`ascend_vlm.models.parts`). ``clock``: "auto" (NPU events when the model's ops run the
     NPU kernels, else ``perf_counter``), "device" or "host". Features that emit
     :mod:`~ascend_vlm.trace_events` for this model (pruning, vision cache, batching)

@@ -146,8 +146,9 @@ def patch(
 
     attention: text attention -> fused attention; vision: patch the vision tower at all (its
     attention, norms, RoPE, MLPs); norm / rope / mlp: those module kinds in every patched part.
-    Idempotent: patching an already patched model with the same options returns the first
-    report; different options raise PatchError (call `unpatch` first). Unsupported model_type:
+    Idempotent: patching an already patched model with the same options returns its current
+    report (written anew whenever the ledger installs the patch again, e.g. under a later
+    quantization); different options raise PatchError (call `unpatch` first). Unsupported model_type:
     PatchError listing the supported ones when `strict`, else only the recognised parts are
     patched and the report says what was skipped. Returns the PatchReport.
     """

@@ -271,7 +271,9 @@ def remove_feature(model: nn.Module, feature: Feature | str) -> list[Feature]:
 
 def applied_features(model: nn.Module, name: str | None = None) -> list[Feature]:
     """The features applied to ``model`` in the order they are stacked (innermost first);
-    with ``name``, only those of that name."""
+    with ``name`` (one of :data:`FEATURE_ORDER`, else ValueError), only those of that name."""
+    if name is not None:
+        _rank(name)  # a misspelt name would otherwise find nothing, silently
     ledger = _ledger(model, create=False)
     features = [] if ledger is None else [f for f, _ in ledger.entries]
     return [f for f in features if name is None or f.name == name]

@@ -18,8 +18,9 @@ every vision parameter's and buffer's (quantized weights) identity, storage and 
 counter, PEFT's active adapters, whether adapters are disabled and their scaling, the
 autocast state, and the ledger features stacked beneath the cache (``patch`` with its options,
 quantization), which choose the kernels. ``load_state_dict``, an optimizer step,
-``p.data = ...``, a LoRA switch, ``model.to(...)``, autocast or patching therefore miss. Writes through ``p.data.copy_(...)`` bypass torch's write counter: call ``cache.clear()``
-after them.
+``p.data = ...``, a LoRA switch, ``model.to(...)``, autocast or patching therefore miss.
+Writes through ``p.data.copy_(...)`` bypass torch's write counter: call ``cache.clear()`` after
+them.
 """
 
 from __future__ import annotations

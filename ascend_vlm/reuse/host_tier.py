@@ -8,8 +8,8 @@ first waits for the event recorded when the features were made (the copy must no
 work that writes them), and a restore allocates the device tensors, queues the copies and
 records an :class:`ascend_vlm.runtime.Event` that the consumer waits on
 (:meth:`~ascend_vlm.reuse.cache_entry.CachedFeatures.wait_ready`) just before reading them, so
-the copies overlap whatever the caller does in between (encoding the images that missed). Tensors already in host memory (the
-CPU, the mock NPU) are written into the pinned buffer directly and come back as zero-copy views
+the copies overlap whatever the caller does in between (encoding the images that missed).
+Tensors already in host memory (the CPU, the mock NPU) are written into the pinned buffer directly and come back as zero-copy views
 of it, without AscendCL copies.
 
 The tier is a byte-bounded LRU like the device tier; entries leave it when looked up (they move
