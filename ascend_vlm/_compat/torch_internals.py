@@ -116,6 +116,12 @@ def _torch_int8pack_mm() -> str | None:
     return None if error < 2e-2 else f"relative error {error:.3g} against x @ (w * s)^T"
 
 
+def compiled_module(module: object) -> object:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) wraps, else ``module``.
+    torch keeps it in the private ``_orig_mod`` on every supported version."""
+    return getattr(module, "_orig_mod", module)
+
+
 @functools.cache
 def cpu_grouped_mm() -> Callable | None:
     """torch's grouped GEMM on CPU (``ops.moe_experts``' reference):

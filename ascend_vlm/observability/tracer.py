@@ -90,8 +90,6 @@ class Tracer:
 
     def __init__(self, model: nn.Module, *, clock: str = "auto") -> None:
         base = base_model(model)
-        # torch.compile's wrapper calls the module it wraps: the hooks go on that one.
-        base = getattr(base, "_orig_mod", base)
         multimodal = getattr(base, "model", None)
         language = _child(multimodal, LANGUAGE_MODEL_ATTRIBUTES) if multimodal is not None else None
         if language is None:

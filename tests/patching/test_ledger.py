@@ -227,3 +227,19 @@ def test_a_stack_that_cannot_be_restored_says_what_the_model_carries():
     patch.fail = True  # from now on every install fails, the restoring one too
     with pytest.raises(PatchError, match=r"and so did restoring patch .*carries no feature"):
         apply_feature(model, _Recording("quantization", model, []))
+
+
+def test_a_compiled_model_keeps_its_features_on_the_module_it_wraps():
+    from ascend_vlm.observability import Tracer
+
+    model = tiny.build_model("qwen2_vl", attn_implementation="sdpa")
+    compiled = torch.compile(model)  # nothing compiles before the first call
+    ascend_vlm.patch(compiled)
+    tracer = Tracer(compiled)
+    tracer.enable()
+    assert [f.name for f in applied_features(model)] == ["patch", "tracer"]
+    assert applied_features(compiled) == applied_features(model)
+    assert "_ascend_vlm_ledger" not in vars(compiled)
+    ascend_vlm.unpatch(compiled)
+    tracer.disable()
+    assert not applied_features(model) and "_ascend_vlm_ledger" not in vars(model)
