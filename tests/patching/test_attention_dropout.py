@@ -8,14 +8,16 @@ import torch
 import transformers
 
 import ascend_vlm
-from ascend_vlm.models.tiny import _TEXT
+from ascend_vlm.models.tiny import TINY_TEXT_CONFIG
 
 INPUT_IDS = torch.tensor([[1, 5, 9, 17, 33, 2, 7, 4], [3, 8, 12, 6, 21, 40, 11, 9]])
 
 
 def _patched_llama(checkpointing: bool) -> transformers.LlamaForCausalLM:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**_TEXT, attention_dropout=0.5, attn_implementation="eager")
+    config = transformers.LlamaConfig(
+        **TINY_TEXT_CONFIG, attention_dropout=0.5, attn_implementation="eager"
+    )
     model = transformers.LlamaForCausalLM(config)
     ascend_vlm.patch(model, strict=False)
     if checkpointing:

@@ -16,7 +16,7 @@ from torch import nn
 import ascend_vlm
 from ascend_vlm import PatchError
 from ascend_vlm.models import supported_model_types
-from ascend_vlm.models.tiny import _TEXT, build_model, make_inputs
+from ascend_vlm.models.tiny import TINY_TEXT_CONFIG, build_model, make_inputs
 from ascend_vlm.patching import ATTENTION_NAME, ascend_attention_forward, is_patched
 
 
@@ -168,7 +168,7 @@ def test_a_patched_model_unpickled_in_a_fresh_process_runs_its_attention(qwen, t
 
 def _tiny_llama():
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**_TEXT, attn_implementation="eager")
+    config = transformers.LlamaConfig(**TINY_TEXT_CONFIG, attn_implementation="eager")
     return transformers.LlamaForCausalLM(config).eval()
 
 

@@ -394,7 +394,7 @@ def _video_inputs(model, frames: int = 4):
     patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
     generator = torch.Generator().manual_seed(5)
     video = torch.randn(int(grid.prod()), patch, generator=generator)
-    image, per_image = tiny._qwen_images(model, 1)
+    image, per_image = tiny.qwen_images(model, 1)
     video_tokens = int(grid.prod()) // vision.spatial_merge_size**2
     ids = [tiny.BOS, tiny.VISION_START] + [tiny.VIDEO_TOKEN] * video_tokens
     ids += [tiny.VISION_START] + [tiny.IMAGE_TOKEN] * per_image[0] + [5, 6, 7]
