@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KINDS = ("attention-text", "attention-vision", "norm", "rope", "mlp")
+# Kinds of module a patch swaps or leaves alone; "linear-attention" is a recurrent token mixer
+# (Gated DeltaNet), "moe" a sparse mixture-of-experts block.
+KINDS = ("attention-text", "attention-vision", "norm", "rope", "mlp", "linear-attention", "moe")
 
 
 @dataclass(frozen=True)

@@ -29,20 +29,21 @@ CASES = {
 
 
 # Swapped module counts per family in KINDS order (attention-text, attention-vision, norm, rope,
-# mlp), as in the README's supported-models table: a patch that silently stops swapping fails.
+# mlp, linear-attention, moe), as in the README's supported-models table: a patch that silently
+# stops swapping fails.
 EXPECTED_SWAPPED = {
-    "qwen2_vl": (2, 1, 5, 3, 2),
-    "qwen2_5_vl": (2, 2, 10, 4, 4),
-    "qwen3_vl": (2, 2, 9, 4, 2),
-    "llava_clip": (2, 2, 5, 2, 2),
-    "llava_siglip": (2, 2, 5, 2, 2),
-    "llava_next": (2, 2, 5, 2, 2),
-    "llava_onevision": (2, 2, 5, 2, 2),
-    "idefics3": (2, 2, 5, 2, 2),
-    "smolvlm": (2, 2, 5, 2, 2),
-    "paligemma": (2, 2, 5, 2, 0),  # gelu MLPs
-    "gemma3": (2, 2, 14, 2, 0),  # gelu MLPs
-    "internvl": (2, 2, 9, 2, 2),
+    "qwen2_vl": (2, 1, 5, 3, 2, 0, 0),
+    "qwen2_5_vl": (2, 2, 10, 4, 4, 0, 0),
+    "qwen3_vl": (2, 2, 9, 4, 2, 0, 0),
+    "llava_clip": (2, 2, 5, 2, 2, 0, 0),
+    "llava_siglip": (2, 2, 5, 2, 2, 0, 0),
+    "llava_next": (2, 2, 5, 2, 2, 0, 0),
+    "llava_onevision": (2, 2, 5, 2, 2, 0, 0),
+    "idefics3": (2, 2, 5, 2, 2, 0, 0),
+    "smolvlm": (2, 2, 5, 2, 2, 0, 0),
+    "paligemma": (2, 2, 5, 2, 0, 0, 0),  # gelu MLPs
+    "gemma3": (2, 2, 14, 2, 0, 0, 0),  # gelu MLPs
+    "internvl": (2, 2, 9, 2, 2, 0, 0),
 }
 
 
