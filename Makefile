@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 CXX_SOURCES := $(shell find csrc tests -name '*.cpp' -o -name '*.h' 2>/dev/null)
 
-.PHONY: demo test test-lowest lint format sanitize header-check ext clean
+.PHONY: demo test test-lowest lint format sanitize header-check ext clean docs
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: ext
 
 test: ext
 	$(PY) -m pytest
+
+# The documentation site (docs/, mkdocs.yml) into site/; warnings fail the build.
+docs: $(EDITABLE)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The family and patching tests again on the lowest supported transformers (the venv has the newest
 # tested one): requirements-lowest.txt goes into a folder beside the venv, first on PYTHONPATH.
