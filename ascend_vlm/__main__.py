@@ -49,14 +49,14 @@ def _load(model_path: str | None):
     return load_model_and_processor(model_path, "--model")
 
 
-def _image_and_question(image_path: str | None, question: str | None):
-    from PIL import Image
+def _image_and_question(image: str | None, question: str | None):
+    from ascend_vlm.data.images import load_image
 
-    if image_path is not None:
-        if not Path(image_path).is_file():
-            raise CommandError(f"--image: expected an image file, got {image_path} (no such file)")
-        image = Image.open(image_path).convert("RGB")
-        return image, question or "Describe this image."
+    if image is not None:
+        try:
+            return load_image(image, name="--image"), question or "Describe this image."
+        except ValueError as error:
+            raise CommandError(str(error)) from None
     from ascend_vlm.data.shapes_vqa import render_scene
 
     image, pairs = render_scene(seed=0)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 
 import pytest
 import torch
+from PIL import Image
 
 from ascend_vlm.__main__ import main
+from ascend_vlm.data.images import ACCEPTED_IMAGES
 from ascend_vlm.models import supported_model_types
 
 DEMO_ERROR = "python -m ascend_vlm demo: error: "
@@ -118,8 +121,9 @@ def _model_without_processor(default_checkpoint, folder):
             "model.save_pretrained does not write them. Save the processor of the model it came "
             "from into it: ascend_vlm.default_model.load_processor(BASE).save_pretrained('{dir}')",
         ),
-        ("no image", "--image: expected an image file, got {dir}/none.png (no such file)"),
+        ("no image", f"--image: expected {ACCEPTED_IMAGES}, got '{{dir}}/none.png' (no such file)"),
         ("zero tokens", "--max-new-tokens: expected >= 1, got 0"),
+        ("corrupt image", "--image: cannot read the image's pixels (image file is truncated"),
     ],
 )
 def test_demo_bad_input_exits_2_naming_the_option(
@@ -131,12 +135,17 @@ def test_demo_bad_input_exits_2_naming_the_option(
         "weights only": ["--model", str(folder)],
         "no image": ["--model", str(default_checkpoint), "--image", str(folder / "none.png")],
         "zero tokens": ["--max-new-tokens", "0"],
+        "corrupt image": ["--image", str(tmp_path / "corrupt.png")],
     }[case]
+    if case == "corrupt image":  # the header reads, the pixel data ends early
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 64), "red").save(buffer, format="PNG")
+        (tmp_path / "corrupt.png").write_bytes(buffer.getvalue()[:-40])
     if case == "empty":
         folder.mkdir()
     elif case == "weights only":
         _model_without_processor(default_checkpoint, folder)
-    assert command_error(["demo", *argv]) == DEMO_ERROR + message.format(dir=folder)
+    assert command_error(["demo", *argv]).startswith(DEMO_ERROR + message.format(dir=folder))
 
 
 def test_models_table_lists_every_supported_model_type(capsys):

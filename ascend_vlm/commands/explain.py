@@ -29,7 +29,10 @@ def add_command(commands: Any) -> None:
     )
     parser.add_argument("--model", required=True, help="local HF checkpoint folder, or 'reference'")
     parser.add_argument(
-        "--image", required=True, action="append", type=Path, help="image file (repeatable)"
+        "--image",
+        required=True,
+        action="append",
+        help="image file, http(s) URL or data: URL (repeatable)",
     )
     parser.add_argument("--question", required=True)
     parser.add_argument("--out", required=True, type=Path, help="folder for the outputs")
@@ -43,8 +46,7 @@ def add_command(commands: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run ``explain``; argparse errors (status 2) name the bad option."""
-    from PIL import Image, UnidentifiedImageError
-
+    from ascend_vlm.data.images import load_image
     from ascend_vlm.evaluation.checkpoints import (
         check_checkpoint,
         load_model_and_processor,
@@ -59,15 +61,10 @@ def run_command(args: argparse.Namespace) -> int:
         parser.error(f"--token: expected 0 <= token < --max-new-tokens, got {args.token}")
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())) and not args.force:
         parser.error(f"--out: {args.out} exists and is not an empty folder; pass --force")
-    images = []
-    for path in args.image:
-        if not path.is_file():
-            parser.error(f"--image: expected an image file, got {path} (no such file)")
-        try:
-            with Image.open(path) as image:
-                images.append(image.convert("RGB"))
-        except (UnidentifiedImageError, OSError) as error:
-            parser.error(f"--image: cannot read {path} as an image ({error})")
+    try:
+        images = [load_image(source, name="--image") for source in args.image]
+    except ValueError as error:
+        parser.error(str(error))
     model_path = resolve_model(args.model)
     try:
         check_checkpoint(model_path, "--model")

@@ -4,7 +4,8 @@ in input order.
 
 A request line: ``{"id": "a", "prompt": "...", "images": ["cat.png"], "max_new_tokens": 32,
 "do_sample": false, "temperature": 1.0, "top_k": null, "top_p": null, "seed": 0, "stop": []}``
-(only ``prompt`` is required; image paths are relative to the JSONL file), or ``"messages"``
+(only ``prompt`` is required; image paths are relative to the JSONL file; http(s) and
+data: URLs are fetched), or ``"messages"``
 in the chat format with ``{"type": "image", "image": "cat.png"}`` parts instead of
 ``prompt`` / ``images``. A result line: ``id``, ``text``, ``tokens``, ``finish_reason``,
 ``prompt_tokens``, ``time_to_first_token``, ``latency``, ``tokens_per_second`` (seconds from
@@ -37,15 +38,16 @@ class RequestFileError(ValueError):
 
 
 def _image(folder: Path, value: object, where: str) -> Any:
-    from PIL import Image
+    """The image a request names: a path relative to the JSONL file's folder, an http(s) URL or
+    a data: URL."""
+    from ascend_vlm.data.images import is_remote, load_image
 
     if not isinstance(value, str):
-        raise RequestFileError(f"{where}: expected an image path string, got {value!r}")
-    path = folder / value
-    if not path.is_file():
-        raise RequestFileError(f"{where}: expected an image file, got {path} (no such file)")
-    with Image.open(path) as image:
-        return image.convert("RGB")
+        raise RequestFileError(f"{where}: expected an image path or URL string, got {value!r}")
+    try:
+        return load_image(value if is_remote(value) else str(folder / value), name=where)
+    except ValueError as error:
+        raise RequestFileError(str(error)) from None
 
 
 def _messages(folder: Path, record: dict, where: str) -> list[dict]:

@@ -30,6 +30,8 @@ from typing import Any, Protocol
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from ascend_vlm.data.images import load_image
+
 logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
@@ -173,9 +175,8 @@ class JsonlVQA:
 
     def __getitem__(self, index: int) -> VQASample:
         pending = self._samples[index]
-        with Image.open(pending.image_path) as image:
-            rgb = image.convert("RGB")
-        return VQASample(rgb, pending.question, pending.answer)
+        image = load_image(pending.image_path, name=f"image {str(pending.image_path)!r}")
+        return VQASample(image, pending.question, pending.answer)
 
     def question_type(self, index: int) -> str | None:
         """The ``"type"`` of the record sample ``index`` came from; None when it has none."""

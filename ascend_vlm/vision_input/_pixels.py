@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from ascend_vlm.data.images import ACCEPTED_IMAGES, check_image_size, is_remote, load_image
+
 if TYPE_CHECKING:
     from ascend_vlm.vision_input.staging import StagingPool
 
@@ -37,6 +39,14 @@ EXIF_ORIENTATION = 0x0112
 _FROM_PATH = "ascend_vlm_from_path"
 # The steps every preprocessor here performs; a reference with one turned off is refused.
 REQUIRED_STEPS = ("do_convert_rgb", "do_resize", "do_rescale", "do_normalize")
+
+
+def _reference_only(image: Any) -> bool:
+    """Whether ``image`` is an input only the reference processor reads: a 3-D torch tensor or
+    non-uint8 array (any other shape is refused by `ImagePixels._prepared`)."""
+    if isinstance(image, torch.Tensor):
+        return image.dim() == 3
+    return isinstance(image, np.ndarray) and image.dtype != np.uint8 and image.ndim == 3
 
 
 def _flat_images(images: Any) -> list[Any]:
@@ -173,38 +183,34 @@ class ImagePixels(abc.ABC):
     def _prepared(self, index: int, image: Any) -> Image.Image:
         """``image`` as a PIL image; its pixels are decoded later, in a worker
         (:meth:`_decoded`). A path opens the file (its header only) and is marked to be loaded
-        as Hugging Face loads paths: EXIF orientation applied, converted to RGB."""
+        as Hugging Face loads paths: EXIF orientation applied, converted to RGB. An http(s) or
+        data: URL is fetched and decoded here (`ascend_vlm.data.images.load_image`)."""
+        name = f"images[{index}]"
+        if is_remote(image):
+            return load_image(image, name=name)
         if isinstance(image, (str, os.PathLike)):
             path = os.fspath(image)
             if not os.path.isfile(path):
-                raise ValueError(
-                    f"images[{index}]: expected a PIL image, a uint8 array or a local file path, "
-                    f"got {path!r}, which is not a file (URLs and base64 are not fetched)"
-                )
+                raise ValueError(f"{name}: expected {ACCEPTED_IMAGES}, got {path!r} (no such file)")
             try:
                 opened = Image.open(path)
             except (OSError, SyntaxError, struct.error) as error:
-                raise ValueError(f"images[{index}]: cannot open {path!r}: {error}") from None
+                raise ValueError(f"{name}: cannot open {path!r}: {error}") from None
             opened.info[_FROM_PATH] = True
             return opened
-        if isinstance(image, np.ndarray):
+        if isinstance(image, (np.ndarray, torch.Tensor)):
             channels = (1, 3, 4)
-            if (
-                image.dtype != np.uint8
-                or image.ndim != 3
-                or not (image.shape[0] in channels or image.shape[-1] in channels)
-            ):
+            if image.ndim != 3 or not (image.shape[0] in channels or image.shape[-1] in channels):
                 raise ValueError(
-                    f"images[{index}]: expected a PIL image or a uint8 array of shape HxWxC or "
-                    f"CxHxW with C in {channels}, got a {image.dtype} array of shape "
-                    f"{image.shape}"
+                    f"{name}: expected an array of shape HxWxC or CxHxW with C in {channels}, "
+                    f"got shape {image.shape}"
                 )
+            if 0 in image.shape:
+                raise ValueError(f"{name}: expected a non-empty image, got shape {image.shape}")
             return image  # converted to RGB in a worker, by the reference's array rule
         if not isinstance(image, Image.Image):
-            raise ValueError(
-                f"images[{index}]: expected a PIL image, a uint8 array or a local file path, got "
-                f"{type(image).__name__}"
-            )
+            raise ValueError(f"{name}: expected {ACCEPTED_IMAGES}, got {type(image).__name__}")
+        check_image_size(image, name)
         return image
 
     def _decoded(self, index: int, image: Image.Image | np.ndarray) -> Image.Image:
@@ -229,6 +235,7 @@ class ImagePixels(abc.ABC):
             return Image.fromarray(np.ascontiguousarray(rgb))
         try:
             image.load()
+            check_image_size(image, f"images[{index}]")
             if image.info.get(_FROM_PATH):
                 image = ImageOps.exif_transpose(image).convert("RGB")
         except (OSError, SyntaxError, struct.error) as error:  # PIL reads the data only now
@@ -258,6 +265,8 @@ class ImagePixels(abc.ABC):
         listed = _flat_images(images)
         if not listed:
             raise ValueError("images: expected at least one image, got none")
+        if any(_reference_only(image) for image in listed):
+            return self._by_reference(images, staging)
         opened = [self._prepared(i, image) for i, image in enumerate(listed)]
         # Decoding first (in the workers), so sizes are the loaded images' (a path's EXIF
         # rotation applied), then one buffer for the batch, then the pixels (in the workers).
@@ -281,3 +290,14 @@ class ImagePixels(abc.ABC):
         return BatchFeature(data={"pixel_values": pixel_values, **self._features(layouts)})
 
     preprocess = __call__
+
+    def _by_reference(self, images: Any, staging: StagingPool | None) -> Any:
+        """The reference processor's result for inputs the fast path does not read itself
+        (tensors, float arrays: the reference's own rescaling rules apply to them), its
+        ``pixel_values`` copied into a ``staging`` slot when one is given."""
+        features = self.reference(images, return_tensors="pt")
+        if staging is not None:
+            pixel_values = features["pixel_values"]
+            slot = staging.tensor(tuple(pixel_values.shape), pixel_values.dtype)
+            features["pixel_values"] = slot.copy_(pixel_values)
+        return features

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from ascend_vlm.__main__ import main
+from ascend_vlm.data.images import ACCEPTED_IMAGES
 from ascend_vlm.default_model import default_model_path
 from ascend_vlm.observability.explain import explain, save_explanation
 
@@ -110,11 +111,11 @@ def test_bad_files_are_named(command_error, image_file, tmp_path):
     base = ["explain", "--question", "q", "--out", str(tmp_path / "out")]
     missing = tmp_path / "missing.png"
     error = command_error([*base, "--model", str(default_model_path()), "--image", str(missing)])
-    assert error.endswith(f"--image: expected an image file, got {missing} (no such file)")
+    assert error.endswith(f"--image: expected {ACCEPTED_IMAGES}, got '{missing}' (no such file)")
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not an image")
     error = command_error([*base, "--model", str(default_model_path()), "--image", str(broken)])
-    assert f"--image: cannot read {broken} as an image" in error
+    assert f"--image: cannot read '{broken}' as an image" in error
     error = command_error([*base, "--model", str(tmp_path), "--image", str(image_file)])
     assert "--model: expected a local checkpoint directory with config.json" in error
 

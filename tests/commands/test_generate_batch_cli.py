@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from ascend_vlm.__main__ import main
+from ascend_vlm.data.images import ACCEPTED_IMAGES
 from ascend_vlm.default_model import default_model_path
 
 EVAL_ERROR = "python -m ascend_vlm generate-batch: error: "
@@ -70,6 +71,9 @@ def test_usage_errors_name_the_option_or_the_line(tmp_path, command_error):
     taken.write_text("")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"prompt": "x", "images": ["missing.png"]}\n')
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text('{"prompt": "fine"}\n{"prompt": "x", "images": ["corrupt.png"]}\n')
+    (tmp_path / "corrupt.png").write_bytes((tmp_path / "red.png").read_bytes()[:-40])
     unknown = tmp_path / "unknown.jsonl"
     unknown.write_text('{"prompt": "x", "beams": 4}\n')
     cases = {
@@ -83,7 +87,11 @@ def test_usage_errors_name_the_option_or_the_line(tmp_path, command_error):
         ),
         "missing image": (
             [*model, "--requests", str(bad), "--out", str(tmp_path / "o")],
-            f"{bad}: line 2: expected an image file, got {tmp_path / 'missing.png'} (no such file)",
+            f"{bad}: line 2: expected {ACCEPTED_IMAGES}, got '{tmp_path / 'missing.png'}' (no such file)",
+        ),
+        "corrupt image": (
+            [*model, "--requests", str(corrupt), "--out", str(tmp_path / "o")],
+            f"{corrupt}: line 2: cannot read the image's pixels (image file is truncated",
         ),
         "unknown field": (
             [*model, "--requests", str(unknown), "--out", str(tmp_path / "o")],

@@ -80,7 +80,10 @@ def test_a_failure_surfaces_at_its_position_naming_the_batch_and_image():
             describe=lambda images: f"{len(images)} images",
         )
         assert next(batches)["pixel_values"].shape[1] == 1176
-        with pytest.raises(ValueError, match=r"images\[1\]: expected a PIL image") as caught:
+        with pytest.raises(
+            ValueError,
+            match=r"images\[1\]: expected a local image file, .*got .not an image. \(no such file\)",
+        ) as caught:
             next(batches)
         assert "while preparing batch 1 (2 images) ahead" in caught.value.__notes__
         with pytest.raises(StopIteration):  # the producer stopped at the failure

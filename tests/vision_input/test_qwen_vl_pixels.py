@@ -56,10 +56,14 @@ def test_a_drop_in_for_the_processors_image_part(reference):
 
 def test_bad_input_is_named(reference):
     pixels = QwenVLPixels(reference, workers=1)
-    with pytest.raises(ValueError, match=r"images\[1\]: expected a PIL image, a uint8 array or"):
+    with pytest.raises(ValueError, match=r"images\[1\]: expected a local image file, .* got bytes"):
         pixels([Image.new("RGB", (8, 8)), b"a.png"])
-    with pytest.raises(ValueError, match=r"images\[0\]: expected a PIL image or a uint8 array of"):
+    with pytest.raises(ValueError, match=r"images\[0\]: expected an array of shape HxWxC or"):
         pixels([np.zeros((4, 4), dtype=np.float32)])
+    with pytest.raises(ValueError, match=r"images\[1\]: expected a non-empty image, got 0x7"):
+        pixels([Image.new("RGB", (8, 8)), Image.new("RGB", (0, 7))])
+    with pytest.raises(ValueError, match=r"images\[0\]: expected a non-empty image, got shape"):
+        pixels([np.zeros((0, 7, 3), dtype=np.uint8)])
     with pytest.raises(ValueError, match=r"images\[0\]: absolute aspect ratio must be smaller"):
         pixels([Image.new("RGB", (3000, 10))])
     buffer = io.BytesIO()
@@ -71,6 +75,24 @@ def test_bad_input_is_named(reference):
         pixels([Image.new("RGB", (8, 8))], return_tensors="np")
     with pytest.raises(ValueError, match="workers: expected an int >= 1"):
         QwenVLPixels(reference, workers=0)
+
+
+def test_tensors_float_arrays_and_data_urls_equal_the_reference(reference):
+    import base64
+
+    pixels = QwenVLPixels(reference, workers=1)
+    image = noise(56, 84)
+    unit = image.astype(np.float32) / 255.0
+    for source in (unit, torch.from_numpy(unit).permute(2, 0, 1)):
+        expected = reference(images=[source], return_tensors="pt")
+        got = pixels([source])
+        assert all(torch.equal(got[key], expected[key]) for key in expected)
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    expected = reference(images=[Image.fromarray(image)], return_tensors="pt")
+    got = pixels([url])
+    assert all(torch.equal(got[key], expected[key]) for key in expected)
 
 
 def test_a_reference_with_a_step_turned_off_is_refused():
@@ -118,8 +140,11 @@ def test_bad_paths_are_named(reference, tmp_path):
     truncated.write_bytes(Path(good).read_bytes()[:300])
     with pytest.raises(ValueError, match=r"images\[1\]: cannot read the image"):
         pixels([good, str(truncated)])  # fails in a worker thread, named in the caller
-    with pytest.raises(ValueError, match=r"images\[0\]: .*not a file \(URLs and base64"):
-        pixels(["https://example.com/a.png"])
+    with pytest.raises(ValueError, match=r"images\[0\]: .*got '/no/such.png' \(no such file\)"):
+        pixels(["/no/such.png"])
+    # port 9 (discard) on loopback: nothing listens, the fetch is refused at once
+    with pytest.raises(ValueError, match=r"images\[0\]: cannot read an image from 'http://127"):
+        pixels(["http://127.0.0.1:9/a.png"])
     (tmp_path / "text.png").write_text("not an image")
     with pytest.raises(ValueError, match=r"images\[0\]: cannot open"):
         pixels([tmp_path / "text.png"])
@@ -137,7 +162,9 @@ def test_arrays_of_every_channel_layout_and_nested_lists_as_hugging_face(referen
         assert torch.equal(got["pixel_values"], expected["pixel_values"])
     with pytest.raises(ValueError, match="images: expected at least one image, got none"):
         pixels([])
-    with pytest.raises(ValueError, match=r"images\[0\]: .*got a uint8 array of shape \(5, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"images\[0\]: expected an array of shape .*got shape \(5, 5\)"
+    ):
         pixels([np.zeros((5, 5), np.uint8)])  # refused by Hugging Face too
 
 

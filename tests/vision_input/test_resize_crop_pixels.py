@@ -104,8 +104,10 @@ def test_other_pipelines_and_varying_sizes_are_refused():
         ResizeCropPixels(CLIPImageProcessorPil(do_center_crop=False))
     with pytest.raises(ValueError, match=r"got \['do_resize'\] off"):
         ResizeCropPixels(CLIPImageProcessorPil(do_resize=False))
-    with pytest.raises(ValueError, match=r"images\[0\]: expected a PIL image or a uint8"):
+    with pytest.raises(ValueError, match=r"images\[0\]: expected an array of shape HxWxC"):
         ResizeCropPixels(CLIPImageProcessorPil(), workers=1)([np.zeros((2, 2), np.int32)])
+    with pytest.raises(ValueError, match=r"images\[0\]: expected a non-empty image, got 0x0"):
+        ResizeCropPixels(CLIPImageProcessorPil(), workers=1)([Image.new("RGB", (0, 0))])
 
 
 def test_file_paths_load_as_hugging_faces_do(tmp_path):
