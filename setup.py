@@ -86,6 +86,7 @@ setup(
     package_data={"ascend_vlm.testing": ["torch_npu_schemas.json"]},
     ext_modules=[CMakeExtension("ascend_vlm._C")],
     cmdclass={"build_ext": CMakeBuild, "build_py": BuildPyWithOpSpecs},
+    entry_points={"console_scripts": ["ascend-vlm = ascend_vlm.__main__:main"]},
     install_requires=[
         "torch>=2.6",
         "numpy>=1.24",

@@ -36,17 +36,22 @@ def _say(message: str) -> None:
 
 def _load(model_path: str | None):
     from ascend_vlm.default_model import load_default_model
-    from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_model_and_processor
+    from ascend_vlm.evaluation.checkpoints import (
+        check_checkpoint,
+        load_model_and_processor,
+        resolve_model,
+    )
 
     if model_path is None:
         _say("loading the embedded default model (tiny Qwen2-VL, random weights) ...")
         return load_default_model()
     try:
-        check_checkpoint(model_path, "--model")
+        path = resolve_model(model_path, "--model")
+        check_checkpoint(path, "--model")
     except FileNotFoundError as error:
         raise CommandError(str(error)) from None
-    _say(f"loading {Path(model_path)} ...")
-    return load_model_and_processor(model_path, "--model")
+    _say(f"loading {path} ...")
+    return load_model_and_processor(path, "--model")
 
 
 def _image_and_question(image: str | None, question: str | None):
@@ -148,43 +153,90 @@ def build_model_type(name: str) -> str:
     return FAMILIES[name].config().model_type
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ascend_vlm.evaluation.cli import EvalCommand
+class CommandHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions kept as written; an option's help ends with its default when it has one
+    and does not say it already (flags, and options whose default is None or empty, say theirs
+    in words if at all)."""
 
-    parser = argparse.ArgumentParser(prog="python -m ascend_vlm")
-    commands = parser.add_subparsers(dest="command", required=True)
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or not action.option_strings or action.nargs == 0:
+            return text
+        if default is None or default is argparse.SUPPRESS or default in ("", [], ()):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``ascend-vlm`` and of each sub-command: `CommandHelpFormatter` unless a
+    sub-command asks for another."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", CommandHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _program_name() -> str:
+    # The console script and ``python -m ascend_vlm`` are one program; usage lines name the
+    # way it was started.
+    return "ascend-vlm" if Path(sys.argv[0]).name == "ascend-vlm" else "python -m ascend_vlm"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ascend-vlm`` parser with every sub-command; each sets ``handler`` (args -> exit
+    status)."""
+    from ascend_vlm._version import __version__
+    from ascend_vlm.commands import explain, generate_batch
+    from ascend_vlm.evaluation.cli import EvalCommand
+    from ascend_vlm.finetune import reference_model
+
+    parser = CommandParser(prog=_program_name())
+    parser.add_argument("--version", action="version", version=f"ascend_vlm {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     demo_parser = commands.add_parser(
         "demo", help="patch a VLM and answer a question about an image"
     )
-    demo_parser.add_argument("--model", help="local HF checkpoint of a supported family")
-    demo_parser.add_argument("--image", help="image file (default: a rendered ShapesVQA scene)")
-    demo_parser.add_argument("--question", help="question to ask about the image")
-    demo_parser.add_argument("--max-new-tokens", type=int, default=16)
+    demo_parser.add_argument(
+        "--model",
+        help="local checkpoint folder or Hugging Face Hub id (default: the embedded tiny model)",
+    )
+    demo_parser.add_argument(
+        "--image", help="image file, http(s) URL or data: URL (default: a rendered scene)"
+    )
+    demo_parser.add_argument(
+        "--question", help="question to ask about the image (default: the scene's first)"
+    )
+    demo_parser.add_argument(
+        "--max-new-tokens", type=int, default=16, help="tokens to generate at most"
+    )
+    demo_parser.set_defaults(handler=_run_demo, parser=demo_parser)
     models_parser = commands.add_parser("models", help="print the supported-models table")
-    models_parser.add_argument("--markdown", action="store_true")
+    models_parser.add_argument("--markdown", action="store_true", help="print it as Markdown")
+    models_parser.set_defaults(handler=lambda args: print(models_table(args.markdown)) or 0)
     evaluation = EvalCommand()
-    evaluation.add_parser(commands)
-    from ascend_vlm.finetune import reference_model
-
+    evaluation.add_parser(commands).set_defaults(handler=evaluation.run)
     reference_model.add_command(commands)
-    from ascend_vlm.commands import explain, generate_batch
-
     generate_batch.add_command(commands)
     explain.add_command(commands)
-    args = parser.parse_args(argv)
-    if args.command == "eval":
-        return evaluation.run(args)
-    if args.command in ("reference-model", "generate-batch", "explain"):
-        return args.handler(args)
-    if args.command == "demo":
-        if args.max_new_tokens < 1:
-            demo_parser.error(f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}")
-        try:
-            return demo(args)
-        except CommandError as error:
-            demo_parser.error(str(error))
-    print(models_table(args.markdown))
-    return 0
+    return parser
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    if args.max_new_tokens < 1:
+        args.parser.error(f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}")
+    try:
+        return demo(args)
+    except CommandError as error:
+        args.parser.error(str(error))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ascend-vlm`` (also ``python -m ascend_vlm``) with ``argv``; returns the exit
+    status. A user's mistake exits with status 2 and an ``error:`` line naming the option or
+    the input."""
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
 
 
 if __name__ == "__main__":

@@ -27,19 +27,25 @@ def add_command(commands: Any) -> None:
     parser = commands.add_parser(
         "explain", help="answer a question about images; write attention maps and a trace"
     )
-    parser.add_argument("--model", required=True, help="local HF checkpoint folder, or 'reference'")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="local checkpoint folder, Hugging Face Hub id, or 'reference'",
+    )
     parser.add_argument(
         "--image",
         required=True,
         action="append",
         help="image file, http(s) URL or data: URL (repeatable)",
     )
-    parser.add_argument("--question", required=True)
+    parser.add_argument("--question", required=True, help="the question about the images")
     parser.add_argument("--out", required=True, type=Path, help="folder for the outputs")
     parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
-    parser.add_argument("--token", type=int, default=0, help="answer token to map (default 0)")
+    parser.add_argument("--token", type=int, default=0, help="answer token to map")
     parser.add_argument("--layers", type=_layers, help="decoder layers to average (default all)")
-    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=16, help="answer tokens to generate at most"
+    )
     parser.add_argument("--no-patch", dest="patch", action="store_false", help="skip patch")
     parser.set_defaults(handler=run_command, parser=parser)
 
@@ -65,8 +71,8 @@ def run_command(args: argparse.Namespace) -> int:
         images = [load_image(source, name="--image") for source in args.image]
     except ValueError as error:
         parser.error(str(error))
-    model_path = resolve_model(args.model)
     try:
+        model_path = resolve_model(args.model, "--model")
         check_checkpoint(model_path, "--model")
     except FileNotFoundError as error:
         parser.error(str(error))

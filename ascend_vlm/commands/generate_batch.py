@@ -117,16 +117,30 @@ def add_command(commands: Any) -> None:
     parser = commands.add_parser(
         "generate-batch", help="answer a JSONL file of requests with continuous batching"
     )
-    parser.add_argument("--model", required=True, help="local HF checkpoint folder")
+    parser.add_argument(
+        "--model", required=True, help="local checkpoint folder or Hugging Face Hub id"
+    )
     parser.add_argument("--requests", required=True, type=Path, help="requests, JSONL")
     parser.add_argument("--out", required=True, type=Path, help="results, JSONL")
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
-    parser.add_argument("--max-batch-tokens", type=int, default=4096)
-    parser.add_argument("--max-visual-tokens", type=int, default=4096, help="per step")
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=4096,
+        help="tokens through the language model per step (prompts being prefilled + 1 per "
+        "decoding sequence)",
+    )
+    parser.add_argument(
+        "--max-visual-tokens", type=int, default=4096, help="visual tokens encoded per step"
+    )
     parser.add_argument("--max-kv-mib", type=int, help="KV cache of the batch (default: none)")
-    parser.add_argument("--max-batch-size", type=int, default=16)
-    parser.add_argument("--no-patch", dest="patch", action="store_false", help="skip patch")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="sequences running at once")
+    parser.add_argument(
+        "--no-patch", dest="patch", action="store_false", help="run the stock model, unpatched"
+    )
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bar"
+    )
     parser.set_defaults(handler=run_command, parser=parser)
 
 
@@ -134,7 +148,11 @@ def run_command(args: argparse.Namespace) -> int:
     """Run ``generate-batch``; argparse errors (status 2) name the bad option or line."""
     from ascend_vlm.batching.budgets import BudgetError
     from ascend_vlm.batching.generator import BatchGenerator
-    from ascend_vlm.evaluation.checkpoints import check_checkpoint, load_model_and_processor
+    from ascend_vlm.evaluation.checkpoints import (
+        check_checkpoint,
+        load_model_and_processor,
+        resolve_model,
+    )
     from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
     parser = args.parser
@@ -147,11 +165,12 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.requests.is_file():
         parser.error(f"--requests: expected a JSONL file, got {args.requests} (no such file)")
     try:
-        check_checkpoint(args.model, "--model")
+        model_path = resolve_model(args.model, "--model")
+        check_checkpoint(model_path, "--model")
         requests = read_requests(args.requests)
     except (FileNotFoundError, RequestFileError) as error:
         parser.error(str(error))
-    model, processor = load_model_and_processor(args.model, "--model")
+    model, processor = load_model_and_processor(model_path, "--model")
     # Every request is encoded at submission; the fast image part gives the same tensors.
     processor = with_fast_pixels(processor, workers=2)
     if args.patch:

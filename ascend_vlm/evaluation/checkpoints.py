@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +11,36 @@ from typing import Any
 REFERENCE = "reference"
 
 
-def resolve_model(spec: str) -> Path:
-    """The checkpoint folder ``spec`` names: the reference checkpoint for ``REFERENCE``
-    (:func:`ascend_vlm.finetune.reference_model.reference_model_path`, built on first use),
-    else ``spec`` as a path."""
+# A Hugging Face Hub repository id: "name" or "namespace/name".
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def resolve_model(spec: str | os.PathLike, argument: str = "--model") -> Path:
+    """The local checkpoint folder ``spec`` names, as ``from_pretrained`` reads it: the
+    reference checkpoint for ``REFERENCE`` (:func:`ascend_vlm.finetune.reference_model.
+    reference_model_path`, built on first use), an existing path as it is, else a Hub id,
+    fetched into (or found in, offline) the Hugging Face cache with a progress bar.
+
+    Raises ``FileNotFoundError`` naming ``argument`` when ``spec`` is neither an existing path
+    nor a Hub id that can be fetched (offline and not cached, no such repository, no network).
+    """
     if spec == REFERENCE:
         from ascend_vlm.finetune import reference_model
 
         return reference_model.reference_model_path()
-    return Path(spec)
+    path = Path(spec)
+    if path.exists() or not HUB_ID.match(str(spec)):
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(spec)))
+    except Exception as error:  # offline, unknown repository, network: each its own kind
+        raise FileNotFoundError(
+            f"{argument}: expected a local checkpoint folder or a Hugging Face Hub id, got "
+            f"{str(spec)!r}: no such folder, and fetching it from the Hub failed "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+        ) from None
 
 
 def check_checkpoint(path: str | os.PathLike, argument: str = "path") -> None:

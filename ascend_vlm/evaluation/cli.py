@@ -93,7 +93,6 @@ class EvalCommand:
             help=HELP,
             description=DESCRIPTION,
             epilog=EPILOG.format(presets=", ".join(self.registry.presets()) or "none"),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         self._add_configuration_arguments(parser)
         parser.add_argument("--data", metavar="JSONL", help="evaluate a JSONL/LLaVA file")
@@ -177,8 +176,8 @@ class EvalCommand:
                 parser.error(
                     f"--model: expected a checkpoint folder or '{REFERENCE}', got none{hint}"
                 )
-            path = resolve_model(config.model)
             try:
+                path = resolve_model(config.model, argument)
                 check_checkpoint(path, argument)
             except FileNotFoundError as error:
                 parser.error(str(error))

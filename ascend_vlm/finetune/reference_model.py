@@ -296,7 +296,9 @@ def add_command(commands: Any) -> None:
         help="build (or find) the trained reference checkpoint and print its folder",
     )
     parser.add_argument("--out", help="checkpoint folder (default: under the cache dir)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bar"
+    )
     parser.set_defaults(handler=run_command)
 
 

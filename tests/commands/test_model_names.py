@@ -1,0 +1,53 @@
+"""``--model`` takes what ``from_pretrained`` takes: a local folder or a Hub id (from the
+Hugging Face cache when offline), and names the id when it cannot be had."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from ascend_vlm.default_model import default_model_path
+from ascend_vlm.evaluation.checkpoints import resolve_model
+
+HUB_ID = "ascend-vlm-tests/tiny-qwen2-vl"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def offline_hub_cache(tmp_path, monkeypatch):
+    """An offline Hugging Face cache holding the default model under HUB_ID, laid out as
+    huggingface_hub lays out a downloaded snapshot."""
+    import huggingface_hub.constants as hub_constants
+
+    cache = tmp_path / "hub"
+    repo = cache / ("models--" + HUB_ID.replace("/", "--"))
+    shutil.copytree(default_model_path(), repo / "snapshots" / COMMIT)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def test_a_cached_hub_id_resolves_to_its_snapshot_offline(offline_hub_cache):
+    folder = resolve_model(HUB_ID)
+    assert (
+        folder
+        == offline_hub_cache / ("models--" + HUB_ID.replace("/", "--")) / "snapshots" / COMMIT
+    )
+    assert (folder / "config.json").is_file()
+
+
+def test_an_uncached_hub_id_offline_is_named(offline_hub_cache, command_error):
+    error = command_error(["demo", "--model", "nobody/not-cached"])
+    assert (
+        "error: --model: expected a local checkpoint folder or a Hugging Face Hub id, got " in error
+    )
+    assert "'nobody/not-cached': no such folder, and fetching it from the Hub failed" in error
+
+
+def test_a_path_that_is_no_hub_id_is_taken_as_a_path(tmp_path):
+    missing = tmp_path / "nowhere"
+    assert resolve_model(str(missing)) == missing  # check_checkpoint then names it
