@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from ascend_vlm.testing._checks import bad, check_dtype
+from ascend_vlm.ops.kernel_constraints import (
+    WEIGHT_QUANT_GROUP_STEP,
+    WEIGHT_QUANT_X_DTYPES,
+    weight_quant_batchmatmul_refusal,
+)
+from ascend_vlm.testing._checks import bad, check_dtype, refuse
 
-WQ_X_DTYPES = (torch.float16, torch.bfloat16)
-WQ_MAX_DIM = 65535  # K and N
 WQ_INT4_PER_INT32 = 8
 
 
@@ -158,7 +161,7 @@ def npu_weight_quant_batchmatmul(
         raise NotImplementedError(
             f"mock npu_weight_quant_batchmatmul: weight_dtype={weight_dtype} is not implemented"
         )
-    check_dtype("x", x, WQ_X_DTYPES)
+    check_dtype("x", x, WEIGHT_QUANT_X_DTYPES)
     if x.dim() != 2:
         raise bad("x", "2-D (M, K)", f"shape {tuple(x.shape)}")
     if antiquant_scale.dtype == torch.int64:
@@ -172,13 +175,19 @@ def npu_weight_quant_batchmatmul(
     (m, k), n = x.shape, w.shape[1]
     if w.shape[0] != k:
         raise bad("weight", f"K={k} rows like x (M, K) (int4: 8 per int32 row)", tuple(w.shape))
-    if m == 0 or not (1 <= k <= WQ_MAX_DIM and 1 <= n <= WQ_MAX_DIM):
-        raise bad("x/weight", f"M >= 1 and K, N in [1, {WQ_MAX_DIM}]", (m, k, n))
+    if m == 0:
+        raise bad("x/weight", "M >= 1 rows", (m, k, n))
+    refusal = weight_quant_batchmatmul_refusal(x.dtype, k, n)
+    if refusal is not None:
+        raise refuse("npu_weight_quant_batchmatmul", refusal)
+    group = antiquant_group_size
+    step = WEIGHT_QUANT_GROUP_STEP
     if not isinstance(inner_precise, int) or inner_precise not in (0, 1):
         raise bad("inner_precise", "0 or 1", inner_precise)
-    group = antiquant_group_size
-    if group != 0 and not (32 <= group <= k - 1 and group % 32 == 0):
-        raise bad("antiquant_group_size", f"0 or a multiple of 32 in [32, K-1={k - 1}]", group)
+    if group != 0 and not (step <= group <= k - 1 and group % step == 0):
+        raise bad(
+            "antiquant_group_size", f"0 or a multiple of {step} in [{step}, K-1={k - 1}]", group
+        )
     _check_antiquant_tables(antiquant_scale, antiquant_offset, x.dtype, k, n, group)
     if bias is not None:
         _check_bias(bias, x.dtype, n)
