@@ -30,6 +30,10 @@ DOCS = "torch_npu/_op_plugin_docs.py"
 FA_ACLNN = "aclnnFlashAttentionScore/VarLenScore docs (hicann/ops-transformer)"
 
 # --- every kernel -----------------------------------------------------------------------------
+# The head dims the supported families use, which the limits below were read against: the
+# tiny models' 8, the small ones' 64, SigLIP's and Qwen3-VL's ViT 72, Qwen2/2.5-VL's ViT 80, 96
+# (a multiple of 16, not a power of two), decoders' 128 and 256 (Gemma 3), Gemma 4's global 512.
+FAMILY_HEAD_DIMS = (8, 64, 72, 80, 96, 128, 256, 512)
 NPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The names torch_npu.npu.get_device_name() gives Atlas A2/A3 SoCs, the products the
 # npu_weight_quant_batchmatmul per-group/int4 modes and the MoE kernels are documented for.
@@ -92,6 +96,7 @@ MOE_PERMUTE_MAX_INDEX = 16777215  # indices' element count and values stay below
 WEIGHT_QUANT_X_DTYPES = (torch.float16, torch.bfloat16)
 WEIGHT_QUANT_MAX_DIM = 65535  # K and N
 WEIGHT_QUANT_GROUP_STEP = 32  # per-group: a multiple of 32 in [32, K - 1]
+INT4_PER_INT32 = 8  # npu_convert_weight_to_int4pack: 8 int4 values per int32, last dim % 8 == 0
 
 
 class KernelRefusal(NamedTuple):
@@ -320,3 +325,120 @@ def weight_quant_batchmatmul_refusal(
         expected = f"K, N in [1, {WEIGHT_QUANT_MAX_DIM}]"
         return KernelRefusal("x/weight", expected, (in_features, out_features), source)
     return None
+
+
+class KernelLimits(NamedTuple):
+    """One row of the README's kernel-limits table: a kernel, its limits as prose built from
+    the constants above, what the ops do with a call outside them, and the source."""
+
+    kernel: str
+    limits: str
+    outside: str
+    source: str
+
+
+def _dims(low_high: tuple[int, int]) -> str:
+    return f"{low_high[0]}-{low_high[1]} dims"
+
+
+KERNEL_LIMITS = (
+    KernelLimits(
+        "npu_fusion_attention (BSH/SBH/BSND/BNSD)",
+        f"fp16/bf16/fp32; Nq 1-{FUSION_ATTENTION_MAX_QUERY_HEADS}, Nq/Nkv integer; head dim "
+        f"1-{FUSION_ATTENTION_MAX_HEAD_DIM}, Dq = Dk >= Dv, no alignment; S 1-1M; B 1-2M; mask "
+        f"bool/uint8 {'/'.join(FUSION_ATTENTION_MASK_SHAPES)}, sparse modes 2/3/4 take the "
+        f"{FUSION_ATTENTION_COMPRESSED_MASK}x{FUSION_ATTENTION_COMPRESSED_MASK} triu mask",
+        f"family head dims {'/'.join(map(str, FAMILY_HEAD_DIMS))} unpadded; the rest: reference",
+        f"{DOCS} npu_fusion_attention; {FA_ACLNN}",
+    ),
+    KernelLimits(
+        "npu_fusion_attention (TND varlen)",
+        f"as above, plus T 1-1M, at most {FUSION_ATTENTION_MAX_SEGMENTS} segments, SS mask "
+        "(maxSq, maxSkv) only, no fully masked row (sparse_mode 3: Sq <= Skv per segment)",
+        "unpadded; segments with rows that see no key, and the rest: reference",
+        f"{DOCS} npu_fusion_attention; {FA_ACLNN}",
+    ),
+    KernelLimits(
+        "npu_rotary_mul",
+        f"4-D fp16/bf16/fp32 BNSD/BSND/SBND; even D < {ROTARY_MUL_MAX_HEAD_DIM}; half: B, N < "
+        f"{ROTARY_MUL_MAX_BN}, 11SD/B1SD/BNSD tables; interleave: B * N < {ROTARY_MUL_MAX_BN}, "
+        "11SD tables; tables in [-1, 1]",
+        "unpadded; the rest: reference",
+        f"{DOCS} npu_rotary_mul",
+    ),
+    KernelLimits(
+        "npu_rms_norm",
+        f"x fp16/bf16/fp32 with gamma alike (fp32 gamma for fp16/bf16 x); {_dims(RMS_NORM_RANKS)}",
+        "other ranks as [rows, H]; float64: reference",
+        f"{DOCS} npu_rms_norm",
+    ),
+    KernelLimits(
+        "npu_swiglu",
+        f"fp16/bf16/fp32; {_dims(SWIGLU_RANKS)}; contiguous; even size along dim",
+        "reference",
+        f"{DOCS} npu_swiglu",
+    ),
+    KernelLimits(
+        "npu_chunk_gated_delta_rule",
+        f"bf16 (g fp32); Dk = Dv = {CHUNK_GATED_DELTA_HEAD_DIM}; Nk, Nv <= "
+        f"{CHUNK_GATED_DELTA_MAX_HEADS}, Nv a multiple of Nk (its L_i <= 8 contradicts its "
+        "own example: not applied)",
+        f"head dims below {CHUNK_GATED_DELTA_HEAD_DIM} zero-padded; the rest: reference",
+        f"{DOCS} npu_chunk_gated_delta_rule",
+    ),
+    KernelLimits(
+        "npu_recurrent_gated_delta_rule",
+        f"bf16 (g fp32); Nk, Nv, Dk, Dv <= {RECURRENT_GATED_DELTA_MAX_SIZE}; L_i <= "
+        f"{RECURRENT_GATED_DELTA_MAX_TOKENS}",
+        "one step per call (L_i = 1); the rest: reference",
+        f"{DOCS} npu_recurrent_gated_delta_rule",
+    ),
+    KernelLimits(
+        "npu_fused_causal_conv1d",
+        f"fp16/bf16; K = {CAUSAL_CONV1D_WIDTH}; dim % {CAUSAL_CONV1D_CHANNEL_MULTIPLE} == 0, dim "
+        f"<= {CAUSAL_CONV1D_MAX_CHANNELS}; cu_seq_len <= {CAUSAL_CONV1D_MAX_TOKENS}; batch <= "
+        f"{CAUSAL_CONV1D_MAX_BATCH}; Ascend 950 only",
+        "reference (every Atlas A2/A3, Qwen3.5's K = 4)",
+        f"{DOCS} npu_fused_causal_conv1d (2.8.0.post5 to 2.14.0)",
+    ),
+    KernelLimits(
+        "npu_grouped_matmul",
+        f"fp16/bf16/fp32; K, N < {GROUPED_MATMUL_INNER_LIMIT} (A2); at most "
+        f"{GROUPED_MATMUL_MAX_GROUPS} groups",
+        "reference",
+        f"{DOCS} npu_grouped_matmul",
+    ),
+    KernelLimits(
+        "npu_moe_token_permute / npu_moe_token_unpermute",
+        f"tokens 2-D; topK <= {MOE_PERMUTE_MAX_TOP_K} (A2/A3); fewer than "
+        f"{MOE_PERMUTE_MAX_INDEX} indices; padded_mode False",
+        "reference",
+        f"{DOCS} npu_moe_token_permute, npu_moe_token_unpermute",
+    ),
+    KernelLimits(
+        "npu_convert_weight_to_int4pack",
+        f"2-D int32 of int4 values in [-8, 7]; last dim a multiple of {INT4_PER_INT32}",
+        "the op packs only what the matmul kernel then takes",
+        f"{DOCS} npu_convert_weight_to_int4pack",
+    ),
+    KernelLimits(
+        "npu_weight_quant_batchmatmul",
+        f"x fp16/bf16 (M, K); K, N <= {WEIGHT_QUANT_MAX_DIM}; per-group size a multiple of "
+        f"{WEIGHT_QUANT_GROUP_STEP} in [{WEIGHT_QUANT_GROUP_STEP}, K - 1]; per-group and int4 on "
+        "Atlas A2/A3 only",
+        "reference",
+        f"{DOCS} npu_weight_quant_batchmatmul",
+    ),
+)
+
+
+def kernel_limits_markdown() -> str:
+    """:data:`KERNEL_LIMITS` as the README's markdown table."""
+    lines = [
+        "| Kernel | Documented limits | Outside them, ascend_vlm | Source |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| `{row.kernel}` | {row.limits} | {row.outside} | {row.source} |" for row in KERNEL_LIMITS
+    ]
+    return "\n".join(lines)

@@ -58,6 +58,7 @@ from ascend_vlm.ops._registration import define_op
 from ascend_vlm.ops.int4_layout import unpack_int4
 from ascend_vlm.ops.kernel_constraints import (
     A2_A3_SOC_PREFIXES,
+    INT4_PER_INT32,
     weight_quant_batchmatmul_refusal,
 )
 
@@ -66,7 +67,6 @@ _X_DTYPES = SPEC.input_dtypes("x")
 _SCALE_DTYPES = SPEC.input_dtypes("scale")
 _BIAS_DTYPES = SPEC.input_dtypes("bias")
 GROUP_SIZE_STEP, GROUP_SIZE_MAX = 32, 256
-INT4_PER_INT32 = 8  # npu_convert_weight_to_int4pack: 8 int4 values per int32
 _INFERENCE_CARD_SOC_PREFIX = "Ascend310P"
 # torch._weight_int8pack_mm (CPU, bf16) reads K in blocks: on torch 2.13 a K that is not a
 # multiple of 16 gives nan/inf or crashes; multiples of 32 (every model's hidden sizes) keep a

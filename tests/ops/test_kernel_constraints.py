@@ -14,12 +14,11 @@ from _op_samples import KernelSpy, tolerance
 from ascend_vlm import ops
 from ascend_vlm.kernel_backend import using_backend
 from ascend_vlm.ops import kernel_constraints
+from ascend_vlm.ops.__main__ import main as ops_main
 from ascend_vlm.testing import mock_ops
+from ascend_vlm.testing.mock_ops import MOCK_OPS
 
-# Head dims of the supported families: the tiny models' 8, the small ones' 64, SigLIP and
-# Qwen3-VL ViTs' 72, Qwen2/2.5-VL ViTs' 80, 96 (a multiple of 16 that is not a power of two),
-# decoders' 128 and 256 (Gemma 3), Gemma 4's global 512.
-FAMILY_HEAD_DIMS = (8, 64, 72, 80, 96, 128, 256, 512)
+FAMILY_HEAD_DIMS = kernel_constraints.FAMILY_HEAD_DIMS
 NPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DTYPE_IDS = ["fp16", "bf16", "fp32"]
 
@@ -187,6 +186,14 @@ def test_mock_refuses_what_the_docs_refuse(name: str) -> None:
     message = str(refused.value)
     assert message.startswith(f"{kernel}: NPU function error: call failed, error code is 161002")
     assert f"documented limit: {kernel_constraints.DOCS} {kernel}" in message
+
+
+def test_the_limits_table_has_a_row_per_mocked_kernel(capsys) -> None:
+    ops_main(["--kernel-limits"])
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert len(rows) == len(kernel_constraints.KERNEL_LIMITS)
+    kernels = " ".join(row.split(" | ")[0] for row in rows)
+    assert all(name in kernels for name in MOCK_OPS), sorted(set(MOCK_OPS) - set(kernels.split()))
 
 
 @pytest.mark.parametrize("head_dim", FAMILY_HEAD_DIMS)

@@ -8,13 +8,12 @@ from __future__ import annotations
 import torch
 
 from ascend_vlm.ops.kernel_constraints import (
+    INT4_PER_INT32,
     WEIGHT_QUANT_GROUP_STEP,
     WEIGHT_QUANT_X_DTYPES,
     weight_quant_batchmatmul_refusal,
 )
 from ascend_vlm.testing._checks import bad, check_dtype, refuse
-
-WQ_INT4_PER_INT32 = 8
 
 
 def _pack_int4_words(values: torch.Tensor) -> torch.Tensor:
@@ -22,15 +21,15 @@ def _pack_int4_words(values: torch.Tensor) -> torch.Tensor:
     ``4i..4i+3`` of word ``j`` (two's-complement nibbles). UNVERIFIED: the doc only says "8 int4
     per int32, interleaved"; this order is the mock's own, and :func:`_unpack_int4_words` (what
     the mock matmul reads) is its exact inverse."""
-    nibbles = (values.to(torch.int64) & 0xF).reshape(values.shape[0], -1, WQ_INT4_PER_INT32)
-    shifts = torch.arange(0, 4 * WQ_INT4_PER_INT32, 4, dtype=torch.int64)
+    nibbles = (values.to(torch.int64) & 0xF).reshape(values.shape[0], -1, INT4_PER_INT32)
+    shifts = torch.arange(0, 4 * INT4_PER_INT32, 4, dtype=torch.int64)
     words = (nibbles << shifts).sum(dim=-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def _unpack_int4_words(words: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`_pack_int4_words`: int32 ``(R, C/8)`` -> int64 ``(R, C)`` in [-8, 7]."""
-    shifts = torch.arange(0, 4 * WQ_INT4_PER_INT32, 4, dtype=torch.int64)
+    shifts = torch.arange(0, 4 * INT4_PER_INT32, 4, dtype=torch.int64)
     nibbles = ((words.to(torch.int64) & 0xFFFFFFFF)[..., None] >> shifts) & 0xF
     return (nibbles - ((nibbles & 0x8) << 1)).reshape(words.shape[0], -1)
 
@@ -45,7 +44,7 @@ def npu_convert_weight_to_int4pack(weight: torch.Tensor, inner_k_tiles: int = 0)
         raise bad("weight", "a 2-D (k, n) or (n, k) tensor", f"shape {tuple(weight.shape)}")
     if not weight.is_contiguous():
         raise bad("weight", "a contiguous tensor", f"strides {weight.stride()}")
-    if weight.shape[1] % WQ_INT4_PER_INT32:
+    if weight.shape[1] % INT4_PER_INT32:
         raise bad("weight", "a last dim that is a multiple of 8", f"shape {tuple(weight.shape)}")
     if weight.numel() and (weight.min() < -8 or weight.max() > 7):
         raise bad(
