@@ -9,15 +9,19 @@ with its source, for both readers.
   catches a call the hardware would reject.
 
 Sources. ``DOCS``: the ``torch_npu/_op_plugin_docs.py`` docstring of the kernel ("约束说明" and
-"参数说明"), the same text in every torch-npu wheel from 2.6.0.post5 to 2.14.0 that has the
-kernel (``shared/reference/npu_api.md`` §1 sums them up). ``FA_ACLNN``: hicann/ops-transformer
+"参数说明"); the wording changes across the torch-npu wheels 2.6.0.post5 to 2.14.0, the limits
+quoted here do not, except npu_fused_causal_conv1d's (see its constants); the older wheels state
+topK <= 512 on npu_moe_token_permute, 2.14.0 on npu_moe_token_unpermute too
+(``shared/reference/npu_api.md`` §1 sums the docs up). ``FA_ACLNN``: hicann/ops-transformer
 ``attention/flash_attention_score/docs/aclnnFlashAttention{Score,VarLenScore}.md`` (the aclnn
 APIs ``npu_fusion_attention`` calls), whose tiling
 (``op_host/flash_attention_score_tiling_general.cpp``) checks ``0 < D <= 768`` and nothing
-else about D: npu_fusion_attention takes every head dim up to 768 without alignment, so the ViT
-head dims 72 and 80 and the tiny models' 8 reach it as they are. The TND head dims 64/128/192
-of vllm-ascend issue #8045 are ``npu_fused_infer_attention_score``'s (aclnnFusedInferAttention
-ScoreV3), a kernel ascend_vlm does not call.
+else about D (its error text still says "(0, 512]"): npu_fusion_attention takes every head dim
+up to 768 without alignment, so the ViT head dims 72 and 80 and the tiny models' 8 reach it as
+they are. The TND head dims 64/128/192 of vllm-ascend issue #8045 are
+``npu_fused_infer_attention_score``'s (aclnnFusedInferAttentionScoreV3; the check is in
+``attention/prompt_flash_attention/op_host/prompt_flash_attention_tiling.cpp``), a kernel
+ascend_vlm does not call.
 """
 
 from __future__ import annotations
