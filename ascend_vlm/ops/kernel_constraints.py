@@ -307,12 +307,32 @@ def grouped_matmul_refusal(groups: int, inner: int, outer: int) -> KernelRefusal
     return None
 
 
+def moe_token_permute_refusal(top_k: int, index_count: int) -> KernelRefusal | None:
+    """npu_moe_token_permute with ``index_count`` expert indices, ``top_k`` per token, or None
+    when it takes them (DOCS npu_moe_token_permute)."""
+    if top_k > MOE_PERMUTE_MAX_TOP_K or index_count >= MOE_PERMUTE_MAX_INDEX:
+        source = f"{DOCS} npu_moe_token_permute"
+        expected = f"topK <= {MOE_PERMUTE_MAX_TOP_K} and < {MOE_PERMUTE_MAX_INDEX} elements"
+        return KernelRefusal("indices", expected, (top_k, index_count), source)
+    return None
+
+
 def moe_token_unpermute_refusal(top_k: int) -> KernelRefusal | None:
     """npu_moe_token_unpermute with this topK, or None when it takes it (DOCS
     npu_moe_token_unpermute "约束说明", A2/A3)."""
     if top_k > MOE_PERMUTE_MAX_TOP_K:
         source = f"{DOCS} npu_moe_token_unpermute"
         return KernelRefusal("probs", f"topK <= {MOE_PERMUTE_MAX_TOP_K}", top_k, source)
+    return None
+
+
+def convert_weight_to_int4pack_refusal(last_dim: int) -> KernelRefusal | None:
+    """npu_convert_weight_to_int4pack on a 2-D int32 weight with this last dim, or None when it
+    takes it (DOCS npu_convert_weight_to_int4pack)."""
+    if last_dim % INT4_PER_INT32:
+        source = f"{DOCS} npu_convert_weight_to_int4pack"
+        expected = f"a last dim that is a multiple of {INT4_PER_INT32}"
+        return KernelRefusal("weight", expected, last_dim, source)
     return None
 
 

@@ -96,9 +96,9 @@ from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op
 from ascend_vlm.ops.kernel_constraints import (
     A2_A3_SOC_PREFIXES,
-    MOE_PERMUTE_MAX_INDEX,
     NPU_DTYPES,
     grouped_matmul_refusal,
+    moe_token_permute_refusal,
     moe_token_unpermute_refusal,
 )
 
@@ -360,8 +360,8 @@ def _npu(
     flat_experts = selected_experts.reshape(-1).to(torch.int64)
     permute_kernel = (
         hidden.dtype in _PERMUTE_DTYPES
+        and moe_token_permute_refusal(geometry.top_k, flat_experts.numel()) is None
         and moe_token_unpermute_refusal(geometry.top_k) is None
-        and flat_experts.numel() < MOE_PERMUTE_MAX_INDEX
     )
     if permute_kernel:
         rows, position = torch_npu.npu_moe_token_permute(

@@ -143,6 +143,16 @@ OUT_OF_SPEC_CALLS = {
         ),
         "probs: expected topK <= 512, got 513",
     ),
+    "npu_moe_token_permute/top513": (
+        lambda: mock_ops.npu_moe_token_permute(
+            torch.zeros(1, 2), torch.zeros(1, 513, dtype=torch.int64)
+        ),
+        "indices: expected topK <= 512 and < 16777215 elements, got (513, 513)",
+    ),
+    "npu_convert_weight_to_int4pack/last-dim-12": (
+        lambda: mock_ops.npu_convert_weight_to_int4pack(torch.zeros(2, 12, dtype=torch.int32)),
+        "weight: expected a last dim that is a multiple of 8, got 12",
+    ),
     "npu_weight_quant_batchmatmul/K65536": (
         _weight_quant(65536, 1),
         "x/weight: expected K, N in [1, 65535], got (65536, 1)",

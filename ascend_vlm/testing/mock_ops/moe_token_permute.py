@@ -13,7 +13,7 @@ import torch
 
 from ascend_vlm.ops.kernel_constraints import (
     MOE_PERMUTE_MAX_INDEX,
-    MOE_PERMUTE_MAX_TOP_K,
+    moe_token_permute_refusal,
     moe_token_unpermute_refusal,
 )
 from ascend_vlm.testing._checks import bad, check_dtype, refuse
@@ -45,12 +45,9 @@ def npu_moe_token_permute(
             f"(num_tokens={tokens.shape[0]}, topK) or (num_tokens,)",
             f"shape {tuple(indices.shape)}",
         )
-    if top_k > MOE_PERMUTE_MAX_TOP_K or indices.numel() >= MOE_PERMUTE_MAX_INDEX:
-        raise bad(
-            "indices",
-            f"topK <= {MOE_PERMUTE_MAX_TOP_K} and < {MOE_PERMUTE_MAX_INDEX} elements",
-            tuple(indices.shape),
-        )
+    refusal = moe_token_permute_refusal(top_k, indices.numel())
+    if refusal is not None:
+        raise refuse("npu_moe_token_permute", refusal)
     flat = indices.reshape(-1).to(torch.int64)
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= MOE_PERMUTE_MAX_INDEX):
         raise bad(

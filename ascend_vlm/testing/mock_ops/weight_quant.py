@@ -11,6 +11,7 @@ from ascend_vlm.ops.kernel_constraints import (
     INT4_PER_INT32,
     WEIGHT_QUANT_GROUP_STEP,
     WEIGHT_QUANT_X_DTYPES,
+    convert_weight_to_int4pack_refusal,
     weight_quant_batchmatmul_refusal,
 )
 from ascend_vlm.testing._checks import bad, check_dtype, refuse
@@ -44,8 +45,9 @@ def npu_convert_weight_to_int4pack(weight: torch.Tensor, inner_k_tiles: int = 0)
         raise bad("weight", "a 2-D (k, n) or (n, k) tensor", f"shape {tuple(weight.shape)}")
     if not weight.is_contiguous():
         raise bad("weight", "a contiguous tensor", f"strides {weight.stride()}")
-    if weight.shape[1] % INT4_PER_INT32:
-        raise bad("weight", "a last dim that is a multiple of 8", f"shape {tuple(weight.shape)}")
+    refusal = convert_weight_to_int4pack_refusal(weight.shape[1])
+    if refusal is not None:
+        raise refuse("npu_convert_weight_to_int4pack", refusal)
     if weight.numel() and (weight.min() < -8 or weight.max() > 7):
         raise bad(
             "weight",
