@@ -191,6 +191,20 @@ def fusion_attention_varlen_refusal(
     return None
 
 
+def fusion_attention_varlen_rows_refusal(
+    q_len: int, kv_len: int, masked_rows: bool
+) -> KernelRefusal | None:
+    """npu_fusion_attention in TND on one segment of ``q_len`` queries and ``kv_len`` keys whose
+    mask leaves ``masked_rows`` (a query row with no key to attend), or None when it takes it:
+    varlen's atten_mask may not mask a whole row (DOCS "约束说明", FA_ACLNN; with sparse_mode 3
+    that means Sq <= Skv per segment)."""
+    if not masked_rows:
+        return None
+    source = f"{DOCS} npu_fusion_attention (varlen); {FA_ACLNN}"
+    got = f"a segment of {q_len} queries x {kv_len} keys with such rows"
+    return KernelRefusal("atten_mask", "no fully masked row in varlen (TND) mode", got, source)
+
+
 def rotary_mul_refusal(
     dtype: torch.dtype, head_dim: int, batch: int, heads: int, rotary_mode: str, layout: str
 ) -> KernelRefusal | None:

@@ -92,6 +92,20 @@ OUT_OF_SPEC_CALLS = {
         _tnd_attention(1025, 1, 4, list(range(1, 1026))),
         "actual_seq_qlen: expected 1 to 1024 sequences in varlen, got 1025 entries",
     ),
+    "npu_fusion_attention/TND-masked-row": (
+        lambda: mock_ops.npu_fusion_attention(
+            torch.randn(3, 1, 4),
+            torch.randn(1, 1, 4),
+            torch.randn(1, 1, 4),
+            1,
+            "TND",
+            atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),
+            actual_seq_qlen=[3],
+            actual_seq_kvlen=[1],
+            sparse_mode=3,
+        ),
+        "atten_mask: expected no fully masked row in varlen (TND) mode",
+    ),
     "npu_rotary_mul/D896": (
         _rotary((1, 1, 2, 896)),
         "input: expected an even last dim D < 896, got D=896",

@@ -17,6 +17,7 @@ from ascend_vlm.ops.kernel_constraints import (
     NPU_DTYPES,
     fusion_attention_refusal,
     fusion_attention_varlen_refusal,
+    fusion_attention_varlen_rows_refusal,
 )
 from ascend_vlm.testing._checks import bad, check_dtype, refuse
 
@@ -364,12 +365,9 @@ def _fusion_attention_tnd(
                 else _causal_drop(q_len, kv_len, sparse_mode)
             )
         out, dead = _attend(q, k, v, drop, scale)
-        if bool(dead.any()):
-            raise bad(
-                "atten_mask",
-                "no fully masked row in varlen (TND) mode",
-                f"a segment of {q_len} queries x {kv_len} keys with such rows",
-            )
+        refusal = fusion_attention_varlen_rows_refusal(q_len, kv_len, bool(dead.any()))
+        if refusal is not None:
+            raise refuse(KERNEL, refusal)
         outs.append(out.transpose(0, 1))
         deads.append(dead.transpose(0, 1))
     out = torch.cat(outs).to(query.dtype) if outs else torch.zeros_like(query)
