@@ -36,9 +36,9 @@ import torch
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
 from ascend_vlm.ops._op_spec import OpSpec
+from ascend_vlm.ops.kernel_constraints import GATED_DELTA_DTYPE
 
 L2NORM_EPS = 1e-6  # the FLA library's (and transformers' l2norm)
-NPU_DTYPE = torch.bfloat16  # the only q/k/v/beta/state dtype the kernels document
 NPU_G_DTYPE = torch.float32
 NPU_LENGTH_DTYPE = torch.int32
 
@@ -193,17 +193,17 @@ def npu_inputs(
     state ``[B, Hv, V, K]`` bfloat16 in a fresh contiguous buffer (the recurrent kernel writes
     it in place)."""
     if use_qk_l2norm:
-        query = l2norm(query.float()).to(NPU_DTYPE)
-        key = l2norm(key.float()).to(NPU_DTYPE)
+        query = l2norm(query.float()).to(GATED_DELTA_DTYPE)
+        key = l2norm(key.float()).to(GATED_DELTA_DTYPE)
     state_shape = (shape.batch, shape.value_heads, shape.value_dim, shape.key_dim)
     state = (
-        query.new_zeros(state_shape, dtype=NPU_DTYPE)
+        query.new_zeros(state_shape, dtype=GATED_DELTA_DTYPE)
         if initial_state is None
         else initial_state.transpose(-1, -2)
-        .to(NPU_DTYPE)
+        .to(GATED_DELTA_DTYPE)
         .clone(memory_format=torch.contiguous_format)
     )
-    return query, key, value, g.to(NPU_G_DTYPE), beta.to(NPU_DTYPE), state
+    return query, key, value, g.to(NPU_G_DTYPE), beta.to(GATED_DELTA_DTYPE), state
 
 
 def from_npu_state(state: torch.Tensor, query: torch.Tensor) -> torch.Tensor:

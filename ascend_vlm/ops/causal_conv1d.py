@@ -37,18 +37,19 @@ from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, in
 from ascend_vlm.ops._gated_delta import NPU_LENGTH_DTYPE, compute_dtype, torch_npu_with
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op
+from ascend_vlm.ops.kernel_constraints import (
+    CAUSAL_CONV1D_MAX_BATCH,
+    CAUSAL_CONV1D_MAX_CHANNELS,
+    CAUSAL_CONV1D_MAX_TOKENS,
+    CAUSAL_CONV1D_SOCS,
+    CAUSAL_CONV1D_WIDTH,
+    fused_causal_conv1d_refusal,
+)
 
 SPEC = load_spec("causal_conv1d")
 _DTYPES = SPEC.input_dtypes("x")
 ACTIVATIONS = (None, "silu", "swish")  # swish is silu
 NPU_KERNEL = "npu_fused_causal_conv1d"
-NPU_DTYPES = frozenset({torch.float16, torch.bfloat16})
-NPU_WIDTH = 3
-NPU_CHANNEL_MULTIPLE = 128
-NPU_MAX_CHANNELS = 16384
-NPU_MAX_TOKENS = 65536  # cu_seq_len
-NPU_MAX_BATCH = 256
-NPU_SOCS = ("Ascend950", "Ascend910_95")  # name prefixes of the SoC the docs list
 
 
 def _check(
@@ -149,20 +150,18 @@ def _npu(
     torch_npu = torch_npu_with(NPU_KERNEL)
     if (
         torch_npu is None
-        or x.dtype not in NPU_DTYPES
-        or weight.shape[1] != NPU_WIDTH
-        or x.shape[2] % NPU_CHANNEL_MULTIPLE
-        or x.shape[2] > NPU_MAX_CHANNELS
-        or not 0 < x.shape[0] * x.shape[1] <= NPU_MAX_TOKENS
-        or x.shape[0] > NPU_MAX_BATCH
-        or not torch.npu.get_device_name(x.device).startswith(NPU_SOCS)
+        or fused_causal_conv1d_refusal(x.dtype, weight.shape[1], x.shape[2]) is not None
+        or x.shape[2] > CAUSAL_CONV1D_MAX_CHANNELS
+        or not 0 < x.shape[0] * x.shape[1] <= CAUSAL_CONV1D_MAX_TOKENS
+        or x.shape[0] > CAUSAL_CONV1D_MAX_BATCH
+        or not torch.npu.get_device_name(x.device).startswith(CAUSAL_CONV1D_SOCS)
     ):
         return _reference(state_len, x, weight, conv_state, bias, activation)
     batch, tokens, channels = x.shape
     if conv_state is None:
-        states = x.new_zeros((batch, NPU_WIDTH - 1, channels))
+        states = x.new_zeros((batch, CAUSAL_CONV1D_WIDTH - 1, channels))
     else:  # a copy: the kernel overwrites it
-        states = conv_state[..., -(NPU_WIDTH - 1) :].transpose(1, 2).to(x.dtype)
+        states = conv_state[..., -(CAUSAL_CONV1D_WIDTH - 1) :].transpose(1, 2).to(x.dtype)
         states = states.clone(memory_format=torch.contiguous_format)
     out = torch_npu.npu_fused_causal_conv1d(
         x.reshape(batch * tokens, channels),

@@ -17,9 +17,15 @@ actual_seq_lengths, scale, g) -> (out, final_state)`` (doc in ``torch_npu/_op_pl
 functional: the final state is a new tensor of ``initial_state``'s shape and dtype, the output
 bfloat16 ``[T, Nv, Dv]`` per the meta registration). In the wheels of torch-npu 2.7.1.post11,
 2.9.0.post9 and 2.10.0.post7 onwards; absent from 2.6.0.post5, 2.8.0.post5 and 2.9.1, where
-the reference runs. Documented limits: bfloat16, ``Dk = Dv = 128``, ``Nk, Nv <= 64``, Atlas
-A2/A3. The doc also lists ``L_i <= 8``, the recurrent kernel's limit, which its own example
-(``seqlen = 100``) contradicts; we do not apply it. Calls outside the limits run the reference.
+the reference runs. Documented limits
+(:func:`~ascend_vlm.ops.kernel_constraints.chunk_gated_delta_rule_refusal`): bfloat16, ``Dk =
+Dv = 128``, ``Nk, Nv <= 64``, Atlas A2/A3. The doc also lists ``L_i <= 8``, the recurrent
+kernel's limit, which its own example (``seqlen = 100``) contradicts; we do not apply it. Head
+dims below 128 are padded: q, k and v get zero columns up to 128 and the state zero rows and
+columns, with ``scale`` still from the original ``Dk``, and the output and final state are
+sliced back. That is exact: a zero key column never writes the state's padded columns, a zero
+value column leaves its padded rows at zero, and a zero query column reads nothing. Other calls
+outside the limits (head dims above 128, more than 64 heads, another dtype) run the reference.
 The ``B`` sequences go in packed, ``actual_seq_lengths = [T] * B``.
 """
 
@@ -28,9 +34,9 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from ascend_vlm.ops._gated_delta import (
-    NPU_DTYPE,
     NPU_LENGTH_DTYPE,
     DeltaShape,
     check_delta_inputs,
@@ -43,12 +49,14 @@ from ascend_vlm.ops._gated_delta import (
 )
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op
+from ascend_vlm.ops.kernel_constraints import (
+    CHUNK_GATED_DELTA_HEAD_DIM,
+    chunk_gated_delta_rule_refusal,
+)
 
 SPEC = load_spec("chunk_gated_delta_rule")
 CHUNK_SIZE = 64  # transformers' and FLA's default
 NPU_KERNEL = "npu_chunk_gated_delta_rule"
-NPU_HEAD_DIM = 128  # Dk = Dv = 128
-NPU_MAX_HEADS = 64  # Nk, Nv <= 64
 
 
 def _reference(
@@ -107,31 +115,36 @@ def _npu(
     use_qk_l2norm: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     torch_npu = torch_npu_with(NPU_KERNEL)
-    if (
-        torch_npu is None
-        or query.dtype != NPU_DTYPE
-        or shape.key_dim != NPU_HEAD_DIM
-        or shape.value_dim != NPU_HEAD_DIM
-        or shape.value_heads > NPU_MAX_HEADS
-    ):
+    # head dims below the kernel's one size are zero-padded up to it (see the module docstring)
+    padded = CHUNK_GATED_DELTA_HEAD_DIM
+    refusal = chunk_gated_delta_rule_refusal(
+        query.dtype,
+        shape.key_heads,
+        shape.value_heads,
+        max(shape.key_dim, padded),
+        max(shape.value_dim, padded),
+    )
+    if torch_npu is None or refusal is not None:
         return _reference(shape, query, key, value, g, beta, initial_state, scale, use_qk_l2norm)
     q, k, v, g, beta, state = npu_inputs(
         shape, query, key, value, g, beta, initial_state, use_qk_l2norm
     )
+    key_pad, value_pad = padded - shape.key_dim, padded - shape.value_dim
     tokens = shape.batch * shape.tokens
     out, final_state = torch_npu.npu_chunk_gated_delta_rule(
-        q.reshape(tokens, shape.key_heads, shape.key_dim),
-        k.reshape(tokens, shape.key_heads, shape.key_dim),
-        v.reshape(tokens, shape.value_heads, shape.value_dim),
+        F.pad(q, (0, key_pad)).reshape(tokens, shape.key_heads, padded),
+        F.pad(k, (0, key_pad)).reshape(tokens, shape.key_heads, padded),
+        F.pad(v, (0, value_pad)).reshape(tokens, shape.value_heads, padded),
         beta=beta.reshape(tokens, shape.value_heads),
-        initial_state=state,
+        initial_state=F.pad(state, (0, key_pad, 0, value_pad)),
         actual_seq_lengths=torch.full(
             (shape.batch,), shape.tokens, dtype=NPU_LENGTH_DTYPE, device=query.device
         ),
-        scale=shape.scale,
+        scale=shape.scale,  # from the original Dk: the padding leaves q . k unchanged
         g=g.reshape(tokens, shape.value_heads),
     )
-    out = out.view(shape.batch, shape.tokens, shape.value_heads, shape.value_dim)
+    out = out.view(shape.batch, shape.tokens, shape.value_heads, padded)[..., : shape.value_dim]
+    final_state = final_state[..., : shape.value_dim, : shape.key_dim]
     return out.to(query.dtype), from_npu_state(final_state, query)
 
 

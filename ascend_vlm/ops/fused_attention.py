@@ -10,7 +10,12 @@ docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md; facts in
 shared/reference/npu_api.md §1): its ``atten_mask`` is the inverse polarity (True = drop), shaped
 BNSS/B1SS/11SS/SS; ``scale`` defaults to 1.0 so we always pass it; ``head_num`` is the query
 head count; causal is ``sparse_mode=3`` (rightDownCausal) with the compressed 2048x2048
-``triu(diagonal=1)`` mask; it returns a 7-tuple whose ``[0]`` is the output.
+``triu(diagonal=1)`` mask; it returns a 7-tuple whose ``[0]`` is the output. Its limits
+(:func:`~ascend_vlm.ops.kernel_constraints.fusion_attention_refusal`: fp16/bf16/fp32, Nq <= 256,
+head dim 1..768 with no alignment, S in 1..1M) decide the path: every head dim a supported
+family uses (8 in the tiny models, 64, 72 and 80 in the ViTs, 128 to 512 in the decoders) goes
+to the kernel as it is, unpadded; a call outside them (D > 768, Nq > 256, float64, an empty
+sequence) runs the reference.
 """
 
 from __future__ import annotations
@@ -23,16 +28,17 @@ import torch.nn.functional as F
 
 from ascend_vlm.ops._attention_args import AttentionShape, check_attention_args
 from ascend_vlm.ops._host_values import HostValueCache, readable_on_host
-from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op, empty_like_first_input
+from ascend_vlm.ops.kernel_constraints import (
+    FUSION_ATTENTION_COMPRESSED_MASK,
+    fusion_attention_refusal,
+)
 
 SPEC = load_spec("fused_attention")
 # Additive-mask entries at or below this count as "masked" when deciding whether a whole row is
 # masked (HF builds masks from finfo(dtype).min, and exp(-1e4) is 0 in every float dtype).
 MASKED_ADDITIVE_BELOW = -1e4
-# npu_fusion_attention sparse modes 2/3/4 take this compressed causal mask (npu_api.md §1).
-NPU_CAUSAL_MASK_SIZE = 2048
 NPU_SPARSE_RIGHT_DOWN_CAUSAL = 3
 
 
@@ -216,7 +222,8 @@ _NPU_CAUSAL_MASKS: dict[torch.device, torch.Tensor] = {}
 def npu_causal_mask(device: torch.device) -> torch.Tensor:
     """The compressed causal mask sparse_mode 2/3/4 expect, cached per device."""
     if device not in _NPU_CAUSAL_MASKS:
-        ones = torch.ones(NPU_CAUSAL_MASK_SIZE, NPU_CAUSAL_MASK_SIZE, dtype=torch.bool)
+        size = FUSION_ATTENTION_COMPRESSED_MASK
+        ones = torch.ones(size, size, dtype=torch.bool)
         _NPU_CAUSAL_MASKS[device] = ones.triu(diagonal=1).to(device)
     return _NPU_CAUSAL_MASKS[device]
 
@@ -243,9 +250,17 @@ def _npu(
     dropout_seed: int | None,
 ) -> torch.Tensor:
     float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
+    refusal = fusion_attention_refusal(
+        query.dtype,
+        shape.batch,
+        shape.num_heads,
+        shape.num_kv_heads,
+        shape.q_len,
+        shape.kv_len,
+        shape.head_dim,
+    )
     if (
-        not fits_npu_fusion_attention(query.dtype, shape.num_heads, shape.head_dim)
-        or min(shape.q_len, shape.kv_len) < 1  # the kernel needs S >= 1 (doc "约束说明")
+        refusal is not None
         # The kernel draws its dropout mask from the device generator (its seed and offset only
         # feed torch_npu's own grad op), while backward here recomputes through the reference:
         # only the reference's seeded mask is the same in both.

@@ -92,9 +92,15 @@ import torch.nn.functional as F
 
 from ascend_vlm._compat.torch_internals import cpu_grouped_mm
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
-from ascend_vlm.ops._npu_kernels import A2_A3_SOC_PREFIXES, NPU_DTYPES
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op
+from ascend_vlm.ops.kernel_constraints import (
+    A2_A3_SOC_PREFIXES,
+    NPU_DTYPES,
+    grouped_matmul_refusal,
+    moe_token_permute_refusal,
+    moe_token_unpermute_refusal,
+)
 
 SPEC = load_spec("moe_experts")
 _HIDDEN_DTYPES = SPEC.input_dtypes("hidden")
@@ -103,10 +109,6 @@ _INDEX_DTYPES = SPEC.input_dtypes("selected_experts")
 ROUTING_WEIGHTS_ON = ("output", "input")
 # npu_moe_token_permute / npu_moe_token_unpermute and npu_grouped_matmul (module docstring).
 _PERMUTE_DTYPES = (torch.bfloat16,)
-_PERMUTE_MAX_TOP_K = 512
-_PERMUTE_MAX_INDICES = 16777215
-_GROUPED_MATMUL_MAX_GROUPS = 1024
-_GROUPED_MATMUL_INNER_LIMIT = 65536
 _GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _GROUPED_MM_ALIGNMENT = 16
 
@@ -314,8 +316,11 @@ def _kernels_take(geometry: Geometry, hidden: torch.Tensor, torch_npu) -> bool:
     return (
         hidden.dtype in NPU_DTYPES
         and geometry.tokens > 0
-        and geometry.experts <= _GROUPED_MATMUL_MAX_GROUPS
-        and max(geometry.hidden_size, 2 * geometry.intermediate_size) < _GROUPED_MATMUL_INNER_LIMIT
+        # the gate/up GEMM (K = hidden, N = 2 * intermediate); the down GEMM is its transpose
+        and grouped_matmul_refusal(
+            geometry.experts, geometry.hidden_size, 2 * geometry.intermediate_size
+        )
+        is None
         and torch_npu.npu.get_device_name().startswith(A2_A3_SOC_PREFIXES)
     )
 
@@ -355,8 +360,8 @@ def _npu(
     flat_experts = selected_experts.reshape(-1).to(torch.int64)
     permute_kernel = (
         hidden.dtype in _PERMUTE_DTYPES
-        and geometry.top_k <= _PERMUTE_MAX_TOP_K
-        and flat_experts.numel() < _PERMUTE_MAX_INDICES
+        and moe_token_permute_refusal(geometry.top_k, flat_experts.numel()) is None
+        and moe_token_unpermute_refusal(geometry.top_k) is None
     )
     if permute_kernel:
         rows, position = torch_npu.npu_moe_token_permute(

@@ -13,7 +13,9 @@ this version" (None); ``num_accepted_tokens`` None means one accepted token per 
 Documented limits: bfloat16, ``L_i <= 8`` tokens per sequence, ``Nk, Nv, Dk, Dv <= 256``, Atlas
 A2/A3. We call it once per time step with the ``B`` sequences' tokens (``L_i = 1``,
 ``ssm_state_indices = arange(B)``), so each token reads and writes its own sequence's state;
-calls outside the limits run the reference.
+calls outside the limits
+(:func:`~ascend_vlm.ops.kernel_constraints.recurrent_gated_delta_rule_refusal`) run the
+reference.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import functools
 import torch
 
 from ascend_vlm.ops._gated_delta import (
-    NPU_DTYPE,
     NPU_LENGTH_DTYPE,
     DeltaShape,
     check_delta_inputs,
@@ -36,10 +37,10 @@ from ascend_vlm.ops._gated_delta import (
 )
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op
+from ascend_vlm.ops.kernel_constraints import recurrent_gated_delta_rule_refusal
 
 SPEC = load_spec("recurrent_gated_delta_rule")
 NPU_KERNEL = "npu_recurrent_gated_delta_rule"
-NPU_MAX_SIZE = 256  # Nk, Nv, Dk, Dv <= 256
 
 
 def _reference(
@@ -80,8 +81,9 @@ def _npu(
     use_qk_l2norm: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     torch_npu = torch_npu_with(NPU_KERNEL)
-    largest = max(shape.value_heads, shape.key_dim, shape.value_dim)
-    if torch_npu is None or query.dtype != NPU_DTYPE or largest > NPU_MAX_SIZE:
+    sizes = (shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim)
+    refusal = recurrent_gated_delta_rule_refusal(query.dtype, sizes, [1] * shape.batch)
+    if torch_npu is None or refusal is not None:
         return _reference(shape, query, key, value, g, beta, initial_state, scale, use_qk_l2norm)
     *per_token, state = npu_inputs(shape, query, key, value, g, beta, initial_state, use_qk_l2norm)
     # time-major and contiguous, so each step's [B, ...] slice is a dense tensor

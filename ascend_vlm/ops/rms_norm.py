@@ -2,7 +2,9 @@
 
 NPU: ``torch_npu.npu_rms_norm(x, gamma, epsilon)`` returns ``(y, rstd)``; we take ``[0]``. gamma
 may be fp32 for fp16/bf16 x (Ascend/op-plugin docs/zh/custom_APIs/torch_npu/
-（beta）torch_npu-npu_rms_norm.md), which keeps ``offset + weight`` exact.
+（beta）torch_npu-npu_rms_norm.md), which keeps ``offset + weight`` exact. The kernel takes 2-8
+dims (:func:`~ascend_vlm.ops.kernel_constraints.rms_norm_refusal`): other ranks go to it as
+``[rows, H]``; float64 runs the reference.
 """
 
 from __future__ import annotations
@@ -12,15 +14,14 @@ import importlib
 import torch
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
-from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op, empty_like_first_input
+from ascend_vlm.ops.kernel_constraints import NPU_DTYPES, RMS_NORM_RANKS, rms_norm_refusal
 
 SPEC = load_spec("rms_norm")
 _X_DTYPES = SPEC.input_dtypes("x")
 _WEIGHT_DTYPES = SPEC.input_dtypes("weight")
 _COMPUTE_DTYPES = (torch.float32, torch.float64)  # promote_types(x.dtype, float32) keeps these
-_NPU_MIN_RANK, _NPU_MAX_RANK = 2, 8  # npu_rms_norm: self has 2-8 dims
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> None:
@@ -65,13 +66,17 @@ def _reference(
 def _npu(
     _checked: None, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
 ) -> torch.Tensor:
-    if x.dtype not in NPU_DTYPES or weight.dtype not in NPU_DTYPES:
+    if weight.dtype not in NPU_DTYPES:
         return _reference(None, x, weight, eps, offset)
     gamma = weight if (not offset and weight.dtype == x.dtype) else weight.float() + offset
+    # the norm is per row, so an x of another rank goes to the kernel as [rows, H]
+    rank = x.dim() if RMS_NORM_RANKS[0] <= x.dim() <= RMS_NORM_RANKS[1] else 2
+    if rms_norm_refusal(x.dtype, gamma.dtype, rank) is not None:
+        return _reference(None, x, weight, eps, offset)
     torch_npu = importlib.import_module("torch_npu")
-    if _NPU_MIN_RANK <= x.dim() <= _NPU_MAX_RANK:
+    if rank == x.dim():
         return torch_npu.npu_rms_norm(x, gamma, epsilon=eps)[0]
-    rows = x.reshape(-1, x.shape[-1])  # the kernel takes 2-8 dims; the norm is per row anyway
+    rows = x.reshape(-1, x.shape[-1])
     return torch_npu.npu_rms_norm(rows, gamma, epsilon=eps)[0].reshape(x.shape)
 
 

@@ -15,7 +15,9 @@ any bound ``>= max(|cos|, |sin|)``. The reference ignores it.
 
 NPU: ``torch_npu.npu_rotary_mul(x, r1, r2, rotary_mode="half"|"interleave")``; all inputs 4-D,
 D even and < 896; for BNSD x, r1/r2 are 11SD, B1SD or BNSD in half mode and only 11SD in
-interleave mode; r1/r2 values in [-1, 1] (Ascend/op-plugin
+interleave mode; r1/r2 values in [-1, 1]; B and N < 1000 (half), B * N < 1000 (interleave)
+(:func:`~ascend_vlm.ops.kernel_constraints.rotary_mul_refusal`; outside, the reference runs;
+Ascend/op-plugin
 docs/context/torch_npu-npu_rotary_mul.md; torch_npu 7.0.0 API reference). With ``table_scale``
 != 1 the kernel gets ``cos / table_scale`` and ``sin / table_scale`` and its output is multiplied
 by ``table_scale``: within the kernel's range, with no host read of the tables.
@@ -31,15 +33,13 @@ from typing import Any
 import torch
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
-from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op, empty_like_first_input
+from ascend_vlm.ops.kernel_constraints import rotary_mul_refusal
 
 SPEC = load_spec("rotary_embedding")
 _X_DTYPES = SPEC.input_dtypes("x")
 _TABLE_DTYPES = SPEC.input_dtypes("cos")
-_NPU_MAX_HEAD_DIM = 896  # npu_rotary_mul: D < 896 (doc above)
-_NPU_MAX_BN = 1000  # half mode: B, N < 1000; interleave mode: B * N < 1000
 
 
 def _check_rotated(
@@ -168,10 +168,9 @@ def _npu_rotated(
     contiguous) r1/r2 per dtype, so q and k of one call share them."""
     rotary_dim = cos4.shape[-1]
     batch, heads = x.shape[0], x.shape[1]
+    mode = "interleave" if interleaved else "half"
     kernel_fits = (
-        x.dtype in NPU_DTYPES
-        and rotary_dim < _NPU_MAX_HEAD_DIM
-        and (batch * heads if interleaved else max(batch, heads)) < _NPU_MAX_BN
+        rotary_mul_refusal(x.dtype, rotary_dim, batch, heads, mode, "BNSD") is None
         # interleave mode only takes 11SD tables
         and not (interleaved and cos4.shape[0] != 1)
     )
@@ -185,7 +184,7 @@ def _npu_rotated(
         x[..., :rotary_dim].contiguous(),
         r1,
         r2,
-        rotary_mode="interleave" if interleaved else "half",
+        rotary_mode=mode,
     )
     if table_scale != 1.0:
         rotated = rotated * table_scale

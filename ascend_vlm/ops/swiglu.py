@@ -15,13 +15,12 @@ import torch.nn.functional as F
 
 from ascend_vlm.kernel_backend import use_npu_kernels
 from ascend_vlm.ops._checks import check_dtype, check_same_dtype, invalid
-from ascend_vlm.ops._npu_kernels import NPU_DTYPES
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op
+from ascend_vlm.ops.kernel_constraints import swiglu_refusal
 
 SPEC = load_spec("swiglu")
 _X_DTYPES = SPEC.input_dtypes("x")
-_NPU_MAX_RANK = 8  # npu_swiglu: 1-8 dims
 
 
 def _check(x: torch.Tensor, dim: int) -> int:
@@ -42,7 +41,7 @@ def _reference(_half: int, x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _npu(half: int, x: torch.Tensor, dim: int) -> torch.Tensor:
-    if x.dtype not in NPU_DTYPES or x.dim() > _NPU_MAX_RANK:
+    if swiglu_refusal(x.dtype, x.dim()) is not None:
         return _reference(half, x, dim)
     torch_npu = importlib.import_module("torch_npu")
     return torch_npu.npu_swiglu(x.contiguous(), dim=dim)

@@ -8,7 +8,10 @@ no visible key). This is Qwen2-VL's vision attention over many images packed in 
 NPU: ``torch_npu.npu_fusion_attention(input_layout="TND", actual_seq_qlen=cu_seqlens_q[1:],
 actual_seq_kvlen=cu_seqlens_k[1:])`` — host lists of cumulative lengths without the leading 0;
 in varlen no row may be entirely masked (Ascend/op-plugin
-docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md; npu_api.md §1).
+docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md; npu_api.md §1). Calls within
+:func:`~ascend_vlm.ops.kernel_constraints.fusion_attention_varlen_refusal`'s limits (every head
+dim 1..768 unpadded, Nq <= 256, T in 1..1M, at most 1K segments) go to the kernel; the rest, and
+segments with rows that see no key, run the reference.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import torch
 
 from ascend_vlm.ops._checks import check_dtype, check_rank, check_same_dtype, invalid
 from ascend_vlm.ops._host_values import HostValueCache
-from ascend_vlm.ops._npu_kernels import fits_npu_fusion_attention
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op, empty_like_first_input
 from ascend_vlm.ops.fused_attention import (
@@ -30,11 +32,9 @@ from ascend_vlm.ops.fused_attention import (
     fused_attention,
     npu_causal_mask,
 )
+from ascend_vlm.ops.kernel_constraints import fusion_attention_varlen_refusal
 
 SPEC = load_spec("varlen_attention")
-# npu_fusion_attention TND limits (doc "约束说明"): at most 1K segments, T up to 1M.
-NPU_MAX_SEGMENTS = 1024
-NPU_MAX_TOKENS = 1 << 20
 _QKV_DTYPES = SPEC.input_dtypes("query")
 _CU_DTYPES = SPEC.input_dtypes("cu_seqlens_q")
 
@@ -178,12 +178,15 @@ def _npu(
         q_len > 0 and (k_len == 0 or (causal and q_len > k_len))
         for q_len, k_len in zip(q_lens, k_lens, strict=True)
     )
-    fits_kernel = (
-        fits_npu_fusion_attention(query.dtype, query.shape[1], query.shape[2])
-        and len(q_lens) <= NPU_MAX_SEGMENTS
-        and max(query.shape[0], key.shape[0]) <= NPU_MAX_TOKENS
+    refusal = fusion_attention_varlen_refusal(
+        query.dtype,
+        query.shape[1],
+        key.shape[1],
+        query.shape[2],
+        (query.shape[0], key.shape[0]),
+        len(q_lens),
     )
-    if not fits_kernel or has_dead_rows:
+    if refusal is not None or has_dead_rows:
         return _reference(
             None,
             query,

@@ -53,20 +53,20 @@ import torch.nn.functional as F
 from ascend_vlm._compat.torch_internals import int8_weight_matmul
 from ascend_vlm.kernel_backend import active_backend, use_npu_kernels
 from ascend_vlm.ops._checks import check_dtype, check_rank, invalid
-from ascend_vlm.ops._npu_kernels import A2_A3_SOC_PREFIXES
 from ascend_vlm.ops._op_spec import load_spec
 from ascend_vlm.ops._registration import define_op
 from ascend_vlm.ops.int4_layout import unpack_int4
+from ascend_vlm.ops.kernel_constraints import (
+    A2_A3_SOC_PREFIXES,
+    INT4_PER_INT32,
+    weight_quant_batchmatmul_refusal,
+)
 
 SPEC = load_spec("weight_quant_matmul")
 _X_DTYPES = SPEC.input_dtypes("x")
 _SCALE_DTYPES = SPEC.input_dtypes("scale")
 _BIAS_DTYPES = SPEC.input_dtypes("bias")
 GROUP_SIZE_STEP, GROUP_SIZE_MAX = 32, 256
-INT4_PER_INT32 = 8  # npu_convert_weight_to_int4pack: 8 int4 values per int32
-# npu_weight_quant_batchmatmul
-_NPU_X_DTYPES = (torch.float16, torch.bfloat16)
-_NPU_MAX_DIM = 65535  # K and N
 _INFERENCE_CARD_SOC_PREFIX = "Ascend310P"
 # torch._weight_int8pack_mm (CPU, bf16) reads K in blocks: on torch 2.13 a K that is not a
 # multiple of 16 gives nan/inf or crashes; multiples of 32 (every model's hidden sizes) keep a
@@ -267,9 +267,10 @@ def _soc_support(get_device_name: Callable[[], str]) -> str:
 
 def _kernel_takes(geometry: Geometry, x: torch.Tensor, weight: torch.Tensor, torch_npu) -> bool:
     """Whether npu_weight_quant_batchmatmul takes this call (module docstring)."""
-    if x.dtype not in _NPU_X_DTYPES or x.numel() == 0:
+    if x.numel() == 0:
         return False
-    if geometry.in_features > _NPU_MAX_DIM or geometry.out_features > _NPU_MAX_DIM:
+    refusal = weight_quant_batchmatmul_refusal(x.dtype, geometry.in_features, geometry.out_features)
+    if refusal is not None:
         return False
     # The doc: an int4 weight of shape (1, 8) passed transposed is refused (K mismatch).
     if weight.dtype == torch.int32 and weight.shape == (INT4_PER_INT32, 1):

@@ -816,14 +816,17 @@ def assert_matches_naive(
 
 
 class KernelSpy:
-    """Counts calls of one torch_npu function (wrapped in place with pytest's monkeypatch)."""
+    """Counts calls of one torch_npu function (wrapped in place with pytest's monkeypatch);
+    ``shapes`` holds each call's positional tensor shapes, in call order."""
 
     def __init__(self, monkeypatch, module, name: str) -> None:
         self.calls = 0
+        self.shapes: list[tuple[tuple[int, ...], ...]] = []
         original = getattr(module, name)
 
         def counting(*args, **kwargs):
             self.calls += 1
+            self.shapes.append(tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
             return original(*args, **kwargs)
 
         monkeypatch.setattr(module, name, counting)

@@ -70,8 +70,9 @@ def _weight_quant_kernel_applies(case: Any) -> bool:
 
 
 def _chunk_kernel_applies(case: Any) -> bool:
-    """npu_chunk_gated_delta_rule takes bfloat16 with Dk = Dv = 128."""
-    return case.dtype == torch.bfloat16 and case.key_dim == case.value_dim == 128
+    """npu_chunk_gated_delta_rule takes bfloat16 with Dk = Dv = 128; smaller head dims are
+    zero-padded up to 128 (ops.chunk_gated_delta_rule)."""
+    return case.dtype == torch.bfloat16 and max(case.key_dim, case.value_dim) <= 128
 
 
 def _recurrent_kernel_applies(case: Any) -> bool:

@@ -3,7 +3,10 @@
 Each re-implements the documented contract of the real kernel on CPU tensors, independently of
 :mod:`ascend_vlm.ops`, with torch_npu's registered signature (``testing/torch_npu_schemas.json``):
 argument validation (``ValueError`` naming the argument, expected and got), layouts, dtype
-support and the return structure. What the docs leave open is marked UNVERIFIED and chosen to be
+support and the return structure. A call outside a kernel's documented limits (head dims, head
+counts, sequence lengths, ranks: :mod:`ascend_vlm.ops.kernel_constraints`, the one table the
+ops' NPU paths read too) raises ``testing._checks.KernelRefused``, a RuntimeError in torch_npu's
+message style (and a ValueError). What the docs leave open is marked UNVERIFIED and chosen to be
 conservative; what the mock does not model raises ``NotImplementedError`` naming it.
 """
 

@@ -16,26 +16,28 @@ import itertools
 
 import torch
 
-from ascend_vlm.testing._checks import bad, check_dtype
-
-CONV_DTYPES = (torch.float16, torch.bfloat16)
-CONV_WIDTH = 3  # K
-CONV_DIM_MULTIPLE = 128
+from ascend_vlm.ops.kernel_constraints import (
+    CAUSAL_CONV1D_DTYPES,
+    CAUSAL_CONV1D_WIDTH,
+    fused_causal_conv1d_refusal,
+)
+from ascend_vlm.testing._checks import bad, check_dtype, refuse
 
 
 def _check_conv(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor) -> None:
-    check_dtype("x", x, CONV_DTYPES)
+    check_dtype("x", x, CAUSAL_CONV1D_DTYPES)
     if x.dim() not in (2, 3):
         raise bad("x", "2-D [cu_seq_len, dim] or 3-D [batch, seq_len, dim]", x.shape)
-    dim = x.shape[-1]
-    if dim % CONV_DIM_MULTIPLE:
-        raise bad("x", f"dim % {CONV_DIM_MULTIPLE} == 0", f"shape {tuple(x.shape)}")
-    check_dtype("weight", weight, CONV_DTYPES)
-    if tuple(weight.shape) != (CONV_WIDTH, dim):
-        raise bad("weight", f"shape {(CONV_WIDTH, dim)} [K=3, dim]", tuple(weight.shape))
-    check_dtype("conv_states", conv_states, CONV_DTYPES)
-    if conv_states.dim() != 3 or tuple(conv_states.shape[1:]) != (CONV_WIDTH - 1, dim):
-        raise bad("conv_states", f"[..., state_len={CONV_WIDTH - 1}, dim={dim}]", conv_states.shape)
+    dim, width = x.shape[-1], CAUSAL_CONV1D_WIDTH
+    check_dtype("weight", weight, CAUSAL_CONV1D_DTYPES)
+    if tuple(weight.shape) != (width, dim):
+        raise bad("weight", f"shape {(width, dim)} [K=3, dim]", tuple(weight.shape))
+    refusal = fused_causal_conv1d_refusal(x.dtype, weight.shape[0], dim)
+    if refusal is not None:
+        raise refuse("npu_fused_causal_conv1d", refusal)
+    check_dtype("conv_states", conv_states, CAUSAL_CONV1D_DTYPES)
+    if conv_states.dim() != 3 or tuple(conv_states.shape[1:]) != (width - 1, dim):
+        raise bad("conv_states", f"[..., state_len={width - 1}, dim={dim}]", conv_states.shape)
 
 
 def _sequences(x: torch.Tensor, query_start_loc: torch.Tensor | None) -> list[torch.Tensor]:
@@ -112,8 +114,8 @@ def npu_fused_causal_conv1d(
     outputs = []
     for rows, slot in zip(sequences, slots, strict=True):
         xs = torch.cat((conv_states[slot].float(), rows.float()))
-        y = sum(w[j] * xs[j : j + rows.shape[0]] for j in range(CONV_WIDTH))
+        y = sum(w[j] * xs[j : j + rows.shape[0]] for j in range(CAUSAL_CONV1D_WIDTH))
         outputs.append(y + rows.float() if residual_connection == 1 else y)
-        conv_states[slot] = xs[-(CONV_WIDTH - 1) :].to(conv_states.dtype)
+        conv_states[slot] = xs[-(CAUSAL_CONV1D_WIDTH - 1) :].to(conv_states.dtype)
     out = torch.stack(outputs) if x.dim() == 3 else torch.cat(outputs)
     return out.to(x.dtype)

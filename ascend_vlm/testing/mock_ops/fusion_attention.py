@@ -9,15 +9,21 @@ from typing import Any
 
 import torch
 
-from ascend_vlm.testing._checks import bad, check_dtype
+from ascend_vlm.ops.kernel_constraints import (
+    FUSION_ATTENTION_COMPRESSED_MASK,
+    FUSION_ATTENTION_LAYOUTS,
+    FUSION_ATTENTION_MASK_DTYPES,
+    FUSION_ATTENTION_MASK_SHAPES,
+    NPU_DTYPES,
+    fusion_attention_refusal,
+    fusion_attention_varlen_refusal,
+    fusion_attention_varlen_rows_refusal,
+)
+from ascend_vlm.testing._checks import bad, check_dtype, refuse
 
 INT_MAX = 2147483647  # default pre_tockens / next_tockens
-FA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-FA_LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
-FA_MAX_QUERY_HEADS = 256
-FA_MAX_HEAD_DIM = 768
-FA_COMPRESSED_MASK = 2048  # sparse_mode 2/3/4 take triu(ones(2048, 2048), diagonal=1)
 FA_SUPPORTED_SPARSE_MODES = (0, 2, 3)
+KERNEL = "npu_fusion_attention"
 
 
 def _split_heads(
@@ -84,17 +90,17 @@ def _causal_drop(q_len: int, kv_len: int, sparse_mode: int) -> torch.Tensor:
 def _check_attention_mask(
     atten_mask: torch.Tensor, sparse_mode: int, allowed_shapes: list[tuple[int, ...]], note: str
 ) -> None:
-    if atten_mask.dtype not in (torch.bool, torch.uint8):
+    if atten_mask.dtype not in FUSION_ATTENTION_MASK_DTYPES:
         raise bad("atten_mask", "dtype bool or uint8 (1/True = not computed)", atten_mask.dtype)
     if sparse_mode in (2, 3):
-        expected = torch.ones(FA_COMPRESSED_MASK, FA_COMPRESSED_MASK, dtype=torch.bool).triu(1)
+        size = FUSION_ATTENTION_COMPRESSED_MASK
+        expected = torch.ones(size, size, dtype=torch.bool).triu(1)
         if tuple(atten_mask.shape) != expected.shape or not torch.equal(
             atten_mask.bool(), expected
         ):
             raise bad(
                 "atten_mask",
-                f"the compressed {FA_COMPRESSED_MASK}x{FA_COMPRESSED_MASK} "
-                f"triu(diagonal=1) mask for sparse_mode={sparse_mode}",
+                f"the compressed {size}x{size} triu(diagonal=1) mask for sparse_mode={sparse_mode}",
                 f"a tensor of shape {tuple(atten_mask.shape)} with other contents",
             )
     elif tuple(atten_mask.shape) not in allowed_shapes:
@@ -133,11 +139,11 @@ def _check_fusion_attention_arguments(
     """The checks common to all layouts: dtypes, layout, shapes, dropout; ``given`` maps
     the optional arguments the mock does not model to their values (refused unless None)."""
     for name, tensor in (("query", query), ("key", key), ("value", value)):
-        check_dtype(name, tensor, FA_DTYPES)
+        check_dtype(name, tensor, NPU_DTYPES)
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise bad("key/value", f"dtype {query.dtype} like query", (key.dtype, value.dtype))
-    if input_layout not in FA_LAYOUTS:
-        raise bad("input_layout", f"one of {FA_LAYOUTS}", repr(input_layout))
+    if input_layout not in FUSION_ATTENTION_LAYOUTS:
+        raise bad("input_layout", f"one of {FUSION_ATTENTION_LAYOUTS}", repr(input_layout))
     if value.shape != key.shape:
         raise bad("value", f"shape {tuple(key.shape)} like key", f"shape {tuple(value.shape)}")
     if not 0.0 < keep_prob <= 1.0:
@@ -210,8 +216,8 @@ def npu_fusion_attention(
     unmodelled |= {"sink": sink, "dropout_mask": dropout_mask}
     _check_fusion_attention_arguments(query, key, value, input_layout, keep_prob, unmodelled)
     _check_sparse_mode(atten_mask, sparse_mode, pre_tockens, next_tockens)
-    if not isinstance(head_num, int) or not 1 <= head_num <= FA_MAX_QUERY_HEADS:
-        raise bad("head_num", f"an int in [1, {FA_MAX_QUERY_HEADS}] (query heads)", head_num)
+    if not isinstance(head_num, int) or head_num < 1:
+        raise bad("head_num", "a positive int (query heads)", head_num)
     if input_layout == "TND":
         out, dead = _fusion_attention_tnd(
             query,
@@ -238,16 +244,13 @@ def npu_fusion_attention(
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor, head_num: int, head_axis: int) -> None:
-    """GQA rule and head-dim limits; ``head_axis`` is where N sits (-3 for BNSD, -2 for TND)."""
-    q_heads, kv_heads, head_dim = q.shape[head_axis], k.shape[head_axis], q.shape[-1]
+    """head_num and the head dims agree with the tensors; ``head_axis`` is where N sits (-3 for
+    BNSD, -2 for TND). The limits on them are the kernel's refusals (``kernel_constraints``)."""
+    q_heads, head_dim = q.shape[head_axis], q.shape[-1]
     if q_heads != head_num:
         raise bad("head_num", f"the query head count {q_heads}", head_num)
-    if kv_heads == 0 or q_heads % kv_heads:
-        raise bad("key", f"a head count dividing Nq={q_heads} (Nq/Nkv integer)", kv_heads)
     if k.shape[-1] != head_dim:
         raise bad("key", f"head dim D={head_dim} like query (Dq = Dk)", k.shape[-1])
-    if not 1 <= head_dim <= FA_MAX_HEAD_DIM:
-        raise bad("query", f"head dim D in [1, {FA_MAX_HEAD_DIM}]", head_dim)
 
 
 def _fusion_attention_batched(
@@ -270,12 +273,15 @@ def _fusion_attention_batched(
     k = _split_heads(key, layout, kv_heads, "key")
     v = _split_heads(value, layout, kv_heads, "value")
     _check_heads(q, k, head_num, head_axis=-3)
-    batch, heads, q_len, _ = q.shape
+    batch, heads, q_len, head_dim = q.shape
     kv_len = k.shape[2]
     if k.shape[0] != batch:
         raise bad("key", f"batch B={batch} like query", k.shape[0])
-    if q_len == 0 or kv_len == 0:
-        raise bad("query/key", "sequence lengths S >= 1", (q_len, kv_len))
+    refusal = fusion_attention_refusal(
+        query.dtype, batch, heads, k.shape[1], q_len, kv_len, head_dim
+    )
+    if refusal is not None:
+        raise refuse(KERNEL, refusal)
     drop = None
     if atten_mask is not None:
         shapes = [
@@ -284,7 +290,9 @@ def _fusion_attention_batched(
             (1, 1, q_len, kv_len),
             (q_len, kv_len),
         ]
-        _check_attention_mask(atten_mask, sparse_mode, shapes, "BNSS, B1SS, 11SS or SS")
+        _check_attention_mask(
+            atten_mask, sparse_mode, shapes, " or ".join(FUSION_ATTENTION_MASK_SHAPES)
+        )
         if sparse_mode == 0:
             drop = atten_mask.bool()
             drop = drop.reshape(1, 1, q_len, kv_len) if drop.dim() == 2 else drop
@@ -327,6 +335,16 @@ def _fusion_attention_tnd(
     kv_lens = _cumulative("actual_seq_kvlen", actual_seq_kvlen, key.shape[0])
     if len(q_lens) != len(kv_lens):
         raise bad("actual_seq_kvlen", f"{len(q_lens)} segments like actual_seq_qlen", len(kv_lens))
+    refusal = fusion_attention_varlen_refusal(
+        query.dtype,
+        head_num,
+        key.shape[1],
+        query.shape[2],
+        (query.shape[0], key.shape[0]),
+        len(actual_seq_qlen),
+    )
+    if refusal is not None:
+        raise refuse(KERNEL, refusal)
     if atten_mask is not None:
         shape = (max(q_lens), max(kv_lens))
         _check_attention_mask(atten_mask, sparse_mode, [shape], "varlen takes only SS")
@@ -347,12 +365,9 @@ def _fusion_attention_tnd(
                 else _causal_drop(q_len, kv_len, sparse_mode)
             )
         out, dead = _attend(q, k, v, drop, scale)
-        if bool(dead.any()):
-            raise bad(
-                "atten_mask",
-                "no fully masked row in varlen (TND) mode",
-                f"a segment of {q_len} queries x {kv_len} keys with such rows",
-            )
+        refusal = fusion_attention_varlen_rows_refusal(q_len, kv_len, bool(dead.any()))
+        if refusal is not None:
+            raise refuse(KERNEL, refusal)
         outs.append(out.transpose(0, 1))
         deads.append(dead.transpose(0, 1))
     out = torch.cat(outs).to(query.dtype) if outs else torch.zeros_like(query)

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import torch
 
-from ascend_vlm.testing._checks import bad, check_dtype
+from ascend_vlm.ops.kernel_constraints import (
+    GATED_DELTA_DTYPE,
+    chunk_gated_delta_rule_refusal,
+    recurrent_gated_delta_rule_refusal,
+)
+from ascend_vlm.testing._checks import bad, check_dtype, refuse
 
-GDR_DTYPES = (torch.bfloat16,)
+GDR_DTYPES = (GATED_DELTA_DTYPE,)
 GDR_G_DTYPES = (torch.float32,)
 GDR_INDEX_DTYPES = (torch.int32,)
-RECURRENT_MAX_TOKENS_PER_SEQUENCE = 8  # L_i <= 8
-RECURRENT_MAX_SIZE = 256  # Nk, Nv, Dk, Dv <= 256
-CHUNK_HEAD_DIM = 128  # Dk = Dv = 128
-CHUNK_MAX_HEADS = 64  # Nk, Nv <= 64
 
 
 def _check_packed(
@@ -117,12 +118,11 @@ def npu_chunk_gated_delta_rule(
     = 128``, ``Nk, Nv <= 64``. The doc's ``L_i <= 8`` contradicts its own example (100 tokens) and
     is not applied."""
     lengths = _check_packed(query, key, value, beta, g, scale, actual_seq_lengths)
-    if query.shape[2] != CHUNK_HEAD_DIM or value.shape[2] != CHUNK_HEAD_DIM:
-        raise bad(
-            "query/value", f"head dims Dk = Dv = {CHUNK_HEAD_DIM}", (query.shape, value.shape)
-        )
-    if max(query.shape[1], value.shape[1]) > CHUNK_MAX_HEADS:
-        raise bad("value", f"Nk, Nv <= {CHUNK_MAX_HEADS}", (query.shape[1], value.shape[1]))
+    refusal = chunk_gated_delta_rule_refusal(
+        query.dtype, query.shape[1], value.shape[1], query.shape[2], value.shape[2]
+    )
+    if refusal is not None:
+        raise refuse("npu_chunk_gated_delta_rule", refusal)
     if initial_state is None:
         raise bad("initial_state", "a bfloat16 tensor [B, Nv, Dv, Dk]", None)
     _check_state("initial_state", initial_state, query, value)
@@ -170,10 +170,9 @@ def npu_recurrent_gated_delta_rule(
             "mock npu_recurrent_gated_delta_rule: num_accepted_tokens and gk are not implemented"
         )
     sizes = (query.shape[1], value.shape[1], query.shape[2], value.shape[2])
-    if max(sizes) > RECURRENT_MAX_SIZE:
-        raise bad("query/value", f"Nk, Nv, Dk, Dv <= {RECURRENT_MAX_SIZE}", sizes)
-    if max(lengths, default=0) > RECURRENT_MAX_TOKENS_PER_SEQUENCE:
-        raise bad("actual_seq_lengths", f"L_i <= {RECURRENT_MAX_TOKENS_PER_SEQUENCE}", lengths)
+    refusal = recurrent_gated_delta_rule_refusal(query.dtype, sizes, lengths)
+    if refusal is not None:
+        raise refuse("npu_recurrent_gated_delta_rule", refusal)
     _check_state("state", state, query, value)
     if ssm_state_indices is None:
         raise bad("ssm_state_indices", f"an int32 tensor [T={query.shape[0]}]", None)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from ascend_vlm.testing._checks import bad, check_dtype
-
-GROUPED_MATMUL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-GROUPED_MATMUL_MAX_GROUPS = 1024  # group_list length with a 3-D weight
-GROUPED_MATMUL_INNER_LIMIT = 65536  # the last dim of x and of the weight stay below it
+from ascend_vlm.ops.kernel_constraints import (
+    GROUPED_MATMUL_MAX_GROUPS,
+    NPU_DTYPES,
+    grouped_matmul_refusal,
+)
+from ascend_vlm.testing._checks import bad, check_dtype, refuse
 
 
 def _rows_per_group(
@@ -119,7 +120,7 @@ def npu_grouped_matmul(
             "act_type", "0 (activation is documented for per-token quantization only)", act_type
         )
     (rows,), (weights,) = x, weight
-    check_dtype("x", rows, GROUPED_MATMUL_DTYPES)
+    check_dtype("x", rows, NPU_DTYPES)
     if rows.dim() != 2 or not rows.is_contiguous():
         raise bad(
             "x",
@@ -136,8 +137,9 @@ def npu_grouped_matmul(
             f"shape {tuple(weights.shape)}",
         )
     n = weights.shape[2]
-    if max(k, n) >= GROUPED_MATMUL_INNER_LIMIT:
-        raise bad("x/weight", f"K and N below {GROUPED_MATMUL_INNER_LIMIT}", (k, n))
+    refusal = grouped_matmul_refusal(groups, k, n)
+    if refusal is not None:
+        raise refuse("npu_grouped_matmul", refusal)
     counts = _rows_per_group(group_list, group_list_type, groups, m)
     pieces = [
         part.float() @ weights[g].float() for g, part in enumerate(rows.split(counts)) if counts[g]

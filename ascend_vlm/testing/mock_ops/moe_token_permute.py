@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from ascend_vlm.testing._checks import bad, check_dtype
+from ascend_vlm.ops.kernel_constraints import (
+    MOE_PERMUTE_MAX_INDEX,
+    moe_token_permute_refusal,
+    moe_token_unpermute_refusal,
+)
+from ascend_vlm.testing._checks import bad, check_dtype, refuse
 
 PERMUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-PERMUTE_MAX_INDEX = 16777215  # element count and values of indices stay below it
-PERMUTE_MAX_TOP_K = 512
 
 
 def npu_moe_token_permute(
@@ -42,17 +45,14 @@ def npu_moe_token_permute(
             f"(num_tokens={tokens.shape[0]}, topK) or (num_tokens,)",
             f"shape {tuple(indices.shape)}",
         )
-    if top_k > PERMUTE_MAX_TOP_K or indices.numel() >= PERMUTE_MAX_INDEX:
-        raise bad(
-            "indices",
-            f"topK <= {PERMUTE_MAX_TOP_K} and < {PERMUTE_MAX_INDEX} elements",
-            tuple(indices.shape),
-        )
+    refusal = moe_token_permute_refusal(top_k, indices.numel())
+    if refusal is not None:
+        raise refuse("npu_moe_token_permute", refusal)
     flat = indices.reshape(-1).to(torch.int64)
-    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= PERMUTE_MAX_INDEX):
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= MOE_PERMUTE_MAX_INDEX):
         raise bad(
             "indices",
-            f"values in [0, {PERMUTE_MAX_INDEX})",
+            f"values in [0, {MOE_PERMUTE_MAX_INDEX})",
             f"values in [{int(flat.min())}, {int(flat.max())}]",
         )
     if padded_mode:
@@ -106,8 +106,9 @@ def npu_moe_token_unpermute(
                 f"2-D (num_tokens, topK) with num_tokens * topK = {rows}",
                 f"shape {tuple(probs.shape)}",
             )
-    if top_k > PERMUTE_MAX_TOP_K:
-        raise bad("probs", f"topK <= {PERMUTE_MAX_TOP_K}", f"shape {tuple(probs.shape)}")
+    refusal = moe_token_unpermute_refusal(top_k)
+    if refusal is not None:
+        raise refuse("npu_moe_token_unpermute", refusal)
     if rows and not torch.equal(
         torch.sort(sorted_indices.to(torch.int64)).values, torch.arange(rows)
     ):

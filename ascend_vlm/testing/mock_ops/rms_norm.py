@@ -6,16 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ascend_vlm.testing._checks import bad
-
-# The A2/A3 dtype table: (x, gamma) pairs.
-RMS_NORM_DTYPE_PAIRS = {
-    (torch.float16, torch.float32),
-    (torch.bfloat16, torch.float32),
-    (torch.float16, torch.float16),
-    (torch.bfloat16, torch.bfloat16),
-    (torch.float32, torch.float32),
-}
+from ascend_vlm.ops.kernel_constraints import rms_norm_refusal
+from ascend_vlm.testing._checks import bad, refuse
 
 
 def npu_rms_norm(
@@ -24,14 +16,9 @@ def npu_rms_norm(
     """Stand-in for ``torch_npu.npu_rms_norm``: ``y = x / sqrt(mean(x^2) + eps) * gamma`` over
     the trailing ``gamma.dim()`` dims; returns ``(y in x.dtype, rstd in fp32)``. x has 2-8 dims;
     (x, gamma) dtypes follow the A2/A3 table (fp32 gamma allowed for fp16/bf16 x)."""
-    if (input.dtype, gamma.dtype) not in RMS_NORM_DTYPE_PAIRS:
-        raise bad(
-            "input/gamma",
-            f"a dtype pair in {sorted(map(str, RMS_NORM_DTYPE_PAIRS))}",
-            (input.dtype, gamma.dtype),
-        )
-    if not 2 <= input.dim() <= 8:
-        raise bad("input", "2 to 8 dims", f"shape {tuple(input.shape)}")
+    refusal = rms_norm_refusal(input.dtype, gamma.dtype, input.dim())
+    if refusal is not None:
+        raise refuse("npu_rms_norm", refusal)
     if (
         gamma.dim() == 0
         or gamma.dim() > input.dim()

@@ -7,11 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ascend_vlm.testing._checks import bad, check_dtype
+from ascend_vlm.ops.kernel_constraints import NPU_DTYPES, rotary_mul_refusal
+from ascend_vlm.testing._checks import bad, check_dtype, refuse
 
-ROPE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-ROPE_MAX_HEAD_DIM = 896  # D < 896
-ROPE_MAX_BN = 1000  # half: B, N < 1000; interleave: B * N < 1000 (B and N of x's layout)
 ROPE_MODES = ("half", "interleave")
 
 
@@ -66,7 +64,7 @@ def _check_rotate(rotate: torch.Tensor, input: torch.Tensor) -> None:
     of side D because ``input @ rotate`` has input's shape; its dtype equal to input's is
     UNVERIFIED and chosen to be conservative)."""
     head_dim = input.shape[-1]
-    check_dtype("rotate", rotate, ROPE_DTYPES)
+    check_dtype("rotate", rotate, NPU_DTYPES)
     if tuple(rotate.shape) != (head_dim, head_dim):
         raise bad("rotate", f"a 2-D (D, D) = ({head_dim}, {head_dim}) matrix", tuple(rotate.shape))
     if rotate.dtype != input.dtype:
@@ -80,30 +78,20 @@ def _check_rope_arguments(
     if rotary_mode not in ROPE_MODES:
         raise bad("rotary_mode", f"one of {ROPE_MODES}", repr(rotary_mode))
     for name, tensor in (("input", input), ("r1", r1), ("r2", r2)):
-        check_dtype(name, tensor, ROPE_DTYPES)
+        check_dtype(name, tensor, NPU_DTYPES)
         if tensor.dim() != 4:
             raise bad(name, "a 4-D tensor (BNSD, BSND or SBND)", f"shape {tuple(tensor.shape)}")
     if r1.dtype != input.dtype or r2.dtype != input.dtype:
         raise bad("r1/r2", f"dtype {input.dtype} like input", (r1.dtype, r2.dtype))
     if r2.shape != r1.shape:
         raise bad("r2", f"shape {tuple(r1.shape)} like r1", f"shape {tuple(r2.shape)}")
-    head_dim = input.shape[-1]
-    if head_dim % 2 or head_dim >= ROPE_MAX_HEAD_DIM:
-        raise bad("input", f"an even last dim D < {ROPE_MAX_HEAD_DIM}", tuple(input.shape))
     layout = _rope_layout(input, r1, rotary_mode)
     batch, heads = input.shape[layout.batch_axis], input.shape[layout.heads_axis]
-    too_big = (
-        batch * heads >= ROPE_MAX_BN
-        if rotary_mode == "interleave"
-        else max(batch, heads) >= ROPE_MAX_BN
+    refusal = rotary_mul_refusal(
+        input.dtype, input.shape[-1], batch, heads, rotary_mode, layout.name
     )
-    if too_big:
-        limit = "B * N" if rotary_mode == "interleave" else "B and N"
-        raise bad(
-            "input",
-            f"{limit} < {ROPE_MAX_BN} in {rotary_mode!r} mode ({layout.name}: B={batch}, N={heads})",
-            tuple(input.shape),
-        )
+    if refusal is not None:
+        raise refuse("npu_rotary_mul", refusal)
     for name, table in (("r1", r1), ("r2", r2)):
         # A unit table computed in fp32 and rounded to r1's dtype stays within one unit of
         # rounding (eps) of 1; anything beyond is a scaled table the kernel does not take.

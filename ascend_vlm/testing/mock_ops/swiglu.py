@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from ascend_vlm.testing._checks import bad, check_dtype
-
-SWIGLU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from ascend_vlm.ops.kernel_constraints import swiglu_refusal
+from ascend_vlm.testing._checks import bad, refuse
 
 
 def npu_swiglu(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Stand-in for ``torch_npu.npu_swiglu``: ``silu(A) * B`` with A the FIRST half of
     ``input`` along ``dim``; the input must be contiguous, 1-8 dims."""
-    check_dtype("input", input, SWIGLU_DTYPES)
-    if not 1 <= input.dim() <= 8:
-        raise bad("input", "1 to 8 dims", f"shape {tuple(input.shape)}")
+    refusal = swiglu_refusal(input.dtype, input.dim())
+    if refusal is not None:
+        raise refuse("npu_swiglu", refusal)
     if not input.is_contiguous():
         raise bad("input", "a contiguous tensor", f"strides {input.stride()}")
     if not -input.dim() <= dim < input.dim() or input.shape[dim] % 2:

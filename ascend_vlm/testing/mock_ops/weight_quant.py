@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from ascend_vlm.testing._checks import bad, check_dtype
-
-WQ_X_DTYPES = (torch.float16, torch.bfloat16)
-WQ_MAX_DIM = 65535  # K and N
-WQ_INT4_PER_INT32 = 8
+from ascend_vlm.ops.kernel_constraints import (
+    INT4_PER_INT32,
+    WEIGHT_QUANT_GROUP_STEP,
+    WEIGHT_QUANT_X_DTYPES,
+    convert_weight_to_int4pack_refusal,
+    weight_quant_batchmatmul_refusal,
+)
+from ascend_vlm.testing._checks import bad, check_dtype, refuse
 
 
 def _pack_int4_words(values: torch.Tensor) -> torch.Tensor:
@@ -19,15 +22,15 @@ def _pack_int4_words(values: torch.Tensor) -> torch.Tensor:
     ``4i..4i+3`` of word ``j`` (two's-complement nibbles). UNVERIFIED: the doc only says "8 int4
     per int32, interleaved"; this order is the mock's own, and :func:`_unpack_int4_words` (what
     the mock matmul reads) is its exact inverse."""
-    nibbles = (values.to(torch.int64) & 0xF).reshape(values.shape[0], -1, WQ_INT4_PER_INT32)
-    shifts = torch.arange(0, 4 * WQ_INT4_PER_INT32, 4, dtype=torch.int64)
+    nibbles = (values.to(torch.int64) & 0xF).reshape(values.shape[0], -1, INT4_PER_INT32)
+    shifts = torch.arange(0, 4 * INT4_PER_INT32, 4, dtype=torch.int64)
     words = (nibbles << shifts).sum(dim=-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def _unpack_int4_words(words: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`_pack_int4_words`: int32 ``(R, C/8)`` -> int64 ``(R, C)`` in [-8, 7]."""
-    shifts = torch.arange(0, 4 * WQ_INT4_PER_INT32, 4, dtype=torch.int64)
+    shifts = torch.arange(0, 4 * INT4_PER_INT32, 4, dtype=torch.int64)
     nibbles = ((words.to(torch.int64) & 0xFFFFFFFF)[..., None] >> shifts) & 0xF
     return (nibbles - ((nibbles & 0x8) << 1)).reshape(words.shape[0], -1)
 
@@ -42,8 +45,9 @@ def npu_convert_weight_to_int4pack(weight: torch.Tensor, inner_k_tiles: int = 0)
         raise bad("weight", "a 2-D (k, n) or (n, k) tensor", f"shape {tuple(weight.shape)}")
     if not weight.is_contiguous():
         raise bad("weight", "a contiguous tensor", f"strides {weight.stride()}")
-    if weight.shape[1] % WQ_INT4_PER_INT32:
-        raise bad("weight", "a last dim that is a multiple of 8", f"shape {tuple(weight.shape)}")
+    refusal = convert_weight_to_int4pack_refusal(weight.shape[1])
+    if refusal is not None:
+        raise refuse("npu_convert_weight_to_int4pack", refusal)
     if weight.numel() and (weight.min() < -8 or weight.max() > 7):
         raise bad(
             "weight",
@@ -158,7 +162,7 @@ def npu_weight_quant_batchmatmul(
         raise NotImplementedError(
             f"mock npu_weight_quant_batchmatmul: weight_dtype={weight_dtype} is not implemented"
         )
-    check_dtype("x", x, WQ_X_DTYPES)
+    check_dtype("x", x, WEIGHT_QUANT_X_DTYPES)
     if x.dim() != 2:
         raise bad("x", "2-D (M, K)", f"shape {tuple(x.shape)}")
     if antiquant_scale.dtype == torch.int64:
@@ -172,13 +176,19 @@ def npu_weight_quant_batchmatmul(
     (m, k), n = x.shape, w.shape[1]
     if w.shape[0] != k:
         raise bad("weight", f"K={k} rows like x (M, K) (int4: 8 per int32 row)", tuple(w.shape))
-    if m == 0 or not (1 <= k <= WQ_MAX_DIM and 1 <= n <= WQ_MAX_DIM):
-        raise bad("x/weight", f"M >= 1 and K, N in [1, {WQ_MAX_DIM}]", (m, k, n))
+    if m == 0:
+        raise bad("x/weight", "M >= 1 rows", (m, k, n))
+    refusal = weight_quant_batchmatmul_refusal(x.dtype, k, n)
+    if refusal is not None:
+        raise refuse("npu_weight_quant_batchmatmul", refusal)
+    group = antiquant_group_size
+    step = WEIGHT_QUANT_GROUP_STEP
     if not isinstance(inner_precise, int) or inner_precise not in (0, 1):
         raise bad("inner_precise", "0 or 1", inner_precise)
-    group = antiquant_group_size
-    if group != 0 and not (32 <= group <= k - 1 and group % 32 == 0):
-        raise bad("antiquant_group_size", f"0 or a multiple of 32 in [32, K-1={k - 1}]", group)
+    if group != 0 and not (step <= group <= k - 1 and group % step == 0):
+        raise bad(
+            "antiquant_group_size", f"0 or a multiple of {step} in [{step}, K-1={k - 1}]", group
+        )
     _check_antiquant_tables(antiquant_scale, antiquant_offset, x.dtype, k, n, group)
     if bias is not None:
         _check_bias(bias, x.dtype, n)
