@@ -1,4 +1,4 @@
-"""Regenerate the generated tables in README.md and docs/ (supported models, ops) in place.
+"""Regenerate the generated tables in README.md and docs/ (supported models, ops, kernel limits) in place.
 
     python scripts/update_docs.py          # rewrite every stale file
     python scripts/update_docs.py --check  # exit 1 naming the stale files
@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GENERATORS = {
     "models": [sys.executable, "-m", "ascend_vlm", "models", "--markdown"],
     "ops": [sys.executable, "-m", "ascend_vlm.ops", "--markdown"],
+    "kernel-limits": [sys.executable, "-m", "ascend_vlm.ops", "--kernel-limits"],
 }
 
 
