@@ -22,6 +22,7 @@ from ascend_vlm.models.descriptor import (
     Refused,
 )
 from ascend_vlm.models.family_spec import LeaveAlone, ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
+from ascend_vlm.models.llava import SLIDING_CACHES_UNBATCHED
 
 LAYOUT = Layout(
     vision_tower="vision_tower", projector="embed_vision", language_model="language_model"
@@ -87,10 +88,7 @@ DESCRIPTORS = {
                 "its sliding-window cache layers cannot be cropped back once their window is "
                 "full, and its last layers read earlier layers' keys and values, not a cache"
             ),
-            batching=Refused(
-                "its layers alternate sliding-window caches, which BatchGenerator's shared row "
-                "cache does not hold"
-            ),
+            batching=Refused(SLIDING_CACHES_UNBATCHED),
             quantization=SUPPORTED,
             adapters=SUPPORTED,
             tracing=SUPPORTED,
