@@ -16,10 +16,19 @@ KINDS = ("attention-text", "attention-vision", "norm", "rope", "mlp", "linear-at
 
 @dataclass(frozen=True)
 class RmsNorm:
-    """RMSNorm classes -> `ops.rms_norm`; y = x * rsqrt(mean(x^2) + eps) * (offset + weight)."""
+    """RMSNorm classes -> `ops.rms_norm`; y = x * rsqrt(mean(x^2) + eps) * (offset + weight).
+
+    ``rounds_once``: the module multiplies by the weight in fp32 and rounds once to x's dtype
+    whatever the weight's dtype (Gemma 4), so `ops.rms_norm` applies as is; otherwise an
+    offset-free norm with a weight of another dtype rounds like Llama's (`rms_norm_promoting`).
+    ``scale_switch``: the module attribute that is False on instances without a weight (Gemma
+    4's ``with_scale``); those normalise only (weight 1).
+    """
 
     classes: tuple[str, ...]
     offset: float = 0.0
+    rounds_once: bool = False
+    scale_switch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,12 @@ class Rope:
 
     style "text": `function(q, k, cos, sin, unsqueeze_dim=1)` with q/k [B, N, S, D], cos/sin [B, S, D].
     style "vision": `function(q, k, cos, sin)` with q/k [T, N, D], cos/sin [T, D], math in fp32.
+    style "text-single": `function(x, cos, sin, unsqueeze_dim)` on q or k alone, x [B, N, S, D]
+    (unsqueeze_dim 1) or [B, S, N, D] (unsqueeze_dim 2), cos/sin [B, S, D] (Gemma 4's text).
+    style "axial": `function(x, cos, sin, position_ids, unsqueeze_dim=2)` with x [B, S, N, D],
+    cos/sin [B, S, D] and position_ids [B, S, A]: the head dim is cut into A equal chunks, each
+    rotated (rotate-half within the chunk) by the same chunk of cos/sin (Gemma 4's 2-D vision
+    RoPE, A = 2).
     """
 
     classes: tuple[str, ...]

@@ -60,6 +60,11 @@ _ANYRES_FEATURES = FeatureSupport(
     attention_overlay=Refused(f"{_ANYRES}, a geometry the overlay does not invert"),
     vision_input=Refused(f"{_ANYRES}, which neither fast preprocessor reproduces"),
 )
+# Gemma 3 and Gemma 4 refuse batching for this reason.
+SLIDING_CACHES_UNBATCHED = (
+    "its layers alternate sliding-window caches, which BatchGenerator's shared row cache does "
+    "not hold"
+)
 _BIDIRECTIONAL_PREFIX = "its image and prefix tokens attend bidirectionally"
 _GEMMA3_PRUNING = (
     "its image tokens attend to each other bidirectionally and its layers alternate "
@@ -109,10 +114,7 @@ DESCRIPTORS = {
             chat_sessions=Refused(
                 "its sliding-window cache layers cannot be cropped back once their window is full"
             ),
-            batching=Refused(
-                "its layers alternate sliding-window caches, which BatchGenerator's shared row "
-                "cache does not hold"
-            ),
+            batching=Refused(SLIDING_CACHES_UNBATCHED),
             quantization=SUPPORTED,
             adapters=SUPPORTED,
             tracing=SUPPORTED,

@@ -66,22 +66,34 @@ def _tag(state: PatchState, module: nn.Module, op_name: str) -> None:
 
 
 def rms_norm_forward(
-    module: nn.Module, eps: float, offset: float, hidden_states: torch.Tensor
+    module: nn.Module, eps: float, norm: RmsNorm, hidden_states: torch.Tensor
 ) -> torch.Tensor:
-    """The norm module's forward through ``ops.rms_norm_promoting`` (the stock module's output
-    dtype); the weight is the module's own Parameter, read at call time."""
-    return ops.rms_norm_promoting(hidden_states, module.weight, eps, offset=offset)
+    """The norm module's forward through an op: the module's own weight Parameter, read at
+    call time, or 1 on a weightless instance (`norm.scale_switch` off); ``ops.rms_norm`` when
+    ``norm.rounds_once``, else ``ops.rms_norm_promoting`` (the stock module's output dtype)."""
+    weight = getattr(module, "weight", None)
+    if weight is None:
+        weight = hidden_states.new_ones(hidden_states.shape[-1])
+    if norm.rounds_once:
+        return ops.rms_norm(hidden_states, weight, eps, offset=norm.offset)
+    return ops.rms_norm_promoting(hidden_states, weight, eps, offset=norm.offset)
+
+
+def _weightless(module: nn.Module, norm: RmsNorm) -> bool:
+    """Whether `module` is an instance its spec entry allows without a weight (switch off)."""
+    return norm.scale_switch is not None and getattr(module, norm.scale_switch, True) is False
 
 
 def patch_norm(state: PatchState, module: nn.Module, norm: RmsNorm, part: Part) -> None:
     name = type(module).__name__
     eps = next((getattr(module, a) for a in NORM_EPS_ATTRIBUTES if hasattr(module, a)), None)
+    has_weight = isinstance(getattr(module, "weight", None), torch.Tensor)
     if not part.enabled("norm"):
         state.report.record_left_alone("norm", name, _disabled("norm"))
-    elif not isinstance(getattr(module, "weight", None), torch.Tensor) or eps is None:
+    elif not (has_weight or _weightless(module, norm)) or eps is None:
         state.report.record_left_alone("norm", name, "no weight/eps attributes to hand to the op")
     else:
-        forward = functools.partial(rms_norm_forward, module, float(eps), norm.offset)
+        forward = functools.partial(rms_norm_forward, module, float(eps), norm)
         state.rebind(module, "forward", forward)
         _tag(state, module, "rms_norm")
         state.report.record_swapped("norm", name, f"ops.rms_norm(offset={norm.offset:g})")
@@ -128,13 +140,54 @@ def _rope_text(table_scale: float, q, k, cos, sin, unsqueeze_dim=1):
     return ops.rotary_embedding_pair(q, k, cos, sin, table_scale=table_scale)
 
 
+def _rope_single(table_scale: float, x, cos, sin, unsqueeze_dim=1):
+    """Drop-in for Gemma 4's one-tensor `apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)`:
+    x [B, N, S, D] (unsqueeze_dim 1) or [B, S, N, D] (unsqueeze_dim 2), cos/sin [B, S, D]."""
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(
+            f"unsqueeze_dim: expected 1 ([B, N, S, D]) or 2 ([B, S, N, D]), got {unsqueeze_dim}"
+        )
+    if unsqueeze_dim == 1:
+        return ops.rotary_embedding(x, cos, sin, table_scale=table_scale)
+    rotated = ops.rotary_embedding(x.transpose(1, 2), cos, sin, table_scale=table_scale)
+    return rotated.transpose(1, 2)
+
+
+def _rope_axial(table_scale: float, x, cos, sin, position_ids, unsqueeze_dim=2):
+    """Drop-in for Gemma 4's `apply_multidimensional_rope(x, cos, sin, position_ids,
+    unsqueeze_dim=2)`: x [B, S, N, D] is cut into A = position_ids.shape[-1] chunks of
+    2 * (D // (2 * A)) dims (which must fill D, as transformers' split requires), chunk i
+    rotated by chunk i of cos/sin [B, S, D], the chunks joined again."""
+    if unsqueeze_dim != 2:
+        raise ValueError(
+            f"unsqueeze_dim: expected 2 (heads axis of [B, S, N, D]), got {unsqueeze_dim}"
+        )
+    axes = position_ids.shape[-1]
+    sizes = [2 * (x.shape[-1] // (2 * axes))] * axes
+    chunks = zip(x.split(sizes, -1), cos.split(sizes, -1), sin.split(sizes, -1), strict=True)
+    return torch.cat([_rope_single(table_scale, *chunk, 2) for chunk in chunks], dim=-1)
+
+
+def _rope_vision(table_scale: float, q, k, cos, sin):
+    """Drop-in for `apply_rotary_pos_emb_vision`: q/k [T, N, D], cos/sin [T, D], fp32 math."""
+    return ops.rotary_embedding_pair_vision(q, k, cos, sin, table_scale=table_scale)
+
+
+# Rope style (a key of ROPE_PARAMETERS) -> (its drop-in, taking the table bound first; the op
+# it calls, for the report).
+_ROPE_STYLES: dict[str, tuple[Callable, str]] = {
+    "text": (_rope_text, "rotary_embedding_pair"),
+    "vision": (_rope_vision, "rotary_embedding_pair"),
+    "text-single": (_rope_single, "rotary_embedding"),
+    "axial": (_rope_axial, "rotary_embedding"),
+}
+
+
 def rope_adapter(style: str, table_scale: float = 1.0) -> Callable:
-    """The drop-in for the module-level rotary function of ``style`` ("text":
-    `apply_rotary_pos_emb`, "vision": `apply_rotary_pos_emb_vision`), for tables bounded by
-    ``table_scale`` (1.0: unit tables)."""
-    if style == "vision":
-        return functools.partial(ops.rotary_embedding_pair_vision, table_scale=table_scale)
-    return functools.partial(_rope_text, table_scale)
+    """The drop-in for the module-level rotary function of ``style`` (a key of
+    ``ROPE_PARAMETERS``, see `family_spec.Rope`), for tables bounded by ``table_scale``
+    (1.0: unit tables)."""
+    return functools.partial(_ROPE_STYLES[style][0], table_scale)
 
 
 def rope_table_scale(modules: list[nn.Module]) -> float:
@@ -223,7 +276,7 @@ def patch_rope(state: PatchState, module: nn.Module, rope: Rope, part: Part) -> 
     table_scale = part.rope_table_scale
     state.rebind(module, "forward", rope_forward(module, rope.function, rope.style, table_scale))
     scaled = f", table_scale={table_scale:g}" if table_scale != 1.0 else ""
-    op = f"ops.rotary_embedding_pair (via {rope.function}{scaled})"
+    op = f"ops.{_ROPE_STYLES[rope.style][1]} (via {rope.function}{scaled})"
     state.report.record_swapped("rope", name, op)
 
 

@@ -88,7 +88,9 @@ def _parts() -> list[_Part]:
         config = AutoConfig.for_model(model_type)
         spec = spec_for(config)
         for side in ("text", "vision"):
-            sub_config = getattr(config, f"{side}_config")
+            name = f"{side}_config"
+            # A default config may leave an optional tower out (Gemma 4's vision_config is None).
+            sub_config = getattr(config, name) or type(config).sub_configs[name]()
             parts.setdefault(
                 sub_config.model_type,
                 _Part(

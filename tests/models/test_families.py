@@ -44,7 +44,15 @@ EXPECTED_SWAPPED = {
     "paligemma": (2, 2, 5, 2, 0, 0, 0),  # gelu MLPs
     "gemma3": (2, 2, 14, 2, 0, 0, 0),  # gelu MLPs
     "internvl": (2, 2, 9, 2, 2, 0, 0),
+    "gemma4": (4, 2, 45, 6, 0, 0, 0),  # gelu MLPs
 }
+
+
+# Attention weights agree to 1e-6 with eager's, to 5e-6 where the logits are large: Gemma 4
+# attends with scaling 1 on RMS-normalised queries and keys (logits of the order of head_dim), so
+# the one rounding of the fused RoPE (two in transformers) and the fused vision attention move
+# its weights by up to ~2e-6 in fp32.
+WEIGHTS_ATOL = {"gemma4": 5e-6}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +121,7 @@ def test_output_attentions_returns_the_eager_weights(reloaded, family):
             ascend_vlm.unpatch(model)
     assert len(produced.attentions) == len(expected.attentions) > 0
     for got, reference in zip(produced.attentions, expected.attentions, strict=True):
-        torch.testing.assert_close(got, reference, atol=1e-6, rtol=0)
+        torch.testing.assert_close(got, reference, atol=WEIGHTS_ATOL.get(family, 1e-6), rtol=0)
     torch.testing.assert_close(produced.logits, expected.logits, atol=ATOL, rtol=0)
 
 

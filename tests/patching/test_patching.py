@@ -393,6 +393,29 @@ def test_patched_norm_keeps_the_stock_dtype_and_rounding(qwen, x_dtype, weight_d
         assert torch.equal(patched, stock)
 
 
+@pytest.mark.parametrize(
+    ("x_dtype", "weight_dtype"),
+    [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16), (torch.float32,) * 2],
+)
+def test_patched_gemma4_norms_round_once_to_the_input_dtype(x_dtype, weight_dtype):
+    # Gemma 4's norms (with a weight and without: with_scale=False) compute in fp32 and round
+    # once to x's dtype whatever the weight's dtype.
+    model = build_model("gemma4")
+    attention = model.model.language_model.layers[0].self_attn
+    norms = {"q_norm": attention.q_norm.to(weight_dtype), "v_norm": attention.v_norm}
+    assert not hasattr(norms["v_norm"], "weight")
+    with torch.no_grad():
+        norms["q_norm"].weight.normal_(generator=torch.Generator().manual_seed(0))
+    x = (3 * torch.randn(2, 5, 4, 8, generator=torch.Generator().manual_seed(1))).to(x_dtype)
+    stock = {name: norm(x) for name, norm in norms.items()}
+    ascend_vlm.patch(model)
+    for name, norm in norms.items():
+        assert "fused=ascend_vlm.ops.rms_norm" in repr(norm), name
+        patched = norm(x)
+        assert patched.dtype == stock[name].dtype == x_dtype, name
+        torch.testing.assert_close(patched, stock[name], msg=name)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_adapters_match_transformers(dtype):
     """The RoPE adapters match transformers' functions in dtype, shape and (fp32 rounding)

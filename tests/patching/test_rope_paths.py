@@ -137,3 +137,83 @@ def test_table_scale_is_the_largest_scaling_of_any_rotary_module_and_at_least_on
     assert _rope_table_scale([plain, per_layer_type, shrinking]) == 1.5
     assert _rope_table_scale([shrinking]) == 1.0
     assert _rope_table_scale([nn.Linear(2, 2)]) == 1.0
+
+
+def _sharpened_gemma4():
+    """The tiny Gemma 4 with its query/key norm weights scaled up: its attention (scaling 1 on
+    RMS-normalised queries and keys) then peaks on a few positions, so a RoPE that rotated the
+    wrong dims or used the wrong positions would move the logits."""
+    model = build_model("gemma4")
+    norms = [n for n, m in model.named_modules() if n.endswith(("q_norm", "k_norm"))]
+    with torch.no_grad():
+        for name in norms:
+            model.get_submodule(name).weight.mul_(3)
+    return model, norms
+
+
+@pytest.mark.parametrize("path", ["cpu", "mock"])
+def test_gemma4_rope_variants_match_stock_with_sharp_attention(path, request) -> None:
+    """Gemma 4's three RoPE variants: sliding layers' default RoPE, full layers' proportional
+    RoPE (a quarter of a larger head dim rotated, the rest at frequency 0) and the vision tower's
+    axial 2-D RoPE (x and y halves of the head dim)."""
+    model, norms = _sharpened_gemma4()
+    assert any("vision_tower" in n for n in norms) and any("language_model" in n for n in norms)
+    text = model.config.text_config
+    assert text.rope_parameters["full_attention"]["rope_type"] == "proportional"
+    device = torch.device("cpu")
+    if path == "mock":
+        device = request.getfixturevalue("mock_npu").device
+    model = model.to(device)
+    inputs = _on(device, make_inputs("gemma4", model, n_images=1, text_len=12))
+    image = {k: inputs[k] for k in ("pixel_values", "image_position_ids")}
+    with torch.no_grad():
+        expected = model(**inputs, output_attentions=True)
+        expected_image = model.model.get_image_features(**image).pooler_output[0]
+    peak = max(weights.max().item() for weights in expected.attentions)
+    assert peak > 0.9  # attention is sharp, so positions decide the logits
+    report = ascend_vlm.patch(model)
+    try:
+        rope_ops = {name: op for (kind, name, op) in report.swapped if kind == "rope"}
+        assert set(rope_ops) == {"Gemma4TextAttention", "Gemma4VisionAttention"}, rope_ops
+        with torch.no_grad():
+            got = model(**inputs).logits
+            got_image = model.model.get_image_features(**image).pooler_output[0]
+    finally:
+        ascend_vlm.unpatch(model)
+    torch.testing.assert_close(got_image, expected_image, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, expected.logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma4_rope_adapters_match_transformers(dtype) -> None:
+    """The one-tensor and axial drop-ins match Gemma 4's functions in dtype, shape and value
+    (one rounding fewer), gradients included."""
+    from transformers.models.gemma4 import modeling_gemma4 as stock
+
+    from ascend_vlm.patching.adapters import rope_adapter
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 3, 16, generator=generator).to(dtype).requires_grad_()
+    cos, sin = torch.randn(2, 2, 5, 16, generator=generator).to(dtype).unbind(0)
+    positions = torch.randint(0, 4, (2, 5, 2), generator=generator)
+    cases = [
+        (
+            rope_adapter("text-single")(x, cos, sin, unsqueeze_dim=2),
+            stock.apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=2),
+        ),
+        (
+            rope_adapter("text-single")(x.transpose(1, 2), cos, sin),
+            stock.apply_rotary_pos_emb(x.transpose(1, 2), cos, sin),
+        ),
+        (
+            rope_adapter("axial")(x, cos, sin, positions),
+            stock.apply_multidimensional_rope(x, cos, sin, positions),
+        ),
+    ]
+    for got, want in cases:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        tolerance = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+        torch.testing.assert_close(got, want, **tolerance)
+        (grad,) = torch.autograd.grad(got.float().sum(), x)
+        (want_grad,) = torch.autograd.grad(want.float().sum(), x)
+        torch.testing.assert_close(grad, want_grad)
