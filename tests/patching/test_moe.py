@@ -1,17 +1,21 @@
 """The sparse MoE adapter on each MoE family's real block (tiny text configs): the swapped block
 computes what the stock block computes, forward and every gradient, with every experts
 implementation transformers dispatches to; the ledger restores the block bit-identically; blocks
-the op does not fit are left alone with the reason."""
+the op does not fit are left alone with the reason. Then a LoRA on the tiny Qwen3-VL-MoE model
+trains patched exactly as stock, and sharpened attention keeps its M-RoPE positions."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from torch import nn
 
+import ascend_vlm
 from ascend_vlm._compat.experts import experts_problem
 from ascend_vlm.models import _moe_blocks
 from ascend_vlm.models.family_spec import SparseMoe
+from ascend_vlm.models.tiny import FAMILIES, build_model, make_inputs
 from ascend_vlm.models.tiny.moe_blocks import (
     MOE_BLOCK_FAMILIES,
     MOE_EXPERTS,
@@ -28,6 +32,7 @@ from ascend_vlm.patching.state import PatchState
 pytestmark = pytest.mark.usefixtures("single_threaded_torch")
 
 FP32 = {"atol": 1e-5, "rtol": 1e-5}
+SHARPENING = 4.0
 OPTIONS = {"attention": True, "vision": True, "norm": True, "rope": True, "mlp": True}
 ENTRIES = {
     "qwen3_vl_moe": _moe_blocks.QWEN3_VL_MOE_BLOCKS,
@@ -135,3 +140,76 @@ def test_a_llama4_block_whose_experts_were_replaced_runs_its_stock_forward() -> 
     with torch.no_grad():
         block(hidden)
     assert calls == [(MOE_EXPERTS * 6, MOE_HIDDEN)]  # the stock block's dense call
+
+
+def _lora_model(patched: bool):
+    """The tiny Qwen3-VL-MoE model (patched or not) under one seeded LoRA on q_proj/v_proj and
+    on the sparse blocks' expert weights (PEFT ``target_parameters``), B non-zero."""
+    peft = pytest.importorskip("peft")
+    model = build_model("qwen3_vl_moe")
+    if patched:
+        ascend_vlm.patch(model)
+    config = peft.LoraConfig(
+        r=2,
+        target_modules=["q_proj", "v_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+        lora_dropout=0.0,
+    )
+    torch.manual_seed(1)
+    lora = peft.get_peft_model(model, config)
+    for name, parameter in lora.named_parameters():
+        if "lora_B" in name:
+            nn.init.normal_(parameter, std=0.1, generator=torch.Generator().manual_seed(3))
+    return lora.train()
+
+
+def _loss_and_grads(model, inputs: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    loss = model(**inputs, labels=inputs["input_ids"]).loss
+    loss.backward()
+    return loss.detach(), {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad
+    }
+
+
+def test_lora_on_the_moe_model_trains_patched_as_stock() -> None:
+    stock, patched = _lora_model(patched=False), _lora_model(patched=True)
+    inputs = make_inputs("qwen3_vl_moe", stock, n_images=1)
+    stock_loss, stock_grads = _loss_and_grads(stock, inputs)
+    loss, grads = _loss_and_grads(patched, inputs)
+    assert torch.isfinite(loss)
+    torch.testing.assert_close(loss, stock_loss, atol=1e-5, rtol=1e-5)
+    assert sorted(grads) == sorted(stock_grads)
+    assert any("experts" in n and "lora_A" in n for n in grads)  # the experts' LoRA is on the path
+    for name, grad in grads.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(grad, stock_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    adapters = {n: p.detach().clone() for n, p in patched.named_parameters() if p.requires_grad}
+    torch.optim.SGD([p for p in patched.parameters() if p.requires_grad], lr=0.1).step()
+    changed = [n for n, p in patched.named_parameters() if not torch.equal(p, adapters.get(n, p))]
+    assert sorted(changed) == sorted(adapters)
+    stepped_loss, _ = _loss_and_grads(patched, inputs)
+    assert torch.isfinite(stepped_loss) and stepped_loss != loss
+
+
+def test_sharpened_attention_keeps_the_interleaved_mrope_positions() -> None:
+    """Tiny random models attend almost uniformly; scaled-up q/k norms (the text attention
+    normalises q and k per head) and vision qkv make attention peaked, so a rotary applied at a
+    wrong position or M-RoPE section would change the logits."""
+    torch.manual_seed(0)
+    config = FAMILIES["qwen3_vl_moe"].config()
+    config._attn_implementation = "eager"
+    model = getattr(transformers, FAMILIES["qwen3_vl_moe"].model_class)(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight", "attn.qkv.weight")):
+                parameter.mul_(SHARPENING)
+    inputs = make_inputs("qwen3_vl_moe", model, n_images=1, text_len=12)
+    with torch.no_grad():
+        expected = model(**inputs, output_attentions=True)
+        ascend_vlm.patch(model)
+        got = model(**inputs).logits
+    # most text queries put over half their weight on one key
+    peaks = torch.stack([a.amax(-1).median() for a in expected.attentions])
+    assert peaks.min() > 0.5, peaks
+    torch.testing.assert_close(got, expected.logits, atol=1e-4, rtol=1e-4)
