@@ -57,6 +57,7 @@ def moe_experts_forward(
 
 def dense_scores_moe_forward(
     block: nn.Module,
+    experts_name: str,
     experts: nn.Module,
     transposed: bool,
     routing_weights_on: str,
@@ -66,8 +67,8 @@ def dense_scores_moe_forward(
     (T, H) tokens, the routed part only over each token's top-k experts (the others' scores are
     0, and a gated-SiLU expert maps a zero input to zero). The top-k indices are the router's
     own ``topk`` of its logits, their weights its scores there. Runs the block's class forward
-    when ``block``'s experts module is no longer ``experts``."""
-    if getattr(block, "experts", None) is not experts:
+    when the module at ``block.<experts_name>`` is no longer ``experts``."""
+    if getattr(block, experts_name, None) is not experts:
         return type(block).forward(block, hidden_states)
     tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
     scores, logits = getattr(block, _ROUTER)(tokens)
@@ -112,7 +113,7 @@ def patch_moe(state: PatchState, block: nn.Module, moe: SparseMoe, part: PartOpt
     if moe.routing == "experts-call":
         state.rebind(experts, "forward", functools.partial(moe_experts_forward, experts, *options))
     else:
-        forward = functools.partial(dense_scores_moe_forward, block, experts, *options)
+        forward = functools.partial(dense_scores_moe_forward, block, moe.experts, experts, *options)
         state.rebind(block, "forward", forward)
     state.tag(experts, "moe_experts")
     layout = ", transposed" if moe.transposed else ""

@@ -6,6 +6,8 @@ trains patched exactly as stock, and sharpened attention keeps its M-RoPE positi
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers
@@ -83,6 +85,11 @@ def test_swapped_block_equals_stock_forward_and_backward(name: str, implementati
     torch.testing.assert_close(got, expected, **FP32)
     for index, (g, w) in enumerate(zip(got_grads, expected_grads, strict=True)):
         torch.testing.assert_close(g, w, **FP32, msg=lambda m, i=index: f"gradient {i}: {m}")
+    copied = copy.deepcopy(block)  # the rebound forward follows the copy's own modules
+    with torch.no_grad():
+        copied.experts.down_proj.zero_()
+    assert torch.equal(_run(block, hidden)[0], got)
+    assert not torch.equal(_run(copied, hidden)[0], got)
     edits.undo()
     assert "forward" not in vars(block) and "forward" not in vars(block.experts)
     assert torch.equal(_run(block, hidden)[0], expected)
