@@ -1,7 +1,7 @@
 """Small VLMs with real processors and chat templates, shared by the tests that compare
 multi-request or multi-turn generation with ``generate``: the default tiny Qwen2-VL (with a
 processor that loads on every supported transformers, and with its saved one), a tiny LLaVA,
-Qwen2.5-VL and Qwen3-VL of the default model's widths. Session-scoped: nothing may modify
+Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE of the default model's widths. Session-scoped: nothing may modify
 them (take a copy first)."""
 
 from __future__ import annotations
@@ -128,16 +128,9 @@ def qwen2_5_vl_and_processor(model_and_processor):
     return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
 
 
-@pytest.fixture(scope="session")
-def qwen3_vl_and_processor(model_and_processor):
-    """A random Qwen3-VL (interleaved M-RoPE, one deepstack layer) of the default model's
-    widths, with 14-pixel patches so the same processor serves it."""
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    from ascend_vlm.default_model import token_ids
-
-    base, processor = model_and_processor
-    reference = base.config
+def _qwen3_vl_sub_configs(reference) -> tuple[dict, dict]:
+    """Qwen3-VL's text and vision sub-configs (interleaved M-RoPE, one deepstack layer) at the
+    default model's widths, with 14-pixel patches so the default processor serves them."""
     hidden = reference.text_config.hidden_size
     text = {
         "hidden_size": hidden,
@@ -166,6 +159,37 @@ def qwen3_vl_and_processor(model_and_processor):
         "num_position_embeddings": 64,
         "deepstack_visual_indexes": [0],
     }
-    config = Qwen3VLConfig(text_config=text, vision_config=vision, **token_ids(reference))
+    return text, vision
+
+
+@pytest.fixture(scope="session")
+def qwen3_vl_and_processor(model_and_processor):
+    """A random Qwen3-VL (interleaved M-RoPE, one deepstack layer) of the default model's
+    widths, with 14-pixel patches so the same processor serves it."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from ascend_vlm.default_model import token_ids
+
+    base, processor = model_and_processor
+    text, vision = _qwen3_vl_sub_configs(base.config)
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, **token_ids(base.config))
     torch.manual_seed(0)
     return Qwen3VLForConditionalGeneration(config).eval(), processor
+
+
+@pytest.fixture(scope="session")
+def qwen3_vl_moe_and_processor(model_and_processor):
+    """The Qwen3-VL above with its second decoder layer a sparse MoE block (8 experts, top-2),
+    on the same processor."""
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    from ascend_vlm.default_model import token_ids
+    from ascend_vlm.models.tiny.qwen import tiny_moe
+    from ascend_vlm.models.tiny.sizes import TINY
+
+    base, processor = model_and_processor
+    text, vision = _qwen3_vl_sub_configs(base.config)
+    text = {**text, **tiny_moe(TINY), "mlp_only_layers": [0]}
+    config = Qwen3VLMoeConfig(text_config=text, vision_config=vision, **token_ids(base.config))
+    torch.manual_seed(0)
+    return Qwen3VLMoeForConditionalGeneration(config).eval(), processor

@@ -48,6 +48,7 @@ GLOBAL_PROBES = {
     "accelerate-hooks",
     "deprecate-kwarg-wrapper",
     "kernels-wrappers",
+    "experts-implementation",
     "torch-mode-stacks",
     "torch-fake-tensors",
     "cache-layers",
@@ -152,6 +153,15 @@ def _deprecate_kwarg_without_cell(monkeypatch):
     monkeypatch.setattr("transformers.utils.deprecation.deprecate_kwarg", decorator)
 
 
+def _experts_dispatch_swapping_index_and_weights(monkeypatch):
+    from transformers.integrations import moe
+
+    def get_interface(self, implementation, default):
+        return lambda module, hidden, index, weights: default(module, hidden, weights, index)
+
+    monkeypatch.setattr(moe.ExpertsInterface, "get_interface", get_interface)
+
+
 FAILURES = {
     "transformers-names": (
         lambda mp: mp.setattr(sys.modules["transformers"], "PreTrainedModel", None),
@@ -200,6 +210,10 @@ FAILURES = {
     "torch-fake-tensors": (
         lambda mp: mp.setattr(torch._subclasses.fake_tensor, "is_fake", lambda tensor: False),
         "is_fake (fake, real) gives (False, False)",
+    ),
+    "experts-implementation": (
+        _experts_dispatch_swapping_index_and_weights,
+        "the dispatching forward passed [('hidden', 'weights', 'index')]",
     ),
     "rope:llama": (
         lambda mp: mp.delattr(modeling_llama, "apply_rotary_pos_emb"),

@@ -1,4 +1,4 @@
-"""What the three Qwen-VL families share beyond their swaps: where their parts are, their
+"""What the Qwen-VL families share beyond their swaps: where their parts are, their
 visual tokens and pixel encoders, and every feature supported."""
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ascend_vlm.ops.moe_experts import ROUTING_WEIGHTS_ON
+
 # Kinds of module a patch swaps or leaves alone; "linear-attention" is a recurrent token mixer
 # (Gated DeltaNet), "moe" a sparse mixture-of-experts block.
 KINDS = ("attention-text", "attention-vision", "norm", "rope", "mlp", "linear-attention", "moe")
@@ -58,6 +60,45 @@ class Rope:
     style: str = "text"
 
 
+# How a sparse MoE block hands its router's choices to its routed experts (`SparseMoe.routing`).
+#   "experts-call": the block calls ``experts(hidden (T, H), top_k_index (T, K), top_k_weights
+#                   (T, K))`` (transformers' ``@use_experts_implementation`` experts), so the
+#                   experts module's forward is what changes; router and shared expert stay stock.
+#   "dense-scores": the block's ``router`` returns ``(scores (T, E), logits (T, E))``, the scores
+#                   the sigmoid of the top-k logits and 0 elsewhere, and the block runs every expert
+#                   on every token (Llama 4); the block's forward is what changes, still calling its
+#                   router and ``shared_expert`` modules.
+MOE_ROUTINGS = ("experts-call", "dense-scores")
+
+
+@dataclass(frozen=True)
+class SparseMoe:
+    """Sparse MoE block classes whose routed experts go to `ops.moe_experts`; the router (and
+    any shared expert) of each block stays the family's own.
+
+    ``experts`` is the block's attribute holding the experts module (its ``gate_up_proj``
+    (E, 2I, H) and ``down_proj`` (E, H, I), or (E, H, 2I) and (E, I, H) when ``transposed``,
+    and its SiLU ``act_fn``); ``routing_weights_on`` is the op's ("output": the experts' outputs
+    are weighted, "input": Llama 4's router score scales the expert's input); ``routing`` is one
+    of :data:`MOE_ROUTINGS`.
+    """
+
+    classes: tuple[str, ...]
+    experts: str = "experts"
+    transposed: bool = False
+    routing_weights_on: str = "output"
+    routing: str = "experts-call"
+
+    def __post_init__(self) -> None:
+        if self.routing not in MOE_ROUTINGS:
+            raise ValueError(f"routing: expected one of {MOE_ROUTINGS}, got {self.routing!r}")
+        if self.routing_weights_on not in ROUTING_WEIGHTS_ON:
+            raise ValueError(
+                f"routing_weights_on: expected one of {ROUTING_WEIGHTS_ON}, "
+                f"got {self.routing_weights_on!r}"
+            )
+
+
 @dataclass(frozen=True)
 class LeaveAlone:
     """Modules of `kind` deliberately not swapped, with the reason shown in the PatchReport."""
@@ -75,6 +116,7 @@ class PartSpec:
     norms: tuple[RmsNorm, ...] = ()
     mlps: tuple[SwigluMlp, ...] = ()
     ropes: tuple[Rope, ...] = ()
+    moes: tuple[SparseMoe, ...] = ()
     left_alone: tuple[LeaveAlone, ...] = ()
 
     def __add__(self, other: PartSpec) -> PartSpec:
@@ -83,6 +125,7 @@ class PartSpec:
             norms=self.norms + other.norms,
             mlps=self.mlps + other.mlps,
             ropes=self.ropes + other.ropes,
+            moes=self.moes + other.moes,
             left_alone=self.left_alone + other.left_alone,
         )
 

@@ -26,6 +26,8 @@ How (the *what* lives in `ascend_vlm.models`), one module per concern:
   (``deprecate_kwarg``, kernels' ``use_kernelized_func``) are rebuilt around the rebound code
   (`ascend_vlm._compat.decorators.rewrap`), so they keep working. ``adapters.ADAPTERS`` maps each
   ``PartSpec`` field to its adapter.
+* `moe`: sparse MoE blocks' routed experts go to ``ops.moe_experts`` (the experts module's
+  forward, or Llama 4's block forward, rebound); routers and shared experts stay stock.
 * `state`: what the adapters work with: the options, the report, and the ledger's edits, so
   ``unpatch`` restores exactly what was there. Modules wrapped by accelerate hooks
   (``device_map`` / offload) keep their hook: the forward it wraps (``_old_forward``) is

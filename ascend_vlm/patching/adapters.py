@@ -1,4 +1,5 @@
-"""The module adapters: what replaces a norm's, an MLP's and a RoPE attention's forward.
+"""The module adapters: what replaces a norm's, an MLP's and a RoPE attention's forward (and,
+from `moe`, a sparse MoE block's experts).
 
 Each adapter takes one module a family spec entry names, and either rebinds its forward (through
 `PatchState.rebind`, so `unpatch` reverts it) or records why it leaves the module alone.
@@ -25,7 +26,8 @@ from ascend_vlm._compat.module_internals import (
     SILU_ACTIVATIONS,
 )
 from ascend_vlm.models.family_spec import LeaveAlone, RmsNorm, Rope, SwigluMlp
-from ascend_vlm.patching.state import PatchState
+from ascend_vlm.patching.moe import patch_moe
+from ascend_vlm.patching.state import PatchState, disabled_by
 
 
 @dataclass
@@ -45,21 +47,6 @@ class Part:
     def rope_table_scale(self) -> float:
         """A bound on |cos| and |sin| of the RoPE tables made in this part (`rope_table_scale`)."""
         return rope_table_scale(self.modules)
-
-
-def _disabled(kind: str) -> str:
-    return f"disabled by patch({kind}=False) or patch(vision=False)"
-
-
-def _tagged_extra_repr(original: Callable[[], str], op_name: str) -> str:
-    text = original()
-    return f"{text}, fused=ascend_vlm.ops.{op_name}" if text else f"fused=ascend_vlm.ops.{op_name}"
-
-
-def _tag(state: PatchState, module: nn.Module, op_name: str) -> None:
-    """Make the module's ``extra_repr`` name the op its forward now runs."""
-    tagged = functools.partial(_tagged_extra_repr, module.extra_repr, op_name)
-    state.rebind(module, "extra_repr", tagged)
 
 
 # --------------------------------------------------------------------------- norm
@@ -89,13 +76,13 @@ def patch_norm(state: PatchState, module: nn.Module, norm: RmsNorm, part: Part) 
     eps = next((getattr(module, a) for a in NORM_EPS_ATTRIBUTES if hasattr(module, a)), None)
     has_weight = isinstance(getattr(module, "weight", None), torch.Tensor)
     if not part.enabled("norm"):
-        state.report.record_left_alone("norm", name, _disabled("norm"))
+        state.report.record_left_alone("norm", name, disabled_by("norm"))
     elif not (has_weight or _weightless(module, norm)) or eps is None:
         state.report.record_left_alone("norm", name, "no weight/eps attributes to hand to the op")
     else:
         forward = functools.partial(rms_norm_forward, module, float(eps), norm)
         state.rebind(module, "forward", forward)
-        _tag(state, module, "rms_norm")
+        state.tag(module, "rms_norm")
         state.report.record_swapped("norm", name, f"ops.rms_norm(offset={norm.offset:g})")
 
 
@@ -115,7 +102,7 @@ def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) 
     name = type(module).__name__
     activation = type(getattr(module, MLP_ACTIVATION, None)).__name__
     if not part.enabled("mlp"):
-        state.report.record_left_alone("mlp", name, _disabled("mlp"))
+        state.report.record_left_alone("mlp", name, disabled_by("mlp"))
     elif not all(hasattr(module, p) for p in MLP_PROJECTIONS):
         state.report.record_left_alone("mlp", name, f"no {'/'.join(MLP_PROJECTIONS)}")
     elif activation not in SILU_ACTIVATIONS:
@@ -123,7 +110,7 @@ def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) 
         state.report.record_left_alone("mlp", name, why)
     else:
         state.rebind(module, "forward", functools.partial(swiglu_mlp_forward, module))
-        _tag(state, module, "swiglu")
+        state.tag(module, "swiglu")
         state.report.record_swapped("mlp", name, "ops.swiglu")
 
 
@@ -268,7 +255,7 @@ def patch_rope(state: PatchState, module: nn.Module, rope: Rope, part: Part) -> 
     refusal = (
         rope_problem(type(module), rope.function, rope.style)
         if part.enabled("rope")
-        else _disabled("rope")
+        else disabled_by("rope")
     )
     if refusal is not None:
         state.report.record_left_alone("rope", name, refusal)
@@ -293,5 +280,6 @@ ADAPTERS: dict[str, Callable[[PatchState, nn.Module, object, Part], None]] = {
     "norms": patch_norm,
     "mlps": patch_mlp,
     "ropes": patch_rope,
+    "moes": patch_moe,
     "left_alone": leave_alone,
 }

@@ -145,7 +145,8 @@ def patch(
     """Route `model` (a transformers VLM instance, optionally PEFT-wrapped) to `ascend_vlm.ops`.
 
     attention: text attention -> fused attention; vision: patch the vision tower at all (its
-    attention, norms, RoPE, MLPs); norm / rope / mlp: those module kinds in every patched part.
+    attention, norms, RoPE, MLPs); norm / rope / mlp: those module kinds in every patched part
+    (mlp also covers the routed experts of sparse MoE blocks).
     Idempotent: patching an already patched model with the same options returns its current
     report (written anew whenever the ledger installs the patch again, e.g. under a later
     quantization); different options raise PatchError (call `unpatch` first). Unsupported model_type:

@@ -10,8 +10,9 @@ config-sub-configs         a config class lists its sub-configs in ``sub_configs
                            holds them in its ``__dict__`` under those names (config routing).
 classes:<model_type>       the module classes the family specs name exist in that modeling module.
 attributes:<model_type>    the norm classes store ``weight`` and one of ``NORM_EPS_ATTRIBUTES``, the
-                           MLP classes ``MLP_PROJECTIONS`` and ``MLP_ACTIVATION`` (the adapters
-                           read them; a module without them is left alone).
+                           MLP classes ``MLP_PROJECTIONS`` and ``MLP_ACTIVATION``, the sparse MoE
+                           blocks their experts module (the adapters read them; a module without
+                           them is left alone).
 attention-routing:<mt>     each attention class's forward looks its function up in
                            ``ALL_ATTENTION_FUNCTIONS`` by ``config._attn_implementation``.
 rope:<model_type>          the RoPE function exists with the parameters of its style
@@ -107,7 +108,7 @@ def _parts() -> list[_Part]:
 
 def _swapped_classes(spec) -> list[str]:
     names = [*spec.attention]
-    for entries in (spec.norms, spec.mlps, spec.ropes):
+    for entries in (spec.norms, spec.mlps, spec.ropes, spec.moes):
         names += [name for entry in entries for name in entry.classes]
     return list(dict.fromkeys(names))
 
@@ -127,6 +128,7 @@ def _attributes_probe(part: _Part) -> str | None:
     expected += [
         (name, (*MLP_PROJECTIONS, MLP_ACTIVATION), ()) for m in part.spec.mlps for name in m.classes
     ]
+    expected += [(name, (moe.experts,), ()) for moe in part.spec.moes for name in moe.classes]
     for name, required, one_of in expected:
         stored = set(getattr(module, name).__init__.__code__.co_names)
         absent = [attribute for attribute in required if attribute not in stored]

@@ -20,6 +20,7 @@ import warnings
 from ascend_vlm._compat.attention import ATTENTION_PROBES
 from ascend_vlm._compat.cache import CACHE_PROBES
 from ascend_vlm._compat.decorators import DECORATOR_PROBES
+from ascend_vlm._compat.experts import EXPERTS_PROBES
 from ascend_vlm._compat.module_internals import MODULE_PROBES
 from ascend_vlm._compat.probe import Probe
 from ascend_vlm._compat.torch_internals import TORCH_PROBES
@@ -98,6 +99,7 @@ def probes() -> tuple[Probe, ...]:
         *ATTENTION_PROBES,
         *MODULE_PROBES,
         *DECORATOR_PROBES,
+        *EXPERTS_PROBES,
         *CACHE_PROBES,
         *TORCH_PROBES,
         *family_probes(),

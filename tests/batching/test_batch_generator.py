@@ -23,6 +23,7 @@ from ascend_vlm.batching import (
 MODELS = {
     "qwen2_vl": "model_and_processor",
     "qwen2_5_vl": "qwen2_5_vl_and_processor",
+    "qwen3_vl_moe": "qwen3_vl_moe_and_processor",
     "llava": "llava_and_processor",
 }
 

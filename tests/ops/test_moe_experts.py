@@ -13,23 +13,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _op_samples import KernelSpy, on_device
-from transformers.models.glm4v_moe import modeling_glm4v_moe as glm4v_moe
-from transformers.models.glm4v_moe.configuration_glm4v_moe import Glm4vMoeTextConfig
-from transformers.models.llama4 import modeling_llama4 as llama4
-from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
-from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as qwen3_5_moe
-from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
-from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as qwen3_vl_moe
-from transformers.models.qwen3_vl_moe.configuration_qwen3_vl_moe import Qwen3VLMoeTextConfig
 
 from ascend_vlm import ops
+from ascend_vlm.models.tiny.moe_blocks import MOE_HIDDEN as HIDDEN
+from ascend_vlm.models.tiny.moe_blocks import MOE_TOP_K as TOP_K
+from ascend_vlm.models.tiny.moe_blocks import build_moe_block
 
-HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, TOKENS = 16, 8, 8, 2, 12
+TOKENS = 12
 FP32 = {"atol": 1e-5, "rtol": 1e-5}
 # transformers' implementations of experts classes decorated with use_experts_implementation
 # (integrations/moe.py); Llama 4's experts are not, and run all experts densely.
 IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
-COMMON = {"hidden_size": HIDDEN, "hidden_act": "silu", "num_experts_per_tok": TOP_K}
 
 
 def _route(block: torch.nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,12 +44,10 @@ def _route_llama4(
 
 @dataclass(frozen=True)
 class Family:
-    """``block(config)``: the family's MoE block; ``route``: its router's (weights, indices);
+    """``route``: the family MoE block's router's (weights, indices);
     ``shared``: what the block adds beside the routed experts; ``output``: the block's
     output tensor (B, S, H) or (T, H); ``options``: the op's layout and routing for the family."""
 
-    block: Callable[[object], torch.nn.Module]
-    config: Callable[[], object]
     route: Callable[[torch.nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     shared: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
     output: Callable[[object], torch.Tensor]
@@ -69,50 +61,24 @@ def _no_shared(_block: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 FAMILIES = {
     "qwen3_vl_moe": Family(
-        qwen3_vl_moe.Qwen3VLMoeTextSparseMoeBlock,
-        lambda: Qwen3VLMoeTextConfig(
-            **COMMON, moe_intermediate_size=INTERMEDIATE, num_experts=EXPERTS
-        ),
         _route,
         _no_shared,
         lambda out: out,
         {},
     ),
     "qwen3_5_moe": Family(
-        qwen3_5_moe.Qwen3_5MoeSparseMoeBlock,
-        lambda: Qwen3_5MoeTextConfig(
-            **COMMON,
-            moe_intermediate_size=INTERMEDIATE,
-            shared_expert_intermediate_size=INTERMEDIATE,
-            num_experts=EXPERTS,
-        ),
         _route,
         lambda block, h: F.sigmoid(block.shared_expert_gate(h)) * block.shared_expert(h),
         lambda out: out,
         {},
     ),
     "glm4v_moe": Family(
-        glm4v_moe.Glm4vMoeTextMoE,
-        lambda: Glm4vMoeTextConfig(
-            **COMMON,
-            moe_intermediate_size=INTERMEDIATE,
-            n_routed_experts=EXPERTS,
-            n_shared_experts=1,
-            n_group=2,
-            topk_group=1,
-            norm_topk_prob=True,
-            routed_scaling_factor=2.5,
-        ),
         _route,
         lambda block, h: block.shared_experts(h),
         lambda out: out,
         {},
     ),
     "llama4": Family(
-        llama4.Llama4TextMoe,
-        lambda: Llama4TextConfig(
-            **COMMON, intermediate_size=INTERMEDIATE, num_local_experts=EXPERTS
-        ),
         _route_llama4,
         lambda block, h: block.shared_expert(h),
         lambda out: out[0],
@@ -127,21 +93,6 @@ CASES = [
 ]
 
 
-def _block(family: Family, implementation: str) -> torch.nn.Module:
-    """The family's block with random parameters (router, correction bias and experts
-    included, which transformers initialises to zeros or leaves empty)."""
-    config = family.config()
-    config._experts_implementation = implementation
-    torch.manual_seed(0)
-    block = family.block(config)
-    with torch.no_grad():
-        for parameter in block.parameters():
-            parameter.normal_(0.0, 0.3)
-        for buffer in block.buffers():  # GLM's e_score_correction_bias
-            buffer.normal_(0.0, 0.3)
-    return block
-
-
 def _experts(block: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return block.experts.gate_up_proj, block.experts.down_proj
 
@@ -149,7 +100,7 @@ def _experts(block: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize(("name", "implementation"), CASES)
 def test_equals_the_family_block_forward_and_backward(name: str, implementation: str) -> None:
     family = FAMILIES[name]
-    block = _block(family, implementation)
+    block = build_moe_block(name, implementation)
     hidden = torch.randn(2, TOKENS // 2, HIDDEN, generator=torch.Generator().manual_seed(1))
     leaf = hidden.clone().requires_grad_(True)
     expected = family.output(block(leaf)).reshape(TOKENS, HIDDEN)
@@ -179,7 +130,7 @@ def test_npu_path_equals_the_reference(
     """Same routed output on the mock NPU as on CPU; bfloat16 permutes with the MoE kernels,
     fp16/fp32 with torch's sort and gather, all with two grouped matmuls and one swiglu."""
     family = FAMILIES[name]
-    block = _block(family, "eager").to(dtype)
+    block = build_moe_block(name).to(dtype)
     hidden = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(3)).to(dtype)
     with torch.no_grad():
         weights, indices = family.route(block, hidden)
@@ -209,8 +160,7 @@ def test_npu_path_equals_the_reference(
 
 def test_no_token_is_dropped_when_every_token_picks_one_expert() -> None:
     """All T*K choices on one expert: each token still gets its K contributions."""
-    family = FAMILIES["qwen3_vl_moe"]
-    block = _block(family, "eager")
+    block = build_moe_block("qwen3_vl_moe")
     hidden = torch.randn(TOKENS, HIDDEN)
     indices = torch.zeros(TOKENS, TOP_K, dtype=torch.int64)
     weights = torch.full((TOKENS, TOP_K), 0.5)
@@ -284,8 +234,7 @@ def test_other_socs_and_float64_run_the_reference_on_the_device(
 ) -> None:
     """The MoE kernels are documented for Atlas A2/A3 and fp16/bf16/fp32 only."""
     monkeypatch.setattr(mock_npu.torch_npu.npu, "get_device_name", lambda device=None: soc)
-    family = FAMILIES["qwen3_vl_moe"]
-    block = _block(family, "eager").to(dtype)
+    block = build_moe_block("qwen3_vl_moe").to(dtype)
     hidden = torch.randn(TOKENS, HIDDEN, dtype=dtype)
     with torch.no_grad():
         args = (hidden, *_route(block, hidden), *_experts(block))

@@ -78,7 +78,7 @@ ROPE_TYPES = {
 # with the two types that scale the tables.
 CASES = [("llava_clip", rope) for rope in ROPE_TYPES] + [
     (family, rope)
-    for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
     for rope in ("default", "yarn", "longrope")
 ]
 

@@ -20,6 +20,7 @@ FAMILIES = [
     "qwen2_vl",
     "qwen2_5_vl",
     "qwen3_vl",
+    "qwen3_vl_moe",
     "llava_clip",
     "llava_onevision",
     "internvl",

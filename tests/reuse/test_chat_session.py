@@ -400,7 +400,7 @@ def test_images_changed_in_place_after_a_turn_do_not_reach_the_session(model_and
     _assert_exact(model, processor, session, answer)
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_later_qwen_generations_match_generate(request, family):
     model, processor = request.getfixturevalue(f"{family}_and_processor")
     session = ChatSession(model, processor)

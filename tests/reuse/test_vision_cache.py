@@ -22,7 +22,7 @@ from ascend_vlm.reuse.cached_features import (
 )
 from ascend_vlm.reuse.vision_cache import VisionCache
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_clip"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava_clip"]
 
 
 def _model(name: str = "qwen2_vl"):
@@ -306,7 +306,7 @@ def _video(model, frames: int = 4):
     return pixels, grid
 
 
-@pytest.mark.parametrize("name", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_videos_are_cached_once_and_apart_from_images(name):
     # Qwen3-VL's video features run its image features: the inner call must not count, key or
     # store anything of its own.

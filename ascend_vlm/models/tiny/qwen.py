@@ -1,4 +1,4 @@
-"""Tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL, and Qwen-VL prompts with images."""
+"""Tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE, and Qwen-VL prompts with images."""
 
 from __future__ import annotations
 
@@ -104,15 +104,40 @@ def qwen3_vl_vision_config(size: ModelSize) -> dict:
     )
 
 
+def qwen3_vl_text_config(size: ModelSize) -> dict:
+    """Qwen3-VL's decoder (also Qwen3-VL-MoE's): interleaved M-RoPE, explicit head_dim."""
+    return {
+        **text_config(size),
+        "head_dim": size.head_dim,
+        "rope_parameters": mrope_parameters(size, mrope_interleaved=True),
+    }
+
+
 def _qwen3_vl(size: ModelSize = TINY):
     from transformers import Qwen3VLConfig
 
     return Qwen3VLConfig(
-        text_config={
-            **text_config(size),
-            "head_dim": size.head_dim,
-            "rope_parameters": mrope_parameters(size, mrope_interleaved=True),
-        },
+        text_config=qwen3_vl_text_config(size),
+        vision_config=qwen3_vl_vision_config(size),
+        **qwen_token_ids(),
+    )
+
+
+def tiny_moe(size: ModelSize) -> dict:
+    """Sparse MoE sizes: 8 experts, top-2, each expert a quarter of the dense MLP's width."""
+    return {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": size.intermediate // 4,
+    }
+
+
+def _qwen3_vl_moe(size: ModelSize = TINY):
+    from transformers import Qwen3VLMoeConfig
+
+    return Qwen3VLMoeConfig(
+        # the first decoder layer dense (a gated MLP), every other one sparse
+        text_config={**qwen3_vl_text_config(size), **tiny_moe(size), "mlp_only_layers": [0]},
         vision_config=qwen3_vl_vision_config(size),
         **qwen_token_ids(),
     )
@@ -126,6 +151,7 @@ TINY_FAMILIES = (
     _qwen_family("qwen2_vl", "Qwen2VLForConditionalGeneration", _qwen2_vl),
     _qwen_family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", _qwen2_5_vl),
     _qwen_family("qwen3_vl", "Qwen3VLForConditionalGeneration", _qwen3_vl),
+    _qwen_family("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", _qwen3_vl_moe),
 )
 
 
