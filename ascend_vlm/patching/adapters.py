@@ -19,10 +19,11 @@ from torch import nn
 from ascend_vlm import ops
 from ascend_vlm._compat.decorators import rewrap, rope_problem
 from ascend_vlm._compat.module_internals import (
-    MLP_ACTIVATION,
+    FUSED_MLP_PROJECTIONS,
     MLP_PROJECTIONS,
     NORM_EPS_ATTRIBUTES,
     SILU_ACTIVATIONS,
+    mlp_attributes,
 )
 from ascend_vlm.models.family_spec import LeaveAlone, RmsNorm, Rope, SwigluMlp
 from ascend_vlm.patching.state import PatchState
@@ -91,6 +92,7 @@ def patch_norm(state: PatchState, module: nn.Module, norm: RmsNorm, part: Part) 
 
 
 _GATE, _UP, _DOWN = MLP_PROJECTIONS
+_GATE_UP, _FUSED_DOWN = FUSED_MLP_PROJECTIONS
 
 
 def swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -99,18 +101,27 @@ def swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.
     return getattr(module, _DOWN)(gated)
 
 
+def fused_swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The forward of a gated MLP with one gate-and-up projection:
+    ``down_proj(ops.swiglu(gate_up_proj(x)))`` (its output is cat(gate, up), gate first)."""
+    gated = ops.swiglu(getattr(module, _GATE_UP)(hidden_states), -1)
+    return getattr(module, _FUSED_DOWN)(gated)
+
+
 def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) -> None:
     name = type(module).__name__
-    activation = type(getattr(module, MLP_ACTIVATION, None)).__name__
+    projections, activation_attribute = mlp_attributes(mlp.fused)
+    activation = type(getattr(module, activation_attribute, None)).__name__
     if not part.enabled("mlp"):
         state.report.record_left_alone("mlp", name, _disabled("mlp"))
-    elif not all(hasattr(module, p) for p in MLP_PROJECTIONS):
-        state.report.record_left_alone("mlp", name, f"no {'/'.join(MLP_PROJECTIONS)}")
+    elif not all(hasattr(module, p) for p in projections):
+        state.report.record_left_alone("mlp", name, f"no {'/'.join(projections)}")
     elif activation not in SILU_ACTIVATIONS:
         why = f"activation is {activation}, ops.swiglu computes silu(gate) * up"
         state.report.record_left_alone("mlp", name, why)
     else:
-        state.rebind(module, "forward", functools.partial(swiglu_mlp_forward, module))
+        forward = fused_swiglu_mlp_forward if mlp.fused else swiglu_mlp_forward
+        state.rebind(module, "forward", functools.partial(forward, module))
         _tag(state, module, "swiglu")
         state.report.record_swapped("mlp", name, "ops.swiglu")
 
@@ -118,23 +129,26 @@ def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) 
 # --------------------------------------------------------------------------- rope
 
 
-def _rope_text(table_scale: float, q, k, cos, sin, unsqueeze_dim=1):
+def _rope_text(table_scale: float, interleaved: bool, q, k, cos, sin, unsqueeze_dim=1):
     """Drop-in for transformers' `apply_rotary_pos_emb` (once ``table_scale``, a bound on the
-    model's |cos| and |sin|, is bound): q/k [B, N, S, D], cos/sin [B, S, D]."""
+    model's |cos| and |sin|, and ``interleaved``, GPT-J pairs instead of NeoX halves, are
+    bound): q/k [B, N, S, D], cos/sin [B, S, Dr] rotating the first Dr dims."""
     if unsqueeze_dim != 1:
         raise ValueError(
             f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]), got {unsqueeze_dim}"
         )
-    return ops.rotary_embedding_pair(q, k, cos, sin, table_scale=table_scale)
+    return ops.rotary_embedding_pair(
+        q, k, cos, sin, interleaved=interleaved, table_scale=table_scale
+    )
 
 
 def rope_adapter(style: str, table_scale: float = 1.0) -> Callable:
-    """The drop-in for the module-level rotary function of ``style`` ("text":
-    `apply_rotary_pos_emb`, "vision": `apply_rotary_pos_emb_vision`), for tables bounded by
-    ``table_scale`` (1.0: unit tables)."""
+    """The drop-in for the module-level rotary function of ``style`` ("text" and
+    "text-interleaved": `apply_rotary_pos_emb`, "vision": `apply_rotary_pos_emb_vision`; see
+    `Rope`), for tables bounded by ``table_scale`` (1.0: unit tables)."""
     if style == "vision":
         return functools.partial(ops.rotary_embedding_pair_vision, table_scale=table_scale)
-    return functools.partial(_rope_text, table_scale)
+    return functools.partial(_rope_text, table_scale, style == "text-interleaved")
 
 
 def rope_table_scale(modules: list[nn.Module]) -> float:
@@ -223,7 +237,8 @@ def patch_rope(state: PatchState, module: nn.Module, rope: Rope, part: Part) -> 
     table_scale = part.rope_table_scale
     state.rebind(module, "forward", rope_forward(module, rope.function, rope.style, table_scale))
     scaled = f", table_scale={table_scale:g}" if table_scale != 1.0 else ""
-    op = f"ops.rotary_embedding_pair (via {rope.function}{scaled})"
+    pairs = ", interleaved" if rope.style == "text-interleaved" else ""
+    op = f"ops.rotary_embedding_pair (via {rope.function}{pairs}{scaled})"
     state.report.record_swapped("rope", name, op)
 
 
