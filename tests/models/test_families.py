@@ -44,6 +44,9 @@ EXPECTED_SWAPPED = {
     "paligemma": (2, 2, 5, 2, 0, 0, 0),  # gelu MLPs
     "gemma3": (2, 2, 14, 2, 0, 0, 0),  # gelu MLPs
     "internvl": (2, 2, 9, 2, 2, 0, 0),
+    "glm4v": (2, 2, 15, 4, 4, 0, 0),
+    "glm46v": (2, 2, 15, 4, 4, 0, 0),
+    "glm4v_moe": (2, 2, 10, 4, 4, 0, 0),  # MoE block left alone, its shared expert swapped
 }
 
 
