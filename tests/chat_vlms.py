@@ -128,6 +128,22 @@ def qwen2_5_vl_and_processor(model_and_processor):
     return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
 
 
+def _vision_of_14_pixel_patches(out_hidden_size: int, **family) -> dict:
+    """A 2-layer Qwen-VL-style vision sub-config the default model's processor serves (14-pixel
+    patches, 2x2 merge, 2 frames a patch), its output `out_hidden_size` wide."""
+    return {
+        "depth": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 4,
+        "out_hidden_size": out_hidden_size,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        **family,
+    }
+
+
 @pytest.fixture(scope="session")
 def qwen3_vl_and_processor(model_and_processor):
     """A random Qwen3-VL (interleaved M-RoPE, one deepstack layer) of the default model's
@@ -154,18 +170,46 @@ def qwen3_vl_and_processor(model_and_processor):
             "mrope_interleaved": True,
         },
     }
-    vision = {
-        "depth": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 4,
-        "out_hidden_size": hidden,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "num_position_embeddings": 64,
-        "deepstack_visual_indexes": [0],
-    }
+    vision = _vision_of_14_pixel_patches(
+        hidden, num_position_embeddings=64, deepstack_visual_indexes=[0]
+    )
     config = Qwen3VLConfig(text_config=text, vision_config=vision, **token_ids(reference))
     torch.manual_seed(0)
     return Qwen3VLForConditionalGeneration(config).eval(), processor
+
+
+@pytest.fixture(scope="session")
+def glm4v_and_processor(model_and_processor):
+    """A random GLM-4.1V (M-RoPE on adjacent pairs of half the head dim, RMSNorm ViT) of the
+    default model's widths, with 14-pixel patches so the same processor serves it."""
+    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+
+    base, processor = model_and_processor
+    reference = base.config
+    hidden = reference.text_config.hidden_size
+    pairs = hidden // 2 // 4  # two heads; the rotary half of each head dim, two dims a pair
+    text = {
+        "hidden_size": hidden,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 2,
+        "vocab_size": reference.text_config.vocab_size,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1e4,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [pairs // 2, pairs // 4, pairs - pairs // 2 - pairs // 4],
+        },
+    }
+    vision = _vision_of_14_pixel_patches(hidden, image_size=112)
+    config = Glm4vConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=reference.image_token_id,
+        video_token_id=reference.video_token_id,
+        image_start_token_id=reference.vision_start_token_id,
+        image_end_token_id=reference.vision_end_token_id,
+    )
+    torch.manual_seed(0)
+    return Glm4vForConditionalGeneration(config).eval(), processor

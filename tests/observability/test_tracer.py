@@ -57,7 +57,9 @@ def _check_request_stages(timeline, request, new_tokens, vision=True):
         assert first.end <= second.start  # ordered, never overlapping
 
 
-@pytest.mark.parametrize("fixture", ["model_and_processor", "llava_and_processor"])
+@pytest.mark.parametrize(
+    "fixture", ["model_and_processor", "llava_and_processor", "glm4v_and_processor"]
+)
 def test_generate_stages_are_ordered_and_disjoint(request, fixture):
     model, processor = request.getfixturevalue(fixture)
     model = copy.deepcopy(model)
