@@ -178,11 +178,11 @@ def qwen3_vl_and_processor(model_and_processor):
     return Qwen3VLForConditionalGeneration(config).eval(), processor
 
 
-@pytest.fixture(scope="session")
-def glm4v_and_processor(model_and_processor):
-    """A random GLM-4.1V (M-RoPE on adjacent pairs of half the head dim, RMSNorm ViT) of the
-    default model's widths, with 14-pixel patches so the same processor serves it."""
-    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+def _random_glm(model_and_processor, vlm_type: str, **text_family):
+    """A random GLM-4V-style model of model_type ``vlm_type`` (M-RoPE on half the head dim,
+    RMSNorm ViT) of the default model's widths, with 14-pixel patches so the same processor
+    serves it; ``text_family`` adds to its text sub-config."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
 
     base, processor = model_and_processor
     reference = base.config
@@ -201,15 +201,37 @@ def glm4v_and_processor(model_and_processor):
             "partial_rotary_factor": 0.5,
             "mrope_section": [pairs // 2, pairs // 4, pairs - pairs // 2 - pairs // 4],
         },
+        **text_family,
     }
-    vision = _vision_of_14_pixel_patches(hidden, image_size=112)
-    config = Glm4vConfig(
+    config = AutoConfig.for_model(
+        vlm_type,
         text_config=text,
-        vision_config=vision,
+        vision_config=_vision_of_14_pixel_patches(hidden, image_size=112),
         image_token_id=reference.image_token_id,
         video_token_id=reference.video_token_id,
         image_start_token_id=reference.vision_start_token_id,
         image_end_token_id=reference.vision_end_token_id,
     )
     torch.manual_seed(0)
-    return Glm4vForConditionalGeneration(config).eval(), processor
+    return AutoModelForImageTextToText.from_config(config).eval(), processor
+
+
+@pytest.fixture(scope="session")
+def glm4v_and_processor(model_and_processor):
+    """A random GLM-4.1V (adjacent rotary pairs) on the default model's processor."""
+    return _random_glm(model_and_processor, "glm4v")
+
+
+@pytest.fixture(scope="session")
+def glm46v_and_processor(model_and_processor):
+    """A random GLM-4.6V (GLM-4.1V's parts built from its sub-configs' model types) on the
+    default model's processor."""
+    return _random_glm(model_and_processor, "glm46v", model_type="glm4v_text")
+
+
+@pytest.fixture(scope="session")
+def glm4v_moe_and_processor(model_and_processor):
+    """A random GLM-4.5V-MoE (a dense first layer, then 4 experts, top-2, and a shared expert)
+    on the default model's processor."""
+    moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    return _random_glm(model_and_processor, "glm4v_moe", **moe)
