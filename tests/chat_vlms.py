@@ -231,7 +231,7 @@ def glm46v_and_processor(model_and_processor):
 
 @pytest.fixture(scope="session")
 def glm4v_moe_and_processor(model_and_processor):
-    """A random GLM-4.5V-MoE (a dense first layer, then 4 experts, top-2, and a shared expert)
+    """A random GLM-4.5V (MoE: a dense first layer, then 4 experts, top-2, and a shared expert)
     on the default model's processor."""
     moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
     return _random_glm(model_and_processor, "glm4v_moe", **moe)

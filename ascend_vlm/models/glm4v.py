@@ -1,7 +1,7 @@
-"""GLM-4.1V / GLM-4.5V (``glm4v``), GLM-4.6V (``glm46v``) and GLM-4.5V-MoE (``glm4v_moe``): an
-RMSNorm ViT with 2-D RoPE and varlen attention, a patch merger, and a GLM decoder with
-M-RoPE on a partial rotary dimension, each part taken from its sub-config's model_type (GLM-4.6V
-builds whatever its sub-configs name; the others build their own)."""
+"""GLM-4.1V (``glm4v``, dense decoder), GLM-4.5V (``glm4v_moe``, MoE decoder) and GLM-4.6V
+(``glm46v``): an RMSNorm ViT with 2-D RoPE and varlen attention, a patch merger, and a GLM
+decoder with M-RoPE on a partial rotary dimension, each part taken from its sub-config's
+model_type (GLM-4.6V builds whatever its sub-configs name; the others build their own)."""
 
 from __future__ import annotations
 

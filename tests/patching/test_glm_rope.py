@@ -1,5 +1,5 @@
 """GLM's RoPE variants on the patched path: GLM-4V's M-RoPE on GPT-J pairs of a partial rotary
-dimension (`text-interleaved`) and GLM-4.5V-MoE's on NeoX halves, against transformers' own
+dimension (`text-interleaved`) and GLM-4.5V's (MoE) on NeoX halves, against transformers' own
 functions and through whole models whose sharpened query/key weights make positions matter."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Tiny GLM-4.1V (``glm4v``), GLM-4.6V (``glm46v``) and GLM-4.5V-MoE (``glm4v_moe``): Qwen-VL
-style inputs (patch rows with their grids, multimodal token types) on GLM's own parts."""
+"""Tiny GLM-4.1V (``glm4v``, dense), GLM-4.6V (``glm46v``) and GLM-4.5V (``glm4v_moe``, MoE):
+Qwen-VL style inputs (patch rows with their grids, multimodal token types) on GLM's own parts."""
 
 from __future__ import annotations
 
