@@ -128,6 +128,22 @@ def qwen2_5_vl_and_processor(model_and_processor):
     return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
 
 
+def _vision_of_14_pixel_patches(out_hidden_size: int, **family) -> dict:
+    """A 2-layer Qwen-VL-style vision sub-config the default model's processor serves (14-pixel
+    patches, 2x2 merge, 2 frames a patch), its output `out_hidden_size` wide."""
+    return {
+        "depth": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 4,
+        "out_hidden_size": out_hidden_size,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        **family,
+    }
+
+
 def _qwen3_vl_sub_configs(reference) -> tuple[dict, dict]:
     """Qwen3-VL's text and vision sub-configs (interleaved M-RoPE, one deepstack layer) at the
     default model's widths, with 14-pixel patches so the default processor serves them."""
@@ -147,18 +163,9 @@ def _qwen3_vl_sub_configs(reference) -> tuple[dict, dict]:
             "mrope_interleaved": True,
         },
     }
-    vision = {
-        "depth": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 4,
-        "out_hidden_size": hidden,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "num_position_embeddings": 64,
-        "deepstack_visual_indexes": [0],
-    }
+    vision = _vision_of_14_pixel_patches(
+        hidden, num_position_embeddings=64, deepstack_visual_indexes=[0]
+    )
     return text, vision
 
 
@@ -193,3 +200,62 @@ def qwen3_vl_moe_and_processor(model_and_processor):
     config = Qwen3VLMoeConfig(text_config=text, vision_config=vision, **token_ids(base.config))
     torch.manual_seed(0)
     return Qwen3VLMoeForConditionalGeneration(config).eval(), processor
+
+
+def _random_glm(model_and_processor, vlm_type: str, **text_family):
+    """A random GLM-4V-style model of model_type ``vlm_type`` (M-RoPE on half the head dim,
+    RMSNorm ViT) of the default model's widths, with 14-pixel patches so the same processor
+    serves it; ``text_family`` adds to its text sub-config."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    base, processor = model_and_processor
+    reference = base.config
+    hidden = reference.text_config.hidden_size
+    pairs = hidden // 2 // 4  # two heads; the rotary half of each head dim, two dims a pair
+    text = {
+        "hidden_size": hidden,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 2,
+        "vocab_size": reference.text_config.vocab_size,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1e4,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [pairs // 2, pairs // 4, pairs - pairs // 2 - pairs // 4],
+        },
+        **text_family,
+    }
+    config = AutoConfig.for_model(
+        vlm_type,
+        text_config=text,
+        vision_config=_vision_of_14_pixel_patches(hidden, image_size=112),
+        image_token_id=reference.image_token_id,
+        video_token_id=reference.video_token_id,
+        image_start_token_id=reference.vision_start_token_id,
+        image_end_token_id=reference.vision_end_token_id,
+    )
+    torch.manual_seed(0)
+    return AutoModelForImageTextToText.from_config(config).eval(), processor
+
+
+@pytest.fixture(scope="session")
+def glm4v_and_processor(model_and_processor):
+    """A random GLM-4.1V (adjacent rotary pairs) on the default model's processor."""
+    return _random_glm(model_and_processor, "glm4v")
+
+
+@pytest.fixture(scope="session")
+def glm46v_and_processor(model_and_processor):
+    """A random GLM-4.6V (GLM-4.1V's parts built from its sub-configs' model types) on the
+    default model's processor."""
+    return _random_glm(model_and_processor, "glm46v", model_type="glm4v_text")
+
+
+@pytest.fixture(scope="session")
+def glm4v_moe_and_processor(model_and_processor):
+    """A random GLM-4.5V (MoE: a dense first layer, then 4 experts, top-2, and a shared expert)
+    on the default model's processor."""
+    moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    return _random_glm(model_and_processor, "glm4v_moe", **moe)

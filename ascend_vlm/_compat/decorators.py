@@ -31,6 +31,7 @@ from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
 
 ROPE_PARAMETERS = {
     "text": ("q", "k", "cos", "sin", "unsqueeze_dim"),
+    "text-interleaved": ("q", "k", "cos", "sin", "unsqueeze_dim"),
     "vision": ("q", "k", "cos", "sin"),
     "text-single": ("x", "cos", "sin", "unsqueeze_dim"),
     "axial": ("x", "cos", "sin", "position_ids", "unsqueeze_dim"),

@@ -15,6 +15,7 @@ from typing import Any
 
 from ascend_vlm.models import (
     gemma4,
+    glm4v,
     idefics3,
     llava,
     qwen2_5_vl,
@@ -57,6 +58,7 @@ FAMILIES: tuple[ModuleType, ...] = (
     llava,
     idefics3,
     gemma4,
+    glm4v,
 )
 
 # model_type -> its descriptor, in FAMILIES order (error messages list model types this way).

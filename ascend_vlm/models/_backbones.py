@@ -3,10 +3,16 @@ plug in, keyed by the sub-config's `model_type`."""
 
 from __future__ import annotations
 
-from ascend_vlm.models.family_spec import LeaveAlone, PartSpec, RmsNorm, Rope, SwigluMlp
+from ascend_vlm.models._moe_blocks import GLM4V_MOE_BLOCKS
+from ascend_vlm.models.descriptor import Layout
+from ascend_vlm.models.family_spec import LeaveAlone, ModelSpec, PartSpec, RmsNorm, Rope, SwigluMlp
 
 NO_FUSED_LAYER_NORM = "ascend_vlm.ops has no fused LayerNorm; nn.LayerNorm is kept"
 NON_GATED_MLP = "fc1 -> act -> fc2 MLP is not gated; ops.swiglu does not apply"
+GLM_MERGER = (
+    "its forward runs proj -> LayerNorm -> GELU before the gated MLP, which the MLP adapter "
+    "would skip"
+)
 
 
 def _llama_like(prefix: str, *, norm_offset: float = 0.0, mlp: str | None = None) -> PartSpec:
@@ -20,6 +26,17 @@ def _llama_like(prefix: str, *, norm_offset: float = 0.0, mlp: str | None = None
     )
 
 
+def _glm4v_text() -> PartSpec:
+    """GLM-4V's decoder: a fused gate_up_proj MLP and M-RoPE on GPT-J pairs of a partial
+    rotary dimension (`apply_rotary_pos_emb` with `rotate_half_llm`)."""
+    return PartSpec(
+        attention=("Glm4vTextAttention",),
+        norms=(RmsNorm(("Glm4vRMSNorm",)),),
+        mlps=(SwigluMlp(("Glm4vTextMLP",), fused=True),),
+        ropes=(Rope(("Glm4vTextAttention",), "apply_rotary_pos_emb", style="text-interleaved"),),
+    )
+
+
 TEXT_BACKBONES: dict[str, PartSpec] = {
     "llama": _llama_like("Llama"),
     "mistral": _llama_like("Mistral"),
@@ -28,6 +45,8 @@ TEXT_BACKBONES: dict[str, PartSpec] = {
     "gemma": _llama_like("Gemma", norm_offset=1.0),
     "gemma2": _llama_like("Gemma2", norm_offset=1.0),
     "gemma3_text": _llama_like("Gemma3", norm_offset=1.0),
+    "glm4v_text": _glm4v_text(),
+    "glm4v_moe_text": _llama_like("Glm4vMoeText") + PartSpec(moes=(GLM4V_MOE_BLOCKS,)),
 }
 
 
@@ -38,6 +57,23 @@ def _layer_norm_vit(attention: str, mlp: str) -> PartSpec:
         left_alone=(
             LeaveAlone("norm", ("LayerNorm",), NO_FUSED_LAYER_NORM),
             LeaveAlone("mlp", (mlp,), NON_GATED_MLP),
+        ),
+    )
+
+
+def _glm4v_vision(prefix: str, mlp: str) -> PartSpec:
+    """GLM-4V's ViT (classes `<prefix>Vision...`, norms `<prefix>RMSNorm`, gated MLP `mlp`):
+    2-D RoPE through `apply_rotary_pos_emb_vision`, varlen attention; the patch merger (the
+    projector) is left alone."""
+    attention = f"{prefix}VisionAttention"
+    return PartSpec(
+        attention=(attention,),
+        norms=(RmsNorm((f"{prefix}RMSNorm",)),),
+        mlps=(SwigluMlp((mlp,)),),
+        ropes=(Rope((attention,), "apply_rotary_pos_emb_vision", style="vision"),),
+        left_alone=(
+            LeaveAlone("norm", ("LayerNorm",), NO_FUSED_LAYER_NORM),
+            LeaveAlone("mlp", (f"{prefix}VisionPatchMerger",), GLM_MERGER),
         ),
     )
 
@@ -58,6 +94,9 @@ VISION_BACKBONES: dict[str, PartSpec] = {
     "smolvlm_vision": _layer_norm_vit("SmolVLMVisionAttention", "SmolVLMVisionMLP"),
     "internvl_vision": _layer_norm_vit("InternVLVisionAttention", "InternVLVisionMLP")
     + PartSpec(norms=(RmsNorm(("InternVLVisionRMSNorm",)),)),
+    "glm4v_vision": _glm4v_vision("Glm4v", "Glm4VisionMlp"),
+    # transformers spells this MLP class without the "V" of "Vision"
+    "glm4v_moe_vision": _glm4v_vision("Glm4vMoe", "Glm4vMoeisionMlp"),
 }
 
 
@@ -82,3 +121,13 @@ def text_backbone(config) -> PartSpec:
 def vision_backbone(config) -> PartSpec:
     """Spec of the vision tower described by `config` (a vision sub-config)."""
     return _lookup(VISION_BACKBONES, config.model_type, "attention-vision")
+
+
+def composite_spec(config, layout: Layout) -> ModelSpec:
+    """The spec of a VLM assembled from sub-configs: the backbones its ``text_config`` and
+    ``vision_config`` name, the vision tower where `layout` puts it."""
+    return ModelSpec(
+        text=text_backbone(config.text_config),
+        vision=vision_backbone(config.vision_config),
+        vision_towers=layout.tower_paths(),
+    )

@@ -20,8 +20,9 @@ from typing import Any
 from ascend_vlm.models.family_spec import ModelSpec
 
 # 1-D RoPE over the token index; Qwen2-VL's M-RoPE (text, t, h, w sections of the rotary
-# dimension); Qwen3-VL's M-RoPE with the t/h/w frequencies interleaved.
-POSITION_SCHEMES = ("rope", "mrope", "interleaved_mrope")
+# dimension); Qwen3-VL's M-RoPE with the t/h/w frequencies interleaved; GLM-4V's M-RoPE
+# (Qwen2-VL's sections, each frequency rotating a GPT-J pair of adjacent dims).
+POSITION_SCHEMES = ("rope", "mrope", "interleaved_mrope", "pairwise_mrope")
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,14 @@ class RmsNorm:
 
 @dataclass(frozen=True)
 class SwigluMlp:
-    """Gated MLPs `down(act(gate(x)) * up(x))` with SiLU act -> `ops.swiglu` on cat(gate, up)."""
+    """Gated MLPs `down(act(gate(x)) * up(x))` with SiLU act -> `ops.swiglu` on cat(gate, up).
+
+    ``fused``: gate and up are one projection, `gate_up_proj(x) = cat(gate(x), up(x))`, with
+    the activation in `activation_fn` (GLM); otherwise `gate_proj`, `up_proj` and `act_fn`.
+    """
 
     classes: tuple[str, ...]
+    fused: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,10 @@ class Rope:
     """Attention classes whose forward calls the module-level `function`, which patching
     resolves to an adapter around `ops.rotary_embedding_pair`.
 
-    style "text": `function(q, k, cos, sin, unsqueeze_dim=1)` with q/k [B, N, S, D], cos/sin [B, S, D].
+    style "text": `function(q, k, cos, sin, unsqueeze_dim=1)` with q/k [B, N, S, D], cos/sin
+    [B, S, Dr]: NeoX halves rotated on the first Dr <= D dims, the rest passed through.
+    style "text-interleaved": the same call with GPT-J pairs (x[2i], x[2i+1]) rotated, each
+    pair's angle repeated in cos/sin (GLM-4V's `apply_rotary_pos_emb`).
     style "vision": `function(q, k, cos, sin)` with q/k [T, N, D], cos/sin [T, D], math in fp32.
     style "text-single": `function(x, cos, sin, unsqueeze_dim)` on q or k alone, x [B, N, S, D]
     (unsqueeze_dim 1) or [B, S, N, D] (unsqueeze_dim 2), cos/sin [B, S, D] (Gemma 4's text).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ascend_vlm.models._backbones import text_backbone, vision_backbone
+from ascend_vlm.models._backbones import composite_spec
 from ascend_vlm.models.descriptor import (
     SUPPORTED,
     Encoder,
@@ -17,11 +17,7 @@ LAYOUT = Layout(vision_tower="vision_model", projector="connector", language_mod
 
 
 def spec(config) -> ModelSpec:
-    return ModelSpec(
-        text=text_backbone(config.text_config),
-        vision=vision_backbone(config.vision_config),
-        vision_towers=LAYOUT.tower_paths(),
-    )
+    return composite_spec(config, LAYOUT)
 
 
 _TILED = "its processor splits each image into a varying number of tiles plus a global view"

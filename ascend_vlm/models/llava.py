@@ -4,7 +4,7 @@ sub-config's own model_type."""
 
 from __future__ import annotations
 
-from ascend_vlm.models._backbones import text_backbone, vision_backbone
+from ascend_vlm.models._backbones import composite_spec
 from ascend_vlm.models.descriptor import (
     SUPPORTED,
     Encoder,
@@ -21,11 +21,7 @@ LAYOUT = Layout(
 
 
 def spec(config) -> ModelSpec:
-    return ModelSpec(
-        text=text_backbone(config.text_config),
-        vision=vision_backbone(config.vision_config),
-        vision_towers=LAYOUT.tower_paths(),
-    )
+    return composite_spec(config, LAYOUT)
 
 
 def _descriptor(features: FeatureSupport, *, videos: bool = False) -> FamilyDescriptor:

@@ -20,10 +20,11 @@ from torch import nn
 from ascend_vlm import ops
 from ascend_vlm._compat.decorators import rewrap, rope_problem
 from ascend_vlm._compat.module_internals import (
-    MLP_ACTIVATION,
+    FUSED_MLP_PROJECTIONS,
     MLP_PROJECTIONS,
     NORM_EPS_ATTRIBUTES,
     SILU_ACTIVATIONS,
+    mlp_attributes,
 )
 from ascend_vlm.models.family_spec import LeaveAlone, RmsNorm, Rope, SwigluMlp
 from ascend_vlm.patching.moe import patch_moe
@@ -90,6 +91,7 @@ def patch_norm(state: PatchState, module: nn.Module, norm: RmsNorm, part: Part) 
 
 
 _GATE, _UP, _DOWN = MLP_PROJECTIONS
+_GATE_UP, _FUSED_DOWN = FUSED_MLP_PROJECTIONS
 
 
 def swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -98,18 +100,27 @@ def swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.
     return getattr(module, _DOWN)(gated)
 
 
+def fused_swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The forward of a gated MLP with one gate-and-up projection:
+    ``down_proj(ops.swiglu(gate_up_proj(x)))`` (its output is cat(gate, up), gate first)."""
+    gated = ops.swiglu(getattr(module, _GATE_UP)(hidden_states), -1)
+    return getattr(module, _FUSED_DOWN)(gated)
+
+
 def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) -> None:
     name = type(module).__name__
-    activation = type(getattr(module, MLP_ACTIVATION, None)).__name__
+    projections, activation_attribute = mlp_attributes(mlp.fused)
+    activation = type(getattr(module, activation_attribute, None)).__name__
     if not part.enabled("mlp"):
         state.report.record_left_alone("mlp", name, disabled_by("mlp"))
-    elif not all(hasattr(module, p) for p in MLP_PROJECTIONS):
-        state.report.record_left_alone("mlp", name, f"no {'/'.join(MLP_PROJECTIONS)}")
+    elif not all(hasattr(module, p) for p in projections):
+        state.report.record_left_alone("mlp", name, f"no {'/'.join(projections)}")
     elif activation not in SILU_ACTIVATIONS:
         why = f"activation is {activation}, ops.swiglu computes silu(gate) * up"
         state.report.record_left_alone("mlp", name, why)
     else:
-        state.rebind(module, "forward", functools.partial(swiglu_mlp_forward, module))
+        forward = fused_swiglu_mlp_forward if mlp.fused else swiglu_mlp_forward
+        state.rebind(module, "forward", functools.partial(forward, module))
         state.tag(module, "swiglu")
         state.report.record_swapped("mlp", name, "ops.swiglu")
 
@@ -117,14 +128,17 @@ def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) 
 # --------------------------------------------------------------------------- rope
 
 
-def _rope_text(table_scale: float, q, k, cos, sin, unsqueeze_dim=1):
+def _rope_text(table_scale: float, q, k, cos, sin, unsqueeze_dim=1, *, interleaved=False):
     """Drop-in for transformers' `apply_rotary_pos_emb` (once ``table_scale``, a bound on the
-    model's |cos| and |sin|, is bound): q/k [B, N, S, D], cos/sin [B, S, D]."""
+    model's |cos| and |sin|, and ``interleaved``, GPT-J pairs instead of NeoX halves, are
+    bound): q/k [B, N, S, D], cos/sin [B, S, Dr] rotating the first Dr dims."""
     if unsqueeze_dim != 1:
         raise ValueError(
             f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]), got {unsqueeze_dim}"
         )
-    return ops.rotary_embedding_pair(q, k, cos, sin, table_scale=table_scale)
+    return ops.rotary_embedding_pair(
+        q, k, cos, sin, interleaved=interleaved, table_scale=table_scale
+    )
 
 
 def _rope_single(table_scale: float, x, cos, sin, unsqueeze_dim=1):
@@ -164,6 +178,10 @@ def _rope_vision(table_scale: float, q, k, cos, sin):
 # it calls, for the report).
 _ROPE_STYLES: dict[str, tuple[Callable, str]] = {
     "text": (_rope_text, "rotary_embedding_pair"),
+    "text-interleaved": (
+        functools.partial(_rope_text, interleaved=True),
+        "rotary_embedding_pair(interleaved=True)",
+    ),
     "vision": (_rope_vision, "rotary_embedding_pair"),
     "text-single": (_rope_single, "rotary_embedding"),
     "axial": (_rope_axial, "rotary_embedding"),

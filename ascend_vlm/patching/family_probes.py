@@ -10,9 +10,9 @@ config-sub-configs         a config class lists its sub-configs in ``sub_configs
                            holds them in its ``__dict__`` under those names (config routing).
 classes:<model_type>       the module classes the family specs name exist in that modeling module.
 attributes:<model_type>    the norm classes store ``weight`` and one of ``NORM_EPS_ATTRIBUTES``, the
-                           MLP classes ``MLP_PROJECTIONS`` and ``MLP_ACTIVATION``, the sparse MoE
-                           blocks their experts module (the adapters read them; a module without
-                           them is left alone).
+                           MLP classes the attributes ``mlp_attributes`` names for their layout,
+                           the sparse MoE blocks their experts module (the adapters read them; a
+                           module without them is left alone).
 attention-routing:<mt>     each attention class's forward looks its function up in
                            ``ALL_ATTENTION_FUNCTIONS`` by ``config._attn_implementation``.
 rope:<model_type>          the RoPE function exists with the parameters of its style
@@ -37,11 +37,7 @@ from dataclasses import dataclass
 
 from ascend_vlm._compat.attention import ATTENTION_NAME, VARLEN_KWARGS
 from ascend_vlm._compat.decorators import rope_problem
-from ascend_vlm._compat.module_internals import (
-    MLP_ACTIVATION,
-    MLP_PROJECTIONS,
-    NORM_EPS_ATTRIBUTES,
-)
+from ascend_vlm._compat.module_internals import NORM_EPS_ATTRIBUTES, mlp_attributes
 from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
 from ascend_vlm.models import REGISTRY, TEXT_BACKBONES, VISION_BACKBONES, spec_for
 
@@ -125,9 +121,9 @@ def _attributes_probe(part: _Part) -> str | None:
     expected = [
         (name, ("weight",), NORM_EPS_ATTRIBUTES) for n in part.spec.norms for name in n.classes
     ]
-    expected += [
-        (name, (*MLP_PROJECTIONS, MLP_ACTIVATION), ()) for m in part.spec.mlps for name in m.classes
-    ]
+    for mlp in part.spec.mlps:
+        projections, activation = mlp_attributes(mlp.fused)
+        expected += [(name, (*projections, activation), ()) for name in mlp.classes]
     expected += [(name, (moe.experts,), ()) for moe in part.spec.moes for name in moe.classes]
     for name, required, one_of in expected:
         stored = set(getattr(module, name).__init__.__code__.co_names)

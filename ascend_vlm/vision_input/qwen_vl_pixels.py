@@ -12,6 +12,7 @@ byte per value), then looked up through the rescale-and-normalize table
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
@@ -20,6 +21,14 @@ import torch
 from PIL import Image
 
 from ascend_vlm.vision_input._pixels import ImagePixels
+
+# The leading parameters of Qwen-VL's size rule; GLM-4V's module defines a smart_resize that
+# takes the frame count first and rounds otherwise.
+_SIZE_RULE_PARAMETERS = ("height", "width")
+
+
+def _leading_parameters(function: Any) -> tuple[str, ...]:
+    return tuple(inspect.signature(function).parameters)[: len(_SIZE_RULE_PARAMETERS)]
 
 
 class QwenVLPixels(ImagePixels):
@@ -46,11 +55,11 @@ class QwenVLPixels(ImagePixels):
         super().__init__(reference, workers)
         # The size rule of the reference's own module.
         smart_resize = getattr(sys.modules[type(reference).__module__], "smart_resize", None)
-        if smart_resize is None:
+        if smart_resize is None or _leading_parameters(smart_resize) != _SIZE_RULE_PARAMETERS:
             self.close()
             raise ValueError(
-                f"reference: expected {self.family}, whose module defines smart_resize; "
-                f"{type(reference).__module__} does not"
+                f"reference: expected {self.family}, whose module defines "
+                f"smart_resize{_SIZE_RULE_PARAMETERS}; {type(reference).__module__} does not"
             )
         self._smart_resize = smart_resize
         self.patch_size = reference.patch_size

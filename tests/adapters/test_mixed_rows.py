@@ -57,8 +57,9 @@ def _alone(served, inputs, rows):
 ROWS = ["r8", BASE_ADAPTER, "q_only", "r4", "r8"]
 
 
-def test_stacked_rows_equal_each_adapter_alone_and_peft_mixed_rows(model_and_processor, folders):
-    base, processor = model_and_processor
+def _served_rows_equal_alone_and_peft(base, processor, folders):
+    """The stacked path serves ROWS of ``base`` with ``folders``' r4, r8 and q_only adapters,
+    each row as its adapter alone and as PEFT's mixed rows; returns (served, inputs, logits)."""
     inputs = _inputs(processor, len(ROWS))
     served = _served(base, folders, ["r4", "r8", "q_only"])
     assert served._row_stacks() is not None  # plain LoRA: the stacked path serves the rows
@@ -67,6 +68,25 @@ def test_stacked_rows_equal_each_adapter_alone_and_peft_mixed_rows(model_and_pro
         peft_mixed = served._peft(**inputs, adapter_names=ROWS).logits
     torch.testing.assert_close(mixed, _alone(served, inputs, ROWS), **TOLERANCE)
     torch.testing.assert_close(mixed, peft_mixed, **TOLERANCE)
+    return served, inputs, mixed
+
+
+def test_glm4v_rows_equal_each_adapter_alone_and_peft_mixed_rows(glm4v_and_processor, tmp_path):
+    base, processor = glm4v_and_processor
+    # GLM's vision MLPs have a down_proj too: the language model's alone, its fused gate_up_proj
+    language = {"targets": ("q_proj", "v_proj", "gate_up_proj", "down_proj")}
+    language["exclude_modules"] = r".*visual.*"
+    folders = {
+        "r4": save_random_adapter(base, tmp_path / "r4", 1, **language),
+        "r8": save_random_adapter(base, tmp_path / "r8", 2, rank=8, **language),
+        "q_only": save_random_adapter(base, tmp_path / "q_only", 3, targets=("q_proj",)),
+    }
+    _served_rows_equal_alone_and_peft(base, processor, folders)
+
+
+def test_stacked_rows_equal_each_adapter_alone_and_peft_mixed_rows(model_and_processor, folders):
+    base, processor = model_and_processor
+    served, inputs, mixed = _served_rows_equal_alone_and_peft(base, processor, folders)
     served.activate("r4")
     with torch.no_grad():
         # The active adapter is back after the mixed call, and is not added twice during it.

@@ -25,6 +25,9 @@ MODELS = {
     "qwen2_5_vl": "qwen2_5_vl_and_processor",
     "qwen3_vl_moe": "qwen3_vl_moe_and_processor",
     "llava": "llava_and_processor",
+    "glm4v": "glm4v_and_processor",
+    "glm46v": "glm46v_and_processor",
+    "glm4v_moe": "glm4v_moe_and_processor",
 }
 
 

@@ -50,7 +50,13 @@ def _eager_rows(model, inputs, length):
 
 @pytest.mark.parametrize("patched", [False, True], ids=["sdpa", "patched"])
 @pytest.mark.parametrize(
-    "fixture", ["model_and_processor", "llava_and_processor", "qwen3_vl_moe_and_processor"]
+    "fixture",
+    [
+        "model_and_processor",
+        "llava_and_processor",
+        "qwen3_vl_moe_and_processor",
+        "glm4v_and_processor",
+    ],
 )
 def test_rows_equal_eager_weights(request, fixture, patched):
     model, processor = request.getfixturevalue(fixture)

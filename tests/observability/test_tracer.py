@@ -58,7 +58,13 @@ def _check_request_stages(timeline, request, new_tokens, vision=True):
 
 
 @pytest.mark.parametrize(
-    "fixture", ["model_and_processor", "llava_and_processor", "qwen3_vl_moe_and_processor"]
+    "fixture",
+    [
+        "model_and_processor",
+        "llava_and_processor",
+        "qwen3_vl_moe_and_processor",
+        "glm4v_and_processor",
+    ],
 )
 def test_generate_stages_are_ordered_and_disjoint(request, fixture):
     model, processor = request.getfixturevalue(fixture)

@@ -161,15 +161,9 @@ def test_qwen_cells_count_the_image_tokens_of_input_ids(qwen):
     assert [(c.rows, c.cols) for c in cells] == [(4, 4), (2, 4), (3, 2)]
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl"])
-def test_qwen_families_share_the_geometry_with_16_pixel_patches(model_type):
-    """Qwen2.5-VL and Qwen3-VL use Qwen2-VL's image processor; Qwen3-VL checkpoints configure
-    it with 16-pixel patches."""
-    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
-
-    image_processor = Qwen2VLImageProcessorPil(
-        patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=128 * 128
-    )
+def _check_a_90x50_image_is_2x3_tokens(model_type: str, image_processor) -> None:
+    """Every token of a 90 x 50 image, which ``image_processor`` (2 x 2 merge) resizes onto 6 x
+    4 patches, holds the pixels the processor gives it."""
     config = SimpleNamespace(
         model_type=model_type, vision_config=SimpleNamespace(spatial_merge_size=2)
     )
@@ -179,12 +173,36 @@ def test_qwen_families_share_the_geometry_with_16_pixel_patches(model_type):
         output["images"] = [image]
         return output
 
-    size = (90, 50)  # -> 96 x 64 pixels -> 6 x 4 patches -> 2 x 3 tokens
+    size = (90, 50)
     blank = run(Image.new("RGB", size))
     cells = visual_token_cells(config, image_processor, blank["images"], blank)[0]
     assert (cells.rows, cells.cols) == (2, 3)
     for k in range(6):
         _check_qwen_token(config, image_processor, run, size, 0, k)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl"])
+def test_qwen_families_share_the_geometry_with_16_pixel_patches(model_type):
+    """Qwen2.5-VL and Qwen3-VL use Qwen2-VL's image processor; Qwen3-VL checkpoints configure
+    it with 16-pixel patches (90 x 50 -> 96 x 64 pixels)."""
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=128 * 128
+    )
+    _check_a_90x50_image_is_2x3_tokens(model_type, image_processor)
+
+
+def test_glm4v_image_processor_shares_the_geometry():
+    """GLM-4V's image processor sizes images by its own rule (90 x 50 -> 84 x 56 pixels) but,
+    like Qwen-VL's, resizes the whole image onto the patch grid and merges 2 x 2 patches per
+    token."""
+    from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+    image_processor = Glm4vImageProcessorPil(
+        size={"shortest_edge": 28 * 28, "longest_edge": 2 * 112 * 112}
+    )
+    _check_a_90x50_image_is_2x3_tokens("glm4v", image_processor)
 
 
 def test_qwen_refuses_mismatched_inputs(qwen):

@@ -25,6 +25,9 @@ FAMILIES = [
     "llava_onevision",
     "internvl",
     "idefics3",
+    "glm4v",
+    "glm46v",
+    "glm4v_moe",
 ]
 METHODS = ["fastv", "divprune", "random", "uniform"]
 
@@ -91,9 +94,10 @@ def test_pruned_layers_compute_and_cache_only_the_kept_tokens(method, pruned):
     assert stats.flops < stats.flops_unpruned
 
 
-def test_kept_tokens_keep_their_mrope_positions(pruned):
-    model = tiny_model("qwen2_vl")
-    inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
+@pytest.mark.parametrize("name", ["qwen2_vl", "glm4v", "glm4v_moe"])
+def test_kept_tokens_keep_their_mrope_positions(name, pruned):
+    model = tiny_model(name)
+    inputs = tiny.make_inputs(name, model, n_images=2)
     layer = model.model.language_model.layers[2]
     tables = []
 
@@ -116,12 +120,13 @@ def test_kept_tokens_keep_their_mrope_positions(pruned):
     assert not torch.equal(kept, full[..., : kept.shape[-2], :])
 
 
+@pytest.mark.parametrize("name", ["qwen2_vl", "glm4v", "glm4v_moe"])
 @pytest.mark.parametrize("method", ["random", "uniform"])
-def test_decode_steps_match_a_pruned_forward_over_the_whole_sequence(method, pruned):
+def test_decode_steps_match_a_pruned_forward_over_the_whole_sequence(method, name, pruned):
     # random/uniform choose the same tokens whatever the prompt ends with, so the logits of
     # every cached decode step equal those of one pruned forward over prompt + tokens so far
-    model = tiny_model("qwen2_vl")
-    inputs = tiny.make_inputs("qwen2_vl", model, n_images=2)
+    model = tiny_model(name)
+    inputs = tiny.make_inputs(name, model, n_images=2)
     _enable(model, pruned, PruneConfig(method=method, layer=2, keep=0.5))
     with torch.no_grad():
         output = model.generate(

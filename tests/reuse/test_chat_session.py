@@ -64,6 +64,9 @@ MODELS = {
     "qwen2_vl": "model_and_processor",
     "qwen2_vl-saved-processor": "saved_model_and_processor",
     "llava": "llava_and_processor",
+    "glm4v": "glm4v_and_processor",
+    "glm46v": "glm46v_and_processor",
+    "glm4v_moe": "glm4v_moe_and_processor",
 }
 
 

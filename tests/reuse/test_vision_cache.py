@@ -22,7 +22,15 @@ from ascend_vlm.reuse.cached_features import (
 )
 from ascend_vlm.reuse.vision_cache import VisionCache
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava_clip"]
+FAMILIES = [
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "llava_clip",
+    "glm4v",
+    "glm4v_moe",
+]
 
 
 def _model(name: str = "qwen2_vl"):

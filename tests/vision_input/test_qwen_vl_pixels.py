@@ -102,6 +102,20 @@ def test_a_reference_with_a_step_turned_off_is_refused():
         QwenVLPixels(Qwen2VLImageProcessorPil(do_normalize=False))
 
 
+def test_a_glm4v_reference_is_refused_and_with_fast_pixels_falls_back():
+    # GLM-4V's module has a smart_resize of its own (frame count first, other rounding).
+    from types import SimpleNamespace
+
+    from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+    from ascend_vlm.vision_input.fast_processor import with_fast_pixels
+
+    with pytest.raises(ValueError, match=r"smart_resize\('height', 'width'\); .*glm4v does not"):
+        QwenVLPixels(Glm4vImageProcessorPil())
+    processor = SimpleNamespace(image_processor=Glm4vImageProcessorPil())
+    assert with_fast_pixels(processor) is processor
+
+
 def test_qwen3_vl_settings_equal_hugging_faces():
     """Qwen3-VL uses the Qwen2-VL image processor with patch 16 and mean/std 0.5."""
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
