@@ -44,6 +44,17 @@ class Rope:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNet:
+    """Gated DeltaNet token mixers (Qwen3.5's linear attention) whose forward calls transformers'
+    module-level gated delta rule and short-convolution functions, which patching resolves, for
+    that forward only, to adapters around ``ops.chunk_gated_delta_rule`` (prefill),
+    ``ops.recurrent_gated_delta_rule`` (one token continuing a cached state) and
+    ``ops.causal_conv1d``. The recurrent and conv states stay in transformers' cache."""
+
+    classes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class LeaveAlone:
     """Modules of `kind` deliberately not swapped, with the reason shown in the PatchReport."""
 
@@ -60,6 +71,7 @@ class PartSpec:
     norms: tuple[RmsNorm, ...] = ()
     mlps: tuple[SwigluMlp, ...] = ()
     ropes: tuple[Rope, ...] = ()
+    linear_attention: tuple[GatedDeltaNet, ...] = ()
     left_alone: tuple[LeaveAlone, ...] = ()
 
     def __add__(self, other: PartSpec) -> PartSpec:
@@ -68,6 +80,7 @@ class PartSpec:
             norms=self.norms + other.norms,
             mlps=self.mlps + other.mlps,
             ropes=self.ropes + other.ropes,
+            linear_attention=self.linear_attention + other.linear_attention,
             left_alone=self.left_alone + other.left_alone,
         )
 

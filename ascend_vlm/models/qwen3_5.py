@@ -1,0 +1,51 @@
+"""Qwen3.5: a hybrid decoder (Gated DeltaNet linear-attention layers between gated full
+attention layers with q/k RMSNorm and partial interleaved M-RoPE; zero-centred RMSNorms,
+``(1 + weight)``) + Qwen3-VL's LayerNorm ViT with 2-D RoPE and varlen attention, without
+deepstack."""
+
+from __future__ import annotations
+
+from ascend_vlm.models._backbones import NO_FUSED_LAYER_NORM, NON_GATED_MLP
+from ascend_vlm.models._qwen_vl import LAYOUT, qwen_vl_descriptor
+from ascend_vlm.models.family_spec import (
+    GatedDeltaNet,
+    LeaveAlone,
+    ModelSpec,
+    PartSpec,
+    RmsNorm,
+    Rope,
+    SwigluMlp,
+)
+
+# Qwen3_5RMSNormGated: y = (w * rmsnorm(x)) * silu(gate) per value head.
+GATED_NORM = (
+    "norm then silu(gate) product: ops.rms_norm then ops.swiglu on cat(gate, normed) would add "
+    "a copy of both [T, V] tensors per call for no fused kernel"
+)
+
+
+def spec(config) -> ModelSpec:
+    return ModelSpec(
+        text=PartSpec(
+            attention=("Qwen3_5Attention",),
+            norms=(RmsNorm(("Qwen3_5RMSNorm",), offset=1.0),),
+            mlps=(SwigluMlp(("Qwen3_5MLP",)),),
+            ropes=(Rope(("Qwen3_5Attention",), "apply_rotary_pos_emb"),),
+            linear_attention=(GatedDeltaNet(("Qwen3_5GatedDeltaNet",)),),
+            left_alone=(LeaveAlone("norm", ("Qwen3_5RMSNormGated",), GATED_NORM),),
+        ),
+        vision=PartSpec(
+            attention=("Qwen3_5VisionAttention",),
+            ropes=(
+                Rope(("Qwen3_5VisionAttention",), "apply_rotary_pos_emb_vision", style="vision"),
+            ),
+            left_alone=(
+                LeaveAlone("norm", ("LayerNorm",), NO_FUSED_LAYER_NORM),
+                LeaveAlone("mlp", ("Qwen3_5VisionMLP",), NON_GATED_MLP),
+            ),
+        ),
+        vision_towers=LAYOUT.tower_paths(),
+    )
+
+
+DESCRIPTORS = {"qwen3_5": qwen_vl_descriptor(spec, "interleaved_mrope")}
