@@ -5,8 +5,11 @@ deepstack."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ascend_vlm.models._backbones import NO_FUSED_LAYER_NORM, NON_GATED_MLP
-from ascend_vlm.models._qwen_vl import LAYOUT, qwen_vl_descriptor
+from ascend_vlm.models._qwen_vl import ALL_FEATURES, LAYOUT, qwen_vl_descriptor
+from ascend_vlm.models.descriptor import Refused
 from ascend_vlm.models.family_spec import (
     GatedDeltaNet,
     LeaveAlone,
@@ -48,4 +51,30 @@ def spec(config) -> ModelSpec:
     )
 
 
-DESCRIPTORS = {"qwen3_5": qwen_vl_descriptor(spec, "interleaved_mrope")}
+# What a Gated DeltaNet layer keeps between calls: one recurrent state and one conv state per
+# sequence, summarising every token seen, with no per-token slots.
+_RECURRENT = (
+    "Qwen3.5's Gated DeltaNet layers keep a recurrent state per sequence, not a slot per token"
+)
+FEATURES = replace(
+    ALL_FEATURES,
+    token_pruning=Refused(
+        f"pruning hands the layers after its scoring layer the kept tokens only and re-indexes "
+        f"their attention caches; {_RECURRENT}, and its scoring taps self_attn, which they lack"
+    ),
+    kv_compression=Refused(
+        f"SnapKV cuts each layer's prompt KV cache down to chosen token slots; {_RECURRENT}"
+    ),
+    chat_sessions=Refused(
+        f"ChatSession crops the reused cache back to the conversation's common prefix; "
+        f"{_RECURRENT}, which transformers cannot crop unless past recording was on"
+    ),
+    batching=Refused(
+        f"BatchGenerator's RowCache joins and trims rows by padding KV cache columns; {_RECURRENT}"
+    ),
+    attention_overlay=Refused(
+        "the overlay averages attention probabilities over decoder layers; three in four of "
+        "Qwen3.5's are Gated DeltaNet layers, which compute none"
+    ),
+)
+DESCRIPTORS = {"qwen3_5": qwen_vl_descriptor(spec, "interleaved_mrope", features=FEATURES)}
