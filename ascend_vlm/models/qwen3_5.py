@@ -20,35 +20,44 @@ from ascend_vlm.models.family_spec import (
     SwigluMlp,
 )
 
-# Qwen3_5RMSNormGated: y = (w * rmsnorm(x)) * silu(gate) per value head.
+# Qwen3_5RMSNormGated (and the MoE family's): y = (w * rmsnorm(x)) * silu(gate) per value head.
 GATED_NORM = (
     "norm then silu(gate) product: ops.rms_norm then ops.swiglu on cat(gate, normed) would add "
     "a copy of both [T, V] tensors per call for no fused kernel"
 )
 
 
-def spec(config) -> ModelSpec:
+def hybrid_spec(prefix: str, *text_left_alone: LeaveAlone) -> ModelSpec:
+    """The spec of a Qwen3.5 family whose module classes start with `prefix` ("Qwen3_5",
+    "Qwen3_5Moe"), with `text_left_alone` the family's further text modules kept."""
     return ModelSpec(
         text=PartSpec(
-            attention=("Qwen3_5Attention",),
-            norms=(RmsNorm(("Qwen3_5RMSNorm",), offset=1.0),),
-            mlps=(SwigluMlp(("Qwen3_5MLP",)),),
-            ropes=(Rope(("Qwen3_5Attention",), "apply_rotary_pos_emb"),),
-            linear_attention=(GatedDeltaNet(("Qwen3_5GatedDeltaNet",)),),
-            left_alone=(LeaveAlone("norm", ("Qwen3_5RMSNormGated",), GATED_NORM),),
+            attention=(f"{prefix}Attention",),
+            norms=(RmsNorm((f"{prefix}RMSNorm",), offset=1.0),),
+            mlps=(SwigluMlp((f"{prefix}MLP",)),),
+            ropes=(Rope((f"{prefix}Attention",), "apply_rotary_pos_emb"),),
+            linear_attention=(GatedDeltaNet((f"{prefix}GatedDeltaNet",)),),
+            left_alone=(
+                LeaveAlone("norm", (f"{prefix}RMSNormGated",), GATED_NORM),
+                *text_left_alone,
+            ),
         ),
         vision=PartSpec(
-            attention=("Qwen3_5VisionAttention",),
+            attention=(f"{prefix}VisionAttention",),
             ropes=(
-                Rope(("Qwen3_5VisionAttention",), "apply_rotary_pos_emb_vision", style="vision"),
+                Rope((f"{prefix}VisionAttention",), "apply_rotary_pos_emb_vision", style="vision"),
             ),
             left_alone=(
                 LeaveAlone("norm", ("LayerNorm",), NO_FUSED_LAYER_NORM),
-                LeaveAlone("mlp", ("Qwen3_5VisionMLP",), NON_GATED_MLP),
+                LeaveAlone("mlp", (f"{prefix}VisionMLP",), NON_GATED_MLP),
             ),
         ),
         vision_towers=LAYOUT.tower_paths(),
     )
+
+
+def spec(config) -> ModelSpec:
+    return hybrid_spec("Qwen3_5")
 
 
 # What a Gated DeltaNet layer keeps between calls: one recurrent state and one conv state per

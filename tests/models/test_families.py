@@ -45,6 +45,7 @@ EXPECTED_SWAPPED = {
     "gemma3": (2, 2, 14, 2, 0, 0, 0),  # gelu MLPs
     "internvl": (2, 2, 9, 2, 2, 0, 0),
     "qwen3_5": (1, 2, 9, 3, 3, 2, 0),
+    "qwen3_5_moe": (1, 2, 9, 3, 3, 2, 0),  # sparse MoE blocks left alone
 }
 
 
