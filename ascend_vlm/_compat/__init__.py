@@ -13,6 +13,8 @@ it does not hold, or None. Each probe says when it can go (:mod:`.probe`).
 * :mod:`.module_internals`: norm and MLP attributes, SiLU, accelerate hooks.
 * :mod:`.decorators`: rebuilding decorated forwards (``deprecate_kwarg``, kernels).
 * :mod:`.experts`: MoE experts modules' weights, layout flags and call.
+* :mod:`.gated_delta`: the gated delta rule and convolution functions a Gated DeltaNet forward
+  calls.
 * :mod:`.cache`: the KV cache's layers and keyword.
 * :mod:`.torch_internals`: torch's mode stacks, fake tensors, version counter, int8 matmul.
 * :mod:`.peft_layers`: switching a PEFT layer's active adapter.

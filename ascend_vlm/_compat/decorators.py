@@ -102,12 +102,10 @@ def rewrap(wrapper: types.FunctionType, inner: Callable) -> types.FunctionType:
     return clone
 
 
-def rope_problem(cls: type, function_name: str, style: str) -> str | None:
-    """Why `cls`'s forward cannot have its module-level `function_name` (a RoPE function of
-    `style`, a key of ``ROPE_PARAMETERS``) resolved to an adapter, or None when it can.
-
-    A decorated forward qualifies when each decorator can be rebuilt around the rebound function
-    (`rewrap`)."""
+def undecorated_forward(cls: type) -> types.FunctionType | str:
+    """`cls.forward` under every decorator `rewrap` can rebuild around a rebound copy, or why
+    it cannot be reached (a decorator keeping it elsewhere than one closure cell, a forward that
+    is not a Python function)."""
     forward = cls.forward
     while hasattr(forward, "__wrapped__"):
         if _cell_of_wrapped(forward) is None:
@@ -117,14 +115,32 @@ def rope_problem(cls: type, function_name: str, style: str) -> str | None:
         forward = forward.__wrapped__
     if not isinstance(forward, types.FunctionType):
         return f"{cls.__name__}.forward is not a Python function: {forward!r}"
-    if function_name not in forward.__code__.co_names:
-        return f"{cls.__name__}.forward does not call {function_name}"
-    original = plain_function(forward.__globals__.get(function_name))
-    expected = ROPE_PARAMETERS[style]
+    return forward
+
+
+def parameters_problem(function: object, name: str, expected: tuple[str, ...]) -> str | None:
+    """Why `function` (module-level `name`, possibly turned into a module by kernels) does not
+    take exactly the parameters `expected`, or None when it does."""
+    original = plain_function(function)
     parameters = tuple(inspect.signature(original).parameters) if callable(original) else ()
     if parameters != expected:
-        return f"{function_name}{parameters} does not have the expected signature {expected}"
+        return f"{name}{parameters} does not have the expected signature {expected}"
     return None
+
+
+def rope_problem(cls: type, function_name: str, style: str) -> str | None:
+    """Why `cls`'s forward cannot have its module-level `function_name` (a RoPE function of
+    `style`, a key of ``ROPE_PARAMETERS``) resolved to an adapter, or None when it can.
+
+    A decorated forward qualifies when each decorator can be rebuilt around the rebound function
+    (`rewrap`)."""
+    forward = undecorated_forward(cls)
+    if isinstance(forward, str):
+        return forward
+    if function_name not in forward.__code__.co_names:
+        return f"{cls.__name__}.forward does not call {function_name}"
+    function = forward.__globals__.get(function_name)
+    return parameters_problem(function, function_name, ROPE_PARAMETERS[style])
 
 
 def _rewrapped_call(wrapper: types.FunctionType, *args, **kwargs) -> object:

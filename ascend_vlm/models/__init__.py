@@ -20,6 +20,8 @@ from ascend_vlm.models import (
     llava,
     qwen2_5_vl,
     qwen2_vl,
+    qwen3_5,
+    qwen3_5_moe,
     qwen3_vl,
     qwen3_vl_moe,
 )
@@ -59,6 +61,8 @@ FAMILIES: tuple[ModuleType, ...] = (
     idefics3,
     gemma4,
     glm4v,
+    qwen3_5,
+    qwen3_5_moe,
 )
 
 # model_type -> its descriptor, in FAMILIES order (error messages list model types this way).

@@ -1,5 +1,5 @@
-"""What the Qwen-VL families share beyond their swaps: where their parts are, their
-visual tokens and pixel encoders, and every feature supported."""
+"""What the Qwen-VL families share beyond their swaps: where their parts are, their visual
+tokens and pixel encoders, and (unless a family says otherwise) every feature supported."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _ENCODERS = (
     Encoder("get_image_features", grid="image_grid_thw"),
     Encoder("get_video_features", grid="video_grid_thw"),
 )
-_FEATURES = FeatureSupport(
+ALL_FEATURES = FeatureSupport(
     token_pruning=SUPPORTED,
     kv_compression=SUPPORTED,
     vision_cache=SUPPORTED,
@@ -36,15 +36,19 @@ _FEATURES = FeatureSupport(
 
 
 def qwen_vl_descriptor(
-    spec: Callable[[Any], ModelSpec], position_scheme: str, deepstack: str | None = None
+    spec: Callable[[Any], ModelSpec],
+    position_scheme: str,
+    deepstack: str | None = None,
+    features: FeatureSupport = ALL_FEATURES,
 ) -> FamilyDescriptor:
-    """A Qwen-VL family's descriptor: its `spec`, M-RoPE flavour and deepstack config path."""
+    """A Qwen-VL family's descriptor: its `spec`, M-RoPE flavour, deepstack config path and
+    feature answers (every feature unless given)."""
     return FamilyDescriptor(
         patch=spec,
         layout=LAYOUT,
         visual_token_ids=_VISUAL_TOKEN_IDS,
         position_scheme=position_scheme,
         encoders=_ENCODERS,
-        features=_FEATURES,
+        features=features,
         deepstack=deepstack,
     )

@@ -108,6 +108,17 @@ class SparseMoe:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNet:
+    """Gated DeltaNet token mixers (Qwen3.5's linear attention) whose forward calls transformers'
+    module-level gated delta rule and short-convolution functions, which patching resolves, for
+    that forward only, to adapters around ``ops.chunk_gated_delta_rule`` (prefill),
+    ``ops.recurrent_gated_delta_rule`` (one token continuing a cached state) and
+    ``ops.causal_conv1d``. The recurrent and conv states stay in transformers' cache."""
+
+    classes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class LeaveAlone:
     """Modules of `kind` deliberately not swapped, with the reason shown in the PatchReport."""
 
@@ -125,6 +136,7 @@ class PartSpec:
     mlps: tuple[SwigluMlp, ...] = ()
     ropes: tuple[Rope, ...] = ()
     moes: tuple[SparseMoe, ...] = ()
+    linear_attention: tuple[GatedDeltaNet, ...] = ()
     left_alone: tuple[LeaveAlone, ...] = ()
 
     def __add__(self, other: PartSpec) -> PartSpec:
@@ -134,6 +146,7 @@ class PartSpec:
             mlps=self.mlps + other.mlps,
             ropes=self.ropes + other.ropes,
             moes=self.moes + other.moes,
+            linear_attention=self.linear_attention + other.linear_attention,
             left_alone=self.left_alone + other.left_alone,
         )
 

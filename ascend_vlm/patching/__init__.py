@@ -24,8 +24,13 @@ How (the *what* lives in `ascend_vlm.models`), one module per concern:
   ``apply_rotary_pos_emb``) resolved to an adapter around ``ops.rotary_embedding_pair`` (q and
   k in one call); the transformers module and class stay untouched. Decorators on that forward
   (``deprecate_kwarg``, kernels' ``use_kernelized_func``) are rebuilt around the rebound code
-  (`ascend_vlm._compat.decorators.rewrap`), so they keep working. ``adapters.ADAPTERS`` maps each
-  ``PartSpec`` field to its adapter.
+  (`ascend_vlm._compat.decorators.rewrap`), so they keep working (`rebound_globals`). ``part``
+  holds what every adapter shares. ``adapters.ADAPTERS`` maps each ``PartSpec`` field to its
+  adapter.
+* `linear_attention`: Gated DeltaNet modules (Qwen3.5) get their forward rebuilt the same way,
+  with transformers' gated delta rule and short-convolution functions resolved to
+  ``ops.chunk_gated_delta_rule`` (prefill), ``ops.recurrent_gated_delta_rule`` (cached decode)
+  and ``ops.causal_conv1d``; transformers' cache keeps the states.
 * `moe`: sparse MoE blocks' routed experts go to ``ops.moe_experts`` (the experts module's
   forward, or Llama 4's block forward, rebound); routers and shared experts stay stock.
 * `state`: what the adapters work with: the options, the report, and the ledger's edits, so

@@ -1,5 +1,6 @@
-"""The module adapters: what replaces a norm's, an MLP's and a RoPE attention's forward (and,
-from `moe`, a sparse MoE block's experts).
+"""The module adapters: what replaces a norm's, an MLP's and a RoPE attention's forward (a
+sparse MoE block's experts: `ascend_vlm.patching.moe`; a Gated DeltaNet's:
+`ascend_vlm.patching.linear_attention`).
 
 Each adapter takes one module a family spec entry names, and either rebinds its forward (through
 `PatchState.rebind`, so `unpatch` reverts it) or records why it leaves the module alone.
@@ -12,13 +13,12 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ascend_vlm import ops
-from ascend_vlm._compat.decorators import rewrap, rope_problem
+from ascend_vlm._compat.decorators import rope_problem
 from ascend_vlm._compat.module_internals import (
     FUSED_MLP_PROJECTIONS,
     MLP_PROJECTIONS,
@@ -27,28 +27,11 @@ from ascend_vlm._compat.module_internals import (
     mlp_attributes,
 )
 from ascend_vlm.models.family_spec import LeaveAlone, RmsNorm, Rope, SwigluMlp
+from ascend_vlm.patching.linear_attention import patch_linear_attention
 from ascend_vlm.patching.moe import patch_moe
+from ascend_vlm.patching.part import Part
+from ascend_vlm.patching.rebound_globals import ReboundForward, with_globals
 from ascend_vlm.patching.state import PatchState, disabled_by
-
-
-@dataclass
-class Part:
-    """What an adapter sees of the part (``name`` "text" or "vision") it patches: the part's
-    modules and the options `patch` was called with."""
-
-    name: str
-    modules: list[nn.Module]
-    options: dict[str, bool]
-
-    def enabled(self, kind: str) -> bool:
-        """Whether `patch`'s options ask for modules of `kind` ("norm", "mlp", "rope") here."""
-        return (self.name == "text" or self.options["vision"]) and self.options[kind]
-
-    @functools.cached_property
-    def rope_table_scale(self) -> float:
-        """A bound on |cos| and |sin| of the RoPE tables made in this part (`rope_table_scale`)."""
-        return rope_table_scale(self.modules)
-
 
 # --------------------------------------------------------------------------- norm
 
@@ -195,76 +178,23 @@ def rope_adapter(style: str, table_scale: float = 1.0) -> Callable:
     return functools.partial(_ROPE_STYLES[style][0], table_scale)
 
 
-def rope_table_scale(modules: list[nn.Module]) -> float:
-    """A bound on |cos| and |sin| of the RoPE tables made in one part of a model: the largest
-    ``attention_scaling`` (or per-layer-type ``<type>_attention_scaling``, Gemma3) that its
-    rotary embedding modules multiply their tables by, and at least 1.0 (unit tables).
-
-    Read once at patch time; the factor is fixed at the module's construction (dynamic and
-    longrope updates change the frequencies, not the factor). Any bound gives the same result
-    (ops.rotary_embedding's ``table_scale``), so one bound serves every rotary module.
-    """
-    scales = [
-        value
-        for module in modules
-        for name, value in vars(module).items()
-        if name.endswith("attention_scaling") and type(value) in (float, int)
-    ]
-    return float(max([1.0, *scales]))
-
-
 @functools.cache
 def _forward_with_rope(
     forward: types.FunctionType, function_name: str, style: str, table_scale: float = 1.0
 ):
-    """`forward`'s own code with the global `function_name` resolved to our RoPE adapter.
-
-    One globals snapshot per (forward, function, style, scale); the original module is not
-    modified. A decorated forward is rebuilt around the rebound function it decorates (`rewrap`).
-    The snapshot drops ``__name__``: Dynamo resolves the globals of a function it inlines
-    through the module of that name when there is one, and would then guard on the module's own
-    `function_name` (transformers' function) instead of our adapter; without it, Dynamo reads
-    and guards on this dict, so torch.compile and torch.export see the adapter.
-    """
-    if hasattr(forward, "__wrapped__"):
-        return rewrap(
-            forward,
-            _forward_with_rope(forward.__wrapped__, function_name, style, table_scale),
-        )
-    rebound_globals = dict(forward.__globals__)
-    rebound_globals[function_name] = rope_adapter(style, table_scale)
-    del rebound_globals["__name__"]
-    clone = types.FunctionType(
-        forward.__code__,
-        rebound_globals,
-        forward.__name__,
-        forward.__defaults__,
-        forward.__closure__,
-    )
-    clone.__kwdefaults__ = forward.__kwdefaults__
-    clone.__qualname__ = forward.__qualname__
-    return clone
-
-
-class RopeForward(functools.partial):
-    """A module's ``forward`` rebound by `_forward_with_rope`, bound to the module (called like
-    the bound method). Pickles as its recipe, `rope_forward`'s arguments: the rebound function
-    has no importable name."""
-
-    recipe: tuple[str, str, float]  # (function_name, style, table_scale)
-
-    def __reduce__(self):
-        return rope_forward, (self.args[0], *self.recipe)
+    """`forward` with the global `function_name` resolved to our RoPE adapter (`with_globals`),
+    built once per (forward, function, style, scale)."""
+    return with_globals(forward, {function_name: rope_adapter(style, table_scale)})
 
 
 def rope_forward(
     module: nn.Module, function_name: str, style: str, table_scale: float = 1.0
-) -> RopeForward:
+) -> ReboundForward:
     """``module.forward`` with its class forward's `function_name` resolved to our adapter,
     which hands the op ``table_scale`` (a bound on the tables' |cos| and |sin|)."""
     clone = _forward_with_rope(type(module).forward, function_name, style, table_scale)
-    forward = RopeForward(clone, module)
-    forward.recipe = (function_name, style, table_scale)
+    forward = ReboundForward(clone, module)
+    forward.recipe = (rope_forward, function_name, style, table_scale)
     return forward
 
 
@@ -299,5 +229,6 @@ ADAPTERS: dict[str, Callable[[PatchState, nn.Module, object, Part], None]] = {
     "mlps": patch_mlp,
     "ropes": patch_rope,
     "moes": patch_moe,
+    "linear_attention": patch_linear_attention,
     "left_alone": leave_alone,
 }

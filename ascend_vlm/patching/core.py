@@ -17,9 +17,10 @@ from ascend_vlm.models import (
     spec_for,
     supported_model_types,
 )
-from ascend_vlm.patching.adapters import ADAPTERS, Part
+from ascend_vlm.patching.adapters import ADAPTERS
 from ascend_vlm.patching.attention import register_attention
 from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, remove_feature
+from ascend_vlm.patching.part import Part
 from ascend_vlm.patching.report import PatchReport
 from ascend_vlm.patching.routing import attention_configs_to_route, route_attention
 from ascend_vlm.patching.state import PatchState

@@ -18,6 +18,9 @@ attention-routing:<mt>     each attention class's forward looks its function up 
 rope:<model_type>          the RoPE function exists with the parameters of its style
                            (``ROPE_PARAMETERS``) and each listed class's forward calls it, under
                            decorators `rewrap` can rebuild.
+linear-attention:<mt>      each Gated DeltaNet class's forward calls the gated delta rule and
+                           convolution functions the adapter replaces, with their parameters
+                           (`ascend_vlm._compat.gated_delta.linear_attention_problem`).
 varlen-vision:<mt>         a vision attention whose forward asks ``is_flash_attention_requested``
                            gets True for ``ATTENTION_NAME`` (the "flash" substring rule) and passes
                            its packed segments as ``VARLEN_KWARGS``.
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 
 from ascend_vlm._compat.attention import ATTENTION_NAME, VARLEN_KWARGS
 from ascend_vlm._compat.decorators import rope_problem
+from ascend_vlm._compat.gated_delta import linear_attention_problem
 from ascend_vlm._compat.module_internals import NORM_EPS_ATTRIBUTES, mlp_attributes
 from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
 from ascend_vlm.models import REGISTRY, TEXT_BACKBONES, VISION_BACKBONES, spec_for
@@ -104,7 +108,7 @@ def _parts() -> list[_Part]:
 
 def _swapped_classes(spec) -> list[str]:
     names = [*spec.attention]
-    for entries in (spec.norms, spec.mlps, spec.ropes, spec.moes):
+    for entries in (spec.norms, spec.mlps, spec.ropes, spec.moes, spec.linear_attention):
         names += [name for entry in entries for name in entry.classes]
     return list(dict.fromkeys(names))
 
@@ -151,6 +155,16 @@ def _rope_probe(part: _Part) -> str | None:
             return f"{module.__name__} has no {rope.function}"
         for name in rope.classes:
             problem = rope_problem(getattr(module, name), rope.function, rope.style)
+            if problem:
+                return problem
+    return None
+
+
+def _linear_attention_probe(part: _Part) -> str | None:
+    module = part.modeling
+    for entry in part.spec.linear_attention:
+        for name in entry.classes:
+            problem = linear_attention_problem(getattr(module, name))
             if problem:
                 return problem
     return None
@@ -211,6 +225,8 @@ def family_probes() -> tuple[Probe, ...]:
         }
         if part.spec.ropes:
             checks["rope"] = _rope_probe
+        if part.spec.linear_attention:
+            checks["linear-attention"] = _linear_attention_probe
         if part.side == "vision":
             checks["varlen-vision"] = _varlen_vision_probe
         for kind, check in checks.items():

@@ -8,7 +8,7 @@ from torch import nn
 
 from ascend_vlm._compat.attention import ATTENTION_NAME, set_attention_implementation
 from ascend_vlm.models.family_spec import PartSpec
-from ascend_vlm.patching.adapters import Part
+from ascend_vlm.patching.part import Part
 from ascend_vlm.patching.state import PatchState
 
 

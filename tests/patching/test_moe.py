@@ -25,9 +25,9 @@ from ascend_vlm.models.tiny.moe_blocks import (
     MOE_TOP_K,
     build_moe_block,
 )
-from ascend_vlm.patching.adapters import Part
 from ascend_vlm.patching.ledger import Edits
 from ascend_vlm.patching.moe import patch_moe
+from ascend_vlm.patching.part import Part
 from ascend_vlm.patching.report import PatchReport
 from ascend_vlm.patching.state import PatchState
 

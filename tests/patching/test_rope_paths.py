@@ -78,7 +78,15 @@ ROPE_TYPES = {
 # with the two types that scale the tables.
 CASES = [("llava_clip", rope) for rope in ROPE_TYPES] + [
     (family, rope)
-    for family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe")
+    for family in (
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_vl_moe",
+        "glm4v",
+        "glm4v_moe",
+        "qwen3_5",
+    )
     for rope in ("default", "yarn", "longrope")
 ]
 
@@ -127,7 +135,7 @@ def test_every_rope_type_matches_stock(family, rope, path, request, monkeypatch)
 
 
 def test_table_scale_is_the_largest_scaling_of_any_rotary_module_and_at_least_one() -> None:
-    from ascend_vlm.patching.adapters import rope_table_scale as _rope_table_scale
+    from ascend_vlm.patching.part import rope_table_scale as _rope_table_scale
 
     plain, per_layer_type, shrinking = nn.Module(), nn.Module(), nn.Module()
     plain.attention_scaling = 1.25

@@ -15,7 +15,15 @@ from ascend_vlm.models.tiny import FAMILIES, TEXT_VOCAB, TINY, build_model, make
 from ascend_vlm.quantization.awq import GRID, apply_awq_scales
 from ascend_vlm.quantization.rtn import quantize_rtn
 
-FAMILY_NAMES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava_clip")
+FAMILY_NAMES = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "llava_clip",
+    "qwen3_5",
+    "qwen3_5_moe",
+)
 
 
 def _calibration(name: str, model) -> list[dict]:

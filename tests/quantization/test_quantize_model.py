@@ -19,6 +19,8 @@ FAMILIES = [
     "llava_clip",
     "glm4v",
     "glm4v_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
 ]
 W4G32 = QuantizationConfig(bits=4, group_size=32)
 

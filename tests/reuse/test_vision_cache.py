@@ -30,6 +30,8 @@ FAMILIES = [
     "llava_clip",
     "glm4v",
     "glm4v_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
 ]
 
 

@@ -1,4 +1,5 @@
-"""Tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE, and Qwen-VL prompts with images."""
+"""Tiny Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE, and Qwen-VL
+prompts with images."""
 
 from __future__ import annotations
 
@@ -143,6 +144,52 @@ def _qwen3_vl_moe(size: ModelSize = TINY):
     )
 
 
+def qwen3_5_text_config(size: ModelSize) -> dict:
+    """Qwen3.5's decoder: the size's layers as Gated DeltaNet layers (two key heads shared by
+    four value heads) then one gated full-attention layer, whose heads are twice the size's
+    head dim with half of it rotary (the size's M-RoPE sections)."""
+    return {
+        **text_config(size),
+        "num_hidden_layers": size.layers + 1,
+        "layer_types": ["linear_attention"] * size.layers + ["full_attention"],
+        "head_dim": 2 * size.head_dim,
+        "rope_parameters": mrope_parameters(
+            size, partial_rotary_factor=0.5, mrope_interleaved=True
+        ),
+        "linear_num_key_heads": size.kv_heads,
+        "linear_num_value_heads": 2 * size.kv_heads,
+        "linear_key_head_dim": size.head_dim,
+        "linear_value_head_dim": size.head_dim,
+    }
+
+
+def _qwen3_5(size: ModelSize = TINY):
+    from transformers import Qwen3_5Config
+
+    return Qwen3_5Config(
+        text_config=qwen3_5_text_config(size),
+        vision_config=qwen3_vl_vision_config(size),
+        **qwen_token_ids(),
+    )
+
+
+def _qwen3_5_moe(size: ModelSize = TINY):
+    """Qwen3.5's decoder with 4 routed experts (top 2) and a shared expert in every layer."""
+    from transformers import Qwen3_5MoeConfig
+
+    experts = {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": size.intermediate // 2,
+        "shared_expert_intermediate_size": size.intermediate // 2,
+    }
+    return Qwen3_5MoeConfig(
+        text_config={**qwen3_5_text_config(size), **experts},
+        vision_config=qwen3_vl_vision_config(size),
+        **qwen_token_ids(),
+    )
+
+
 def _qwen_family(name: str, model_class: str, config) -> TinyFamily:
     return TinyFamily(name, model_class, config, qwen_images, token_inputs=qwen_token_inputs)
 
@@ -152,6 +199,8 @@ TINY_FAMILIES = (
     _qwen_family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", _qwen2_5_vl),
     _qwen_family("qwen3_vl", "Qwen3VLForConditionalGeneration", _qwen3_vl),
     _qwen_family("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", _qwen3_vl_moe),
+    _qwen_family("qwen3_5", "Qwen3_5ForConditionalGeneration", _qwen3_5),
+    _qwen_family("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", _qwen3_5_moe),
 )
 
 
