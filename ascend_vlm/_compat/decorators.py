@@ -32,6 +32,8 @@ from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
 ROPE_PARAMETERS = {
     "text": ("q", "k", "cos", "sin", "unsqueeze_dim"),
     "vision": ("q", "k", "cos", "sin"),
+    "complex": ("xq", "xk", "freqs_cis"),
+    "complex_vision": ("query", "key", "freqs_ci"),
 }
 
 

@@ -36,6 +36,9 @@ class Rope:
 
     style "text": `function(q, k, cos, sin, unsqueeze_dim=1)` with q/k [B, N, S, D], cos/sin [B, S, D].
     style "vision": `function(q, k, cos, sin)` with q/k [T, N, D], cos/sin [T, D], math in fp32.
+    style "complex" / "complex_vision": Llama 4's `function(xq, xk, freqs_cis)` /
+    `function(query, key, freqs_ci)` with q/k [B, S, N, D] and complex freqs [B, S, D/2] /
+    [S, 1, D/2] rotating interleaved pairs, math in fp32.
     """
 
     classes: tuple[str, ...]

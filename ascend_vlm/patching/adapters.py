@@ -19,7 +19,7 @@ from torch import nn
 from ascend_vlm import ops
 from ascend_vlm._compat.decorators import rewrap, rope_problem
 from ascend_vlm._compat.module_internals import (
-    MLP_ACTIVATION,
+    MLP_ACTIVATIONS,
     MLP_PROJECTIONS,
     NORM_EPS_ATTRIBUTES,
     SILU_ACTIVATIONS,
@@ -101,7 +101,9 @@ def swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.
 
 def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) -> None:
     name = type(module).__name__
-    activation = type(getattr(module, MLP_ACTIVATION, None)).__name__
+    activation = type(
+        next((getattr(module, a) for a in MLP_ACTIVATIONS if hasattr(module, a)), None)
+    ).__name__
     if not part.enabled("mlp"):
         state.report.record_left_alone("mlp", name, _disabled("mlp"))
     elif not all(hasattr(module, p) for p in MLP_PROJECTIONS):
@@ -128,12 +130,29 @@ def _rope_text(table_scale: float, q, k, cos, sin, unsqueeze_dim=1):
     return ops.rotary_embedding_pair(q, k, cos, sin, table_scale=table_scale)
 
 
+def _rope_complex(table_scale: float, xq, xk, freqs_cis):
+    """Drop-in for Llama 4's text `apply_rotary_emb` (its parameter names, which callers pass
+    by keyword): q/k [B, S, N, D], complex freqs_cis [B, S, D/2]."""
+    return ops.rotary_embedding_pair_complex(xq, xk, freqs_cis, table_scale=table_scale)
+
+
+def _rope_complex_vision(table_scale: float, query, key, freqs_ci):
+    """Drop-in for Llama 4's `vision_apply_rotary_emb`: q/k [B, S, N, D], complex freqs_ci
+    [S, 1, D/2] shared by the batch."""
+    return ops.rotary_embedding_pair_complex(query, key, freqs_ci, table_scale=table_scale)
+
+
 def rope_adapter(style: str, table_scale: float = 1.0) -> Callable:
     """The drop-in for the module-level rotary function of ``style`` ("text":
-    `apply_rotary_pos_emb`, "vision": `apply_rotary_pos_emb_vision`), for tables bounded by
-    ``table_scale`` (1.0: unit tables)."""
+    `apply_rotary_pos_emb`, "vision": `apply_rotary_pos_emb_vision`, "complex" and
+    "complex_vision": Llama 4's `apply_rotary_emb` and `vision_apply_rotary_emb`), for tables
+    bounded by ``table_scale`` (1.0: unit tables)."""
     if style == "vision":
         return functools.partial(ops.rotary_embedding_pair_vision, table_scale=table_scale)
+    if style == "complex":
+        return functools.partial(_rope_complex, table_scale)
+    if style == "complex_vision":
+        return functools.partial(_rope_complex_vision, table_scale)
     return functools.partial(_rope_text, table_scale)
 
 
