@@ -22,10 +22,10 @@ from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
 
 SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
 # Attributes the module adapters read: an RMSNorm's epsilon (Llama style, then Gemma style), a
-# gated MLP's projections and activation.
+# gated MLP's projections and activation (Llama style, then Llama 4 / Phi-3 style).
 NORM_EPS_ATTRIBUTES = ("variance_epsilon", "eps")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-MLP_ACTIVATION = "act_fn"
+MLP_ACTIVATIONS = ("act_fn", "activation_fn")
 # The accelerate hook's attribute and the forward it wraps (`accelerate.hooks.add_hook_to_module`).
 _HOOK_ATTRIBUTE, _HOOKED_FORWARD = "_hf_hook", "_old_forward"
 

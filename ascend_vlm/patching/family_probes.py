@@ -10,8 +10,8 @@ config-sub-configs         a config class lists its sub-configs in ``sub_configs
                            holds them in its ``__dict__`` under those names (config routing).
 classes:<model_type>       the module classes the family specs name exist in that modeling module.
 attributes:<model_type>    the norm classes store ``weight`` and one of ``NORM_EPS_ATTRIBUTES``, the
-                           MLP classes ``MLP_PROJECTIONS`` and ``MLP_ACTIVATION`` (the adapters
-                           read them; a module without them is left alone).
+                           MLP classes ``MLP_PROJECTIONS`` and one of ``MLP_ACTIVATIONS`` (the
+                           adapters read them; a module without them is left alone).
 attention-routing:<mt>     each attention class's forward looks its function up in
                            ``ALL_ATTENTION_FUNCTIONS`` by ``config._attn_implementation``.
 rope:<model_type>          the RoPE function exists with the parameters of its style
@@ -20,7 +20,8 @@ rope:<model_type>          the RoPE function exists with the parameters of its s
 varlen-vision:<mt>         a vision attention whose forward asks ``is_flash_attention_requested``
                            gets True for ``ATTENTION_NAME`` (the "flash" substring rule) and passes
                            its packed segments as ``VARLEN_KWARGS``.
-vision-tower:<model_type>  the model classes store the tower under a path of the family spec.
+vision-tower:<model_type>  the model classes store the tower under a path of the family spec
+                           (the multimodal model's attribute, or the generation model's own).
 ========================== ==========================================================================
 
 Every one is needed on every supported version: the specs describe 5.17 and 5.25 alike.
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from ascend_vlm._compat.attention import ATTENTION_NAME, VARLEN_KWARGS
 from ascend_vlm._compat.decorators import rope_problem
 from ascend_vlm._compat.module_internals import (
-    MLP_ACTIVATION,
+    MLP_ACTIVATIONS,
     MLP_PROJECTIONS,
     NORM_EPS_ATTRIBUTES,
 )
@@ -123,7 +124,7 @@ def _attributes_probe(part: _Part) -> str | None:
         (name, ("weight",), NORM_EPS_ATTRIBUTES) for n in part.spec.norms for name in n.classes
     ]
     expected += [
-        (name, (*MLP_PROJECTIONS, MLP_ACTIVATION), ()) for m in part.spec.mlps for name in m.classes
+        (name, MLP_PROJECTIONS, MLP_ACTIVATIONS) for m in part.spec.mlps for name in m.classes
     ]
     for name, required, one_of in expected:
         stored = set(getattr(module, name).__init__.__code__.co_names)
@@ -191,6 +192,9 @@ def _vision_tower_probe(model_type: str) -> str | None:
     stored = {cls: set(cls.__init__.__code__.co_names) for cls in (base, head)}
     for path in paths:
         if len(path) == 2 and path[0] in stored[head] and path[1] in stored[base]:
+            return None
+        # A generation model that holds the tower itself (Llama 4 has no multimodal model).
+        if len(path) == 1 and path[0] in stored[head]:
             return None
     return (
         f"neither {head.__name__} nor {base.__name__} stores the vision tower under "
