@@ -1,5 +1,5 @@
-"""AdapterSet on the patched tiny Llama 4: switching equals a fresh PEFT model holding only
-the active adapter, and mixed rows equal their single-adapter runs."""
+"""AdapterSet on the patched tiny Llama 4 and Llama 3.2 Vision: switching equals a fresh PEFT
+model holding only the active adapter, and mixed rows equal their single-adapter runs."""
 
 from __future__ import annotations
 
@@ -11,16 +11,10 @@ from random_adapters import save_random_adapter
 
 import ascend_vlm
 from ascend_vlm.adapters.adapter_set import BASE_ADAPTER, AdapterSet
+from ascend_vlm.models.parts import model_part
 from ascend_vlm.models.tiny import build_model, make_inputs
 
 pytestmark = pytest.mark.usefixtures("single_threaded_torch")
-
-
-@pytest.fixture
-def patched():
-    model = build_model("llama4", attn_implementation="sdpa")
-    ascend_vlm.patch(model)
-    return model
 
 
 def _logits(model, inputs) -> torch.Tensor:
@@ -28,20 +22,23 @@ def _logits(model, inputs) -> torch.Tensor:
         return model(**inputs).logits
 
 
-def test_adapters_switch_and_mix_rows_on_the_patched_model(patched, tmp_path) -> None:
+@pytest.mark.parametrize("family", ["llama4", "mllama"])
+def test_adapters_switch_and_mix_rows_on_the_patched_model(family, tmp_path) -> None:
     from peft import PeftModel
 
+    patched = build_model(family, attn_implementation="sdpa")
+    ascend_vlm.patch(patched)
     # Language-model attention only: the vision tower's q/v projections share the names.
     targets = [
-        f"language_model.model.layers.{index}.self_attn.{projection}"
-        for index in range(len(patched.language_model.model.layers))
-        for projection in ("q_proj", "v_proj")
+        name
+        for name, _ in patched.named_modules()
+        if name.split(".")[-1] in ("q_proj", "v_proj") and model_part(name) == "language"
     ]
     folders = {
         name: save_random_adapter(patched, tmp_path / name, seed, targets=targets)
         for seed, name in enumerate(("red", "green"))
     }
-    inputs = make_inputs("llama4", patched, batch=3, padding="left")
+    inputs = make_inputs(family, patched, batch=3, padding="left")
     expected = {
         name: _logits(PeftModel.from_pretrained(copy.deepcopy(patched), folder).eval(), inputs)
         for name, folder in folders.items()

@@ -45,6 +45,7 @@ EXPECTED_SWAPPED = {
     "gemma3": (2, 2, 14, 2, 0, 0, 0),  # gelu MLPs
     "internvl": (2, 2, 9, 2, 2, 0, 0),
     "llama4": (2, 2, 5, 4, 2, 0, 0),  # MoE block left to the moe adapter
+    "mllama": (2, 3, 7, 1, 2, 0, 0),  # a self- and a cross-attention layer
 }
 
 
@@ -147,14 +148,19 @@ def _stock_static_cache_problem(model) -> str | None:
 
     from transformers import masking_utils
 
-    chunked = "chunked_attention" in (
-        getattr(model.config.get_text_config(), "layer_types", None) or ()
-    )
+    text = model.config.get_text_config()
+    chunked = "chunked_attention" in (getattr(text, "layer_types", None) or ())
     takes = inspect.signature(masking_utils.create_chunked_causal_mask).parameters
     if chunked and "block_sequence_ids" not in takes:
         return (
             "this transformers' create_masks_for_generate passes block_sequence_ids, which its "
             "create_chunked_causal_mask does not take: stock static-cache generate fails"
+        )
+    cross = getattr(text, "cross_attention_layers", None)
+    if cross and "_prepare_static_cache" not in vars(type(model)):
+        return (
+            "this transformers sizes every StaticCache layer alike, and the cross-attention "
+            "layers' image-tile keys overflow it: stock static-cache generate fails"
         )
     return None
 

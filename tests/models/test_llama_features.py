@@ -1,7 +1,7 @@
-"""The features Llama 4's descriptor supports, run on the patched tiny Llama 4 (its generation
-model holds the tower and language model itself): tracing here, adapters in
-tests/adapters/test_llama4_adapters.py, quantization in tests/quantization/
-test_quantize_model.py. The refused ones say why."""
+"""The features the Llama 4 and Llama 3.2 Vision descriptors support, run on their patched tiny
+models (Llama 4's generation model holds the tower and language model itself): tracing here,
+adapters in tests/adapters/test_llama_adapters.py, quantization in
+tests/quantization/test_quantize_model.py. The refused ones say why."""
 
 from __future__ import annotations
 
@@ -19,11 +19,21 @@ from ascend_vlm.observability import trace
 pytestmark = pytest.mark.usefixtures("single_threaded_torch")
 
 
+FAMILIES = ("llama4", "mllama")
+
+
 @pytest.fixture(scope="module")
 def patched():
-    model = build_model("llama4", attn_implementation="sdpa")
-    ascend_vlm.patch(model)
-    return model
+    """family name -> its tiny model, patched (built on first use, shared by the module)."""
+    cache: dict[str, torch.nn.Module] = {}
+
+    def get(family: str) -> torch.nn.Module:
+        if family not in cache:
+            cache[family] = build_model(family, attn_implementation="sdpa")
+            ascend_vlm.patch(cache[family])
+        return cache[family]
+
+    return get
 
 
 def _logits(model, inputs) -> torch.Tensor:
@@ -31,8 +41,10 @@ def _logits(model, inputs) -> torch.Tensor:
         return model(**inputs).logits
 
 
-def test_tracing_times_every_stage_and_changes_no_output(patched) -> None:
-    inputs = make_inputs("llama4", patched, n_images=1)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tracing_times_every_stage_and_changes_no_output(patched, family) -> None:
+    patched = patched(family)
+    inputs = make_inputs(family, patched, n_images=1)
     expected = _logits(patched, inputs)
     with torch.no_grad(), trace(patched) as timeline:
         patched.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False)
@@ -42,11 +54,16 @@ def test_tracing_times_every_stage_and_changes_no_output(patched) -> None:
     assert torch.equal(traced, expected) and torch.equal(_logits(patched, inputs), expected)
 
 
-@pytest.mark.parametrize(
-    "feature",
-    [f for f, a in REGISTRY["llama4"].features.answers().items() if isinstance(a, Refused)],
-)
-def test_refused_features_name_their_reason(patched, feature) -> None:
-    reason = getattr(REGISTRY["llama4"].features, feature).reason
-    with pytest.raises(ValueError, match=f"got 'llama4': {re.escape(reason)}$"):
-        require_feature(patched, feature)
+REFUSED = [
+    (family, feature)
+    for family in FAMILIES
+    for feature, answer in REGISTRY[family].features.answers().items()
+    if isinstance(answer, Refused)
+]
+
+
+@pytest.mark.parametrize(("family", "feature"), REFUSED)
+def test_refused_features_name_their_reason(patched, family, feature) -> None:
+    reason = getattr(REGISTRY[family].features, feature).reason
+    with pytest.raises(ValueError, match=f"got '{family}': {re.escape(reason)}$"):
+        require_feature(patched(family), feature)
