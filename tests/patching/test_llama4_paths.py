@@ -5,6 +5,8 @@ calls the chunks cannot survive."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -58,8 +60,15 @@ def test_complex_rope_with_sharpened_weights_matches_stock(path, request) -> Non
     if path == "mock":
         model = model.to(request.getfixturevalue("mock_npu").device)
     inputs = make_inputs("llama4", model, n_images=1)
-    patched, stock = _patched_and_stock(model, inputs)
+    stock = _logits(model, inputs)
+    ascend_vlm.patch(model)
+    try:
+        patched = _logits(model, inputs)
+        copied = _logits(copy.deepcopy(model), inputs)  # the rebound forwards pickle as recipes
+    finally:
+        ascend_vlm.unpatch(model)
     torch.testing.assert_close(patched, stock, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(copied, stock, atol=1e-5, rtol=1e-5)
 
 
 def test_the_rope_test_sees_the_pair_convention(monkeypatch) -> None:
