@@ -35,6 +35,8 @@ ROPE_PARAMETERS = {
     "vision": ("q", "k", "cos", "sin"),
     "text-single": ("x", "cos", "sin", "unsqueeze_dim"),
     "axial": ("x", "cos", "sin", "position_ids", "unsqueeze_dim"),
+    "complex": ("xq", "xk", "freqs_cis"),
+    "complex_vision": ("query", "key", "freqs_ci"),
 }
 
 

@@ -22,21 +22,18 @@ from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
 
 SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
 # Attributes the module adapters read: an RMSNorm's epsilon (Llama style, then Gemma style), a
-# gated MLP's projections and activation, and those of a gated MLP whose gate and up projections
-# are one Linear (GLM, Phi-3: ``gate_up_proj`` gives cat(gate, up)).
+# gated MLP's projections (separate gate and up, or one ``gate_up_proj`` giving cat(gate, up):
+# GLM, Phi-3) and its activation's attribute (Llama style, then Llama 4 / Phi-3 / GLM style).
 NORM_EPS_ATTRIBUTES = ("variance_epsilon", "eps")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-MLP_ACTIVATION = "act_fn"
 FUSED_MLP_PROJECTIONS = ("gate_up_proj", "down_proj")
-FUSED_MLP_ACTIVATION = "activation_fn"
+MLP_ACTIVATIONS = ("act_fn", "activation_fn")
 
 
-def mlp_attributes(fused: bool) -> tuple[tuple[str, ...], str]:
-    """(projections, activation) attribute names of a gated MLP, ``fused`` when its gate and up
+def mlp_projections(fused: bool) -> tuple[str, ...]:
+    """The projection attribute names of a gated MLP, ``fused`` when its gate and up
     projections are one ``gate_up_proj``."""
-    if fused:
-        return FUSED_MLP_PROJECTIONS, FUSED_MLP_ACTIVATION
-    return MLP_PROJECTIONS, MLP_ACTIVATION
+    return FUSED_MLP_PROJECTIONS if fused else MLP_PROJECTIONS
 
 
 # The accelerate hook's attribute and the forward it wraps (`accelerate.hooks.add_hook_to_module`).

@@ -17,7 +17,9 @@ from ascend_vlm.models import (
     gemma4,
     glm4v,
     idefics3,
+    llama4,
     llava,
+    mllama,
     qwen2_5_vl,
     qwen2_vl,
     qwen3_5,
@@ -63,6 +65,8 @@ FAMILIES: tuple[ModuleType, ...] = (
     glm4v,
     qwen3_5,
     qwen3_5_moe,
+    llama4,
+    mllama,
 )
 
 # model_type -> its descriptor, in FAMILIES order (error messages list model types this way).

@@ -32,13 +32,14 @@ def decoder_parts(base: nn.Module, feature: str) -> DecoderParts:
     reason), or when its layout is not the one declared (the missing attribute is named)."""
     descriptor = require_feature(base, feature)
     config = base.config
-    multimodal = getattr(base, "model", None)
-    layers = attribute_at(multimodal, descriptor.layout.decoder_layers)
+    layout = descriptor.layout
+    multimodal = layout.multimodal_model(base)
+    layers = attribute_at(multimodal, layout.decoder_layers)
     if not isinstance(multimodal, nn.Module) or not isinstance(layers, nn.ModuleList):
-        raise ValueError(
-            f"model: expected {type(base).__name__}.model.{descriptor.layout.decoder_layers} "
-            f"(the language model's decoder layers), not found"
+        path = ".".join(
+            p for p in (type(base).__name__, layout.multimodal, layout.decoder_layers) if p
         )
+        raise ValueError(f"model: expected {path} (the language model's decoder layers), not found")
     ids = descriptor.token_ids(config)
     if not ids:
         raise ValueError(

@@ -81,13 +81,22 @@ FEATURE_LABELS: dict[str, str] = {f.name: f.metadata["label"] for f in fields(Fe
 
 @dataclass(frozen=True)
 class Layout:
-    """Dotted attribute paths from the multimodal model (``model.model`` of a transformers
-    ``...ForConditionalGeneration``) to its vision tower, its projector (vision features ->
-    language embeddings) and its language model, whose ``layers`` are the decoder layers."""
+    """Dotted attribute paths from the multimodal model to its vision tower, its projector
+    (vision features -> language embeddings) and its language model, whose ``layers`` are the
+    decoder layers. ``multimodal`` is the path from a transformers ``...ForConditionalGeneration``
+    to the multimodal model: ``"model"``, or ``""`` when the generation model holds the parts
+    itself (Llama 4)."""
 
     vision_tower: str
     projector: str
     language_model: str
+    multimodal: str = "model"
+
+    def multimodal_model(self, generation_model: Any) -> Any:
+        """The multimodal model of ``generation_model``, or None when it has none there."""
+        if not self.multimodal:
+            return generation_model
+        return attribute_at(generation_model, self.multimodal)
 
     @property
     def decoder_layers(self) -> str:
@@ -103,7 +112,9 @@ class Layout:
     def tower_paths(self) -> tuple[str, ...]:
         """The vision tower's paths from the generation model, then from the multimodal one
         (`patch` takes either)."""
-        return (f"model.{self.vision_tower}", self.vision_tower)
+        if not self.multimodal:
+            return (self.vision_tower,)
+        return (f"{self.multimodal}.{self.vision_tower}", self.vision_tower)
 
 
 @dataclass(frozen=True)

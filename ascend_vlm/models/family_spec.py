@@ -61,6 +61,9 @@ class Rope:
     cos/sin [B, S, D] and position_ids [B, S, A]: the head dim is cut into A equal chunks, each
     rotated (rotate-half within the chunk) by the same chunk of cos/sin (Gemma 4's 2-D vision
     RoPE, A = 2).
+    style "complex" / "complex_vision": Llama 4's `function(xq, xk, freqs_cis)` /
+    `function(query, key, freqs_ci)` with q/k [B, S, N, D] and complex freqs [B, S, D/2] /
+    [S, 1, D/2] rotating interleaved pairs, math in fp32.
     """
 
     classes: tuple[str, ...]

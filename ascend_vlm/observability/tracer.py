@@ -24,6 +24,7 @@ from torch import nn
 
 from ascend_vlm import trace_events as events
 from ascend_vlm._base_model import base_model
+from ascend_vlm.models import descriptor_for
 from ascend_vlm.models.parts import LANGUAGE_MODEL_ATTRIBUTES, PROJECTOR_MARKERS, VISION_MARKERS
 from ascend_vlm.observability.clocks import check_clock, make_clock
 from ascend_vlm.observability.timeline import StageSpan, Trace, TracedRequest, TraceMark
@@ -76,8 +77,9 @@ class Tracer:
     ``model`` serves while enabled.
 
     ``model`` is a transformers VLM for generation (``...ForConditionalGeneration``; a PEFT
-    or ``torch.compile`` wrapper is looked through) whose ``.model`` holds a language model
-    (``language_model`` or ``text_model``) and usually a vision tower and projector (found by the names in
+    or ``torch.compile`` wrapper is looked through) whose multimodal model (``.model``, or
+    where its family's layout says) holds a language model (``language_model`` or
+    ``text_model``) and usually a vision tower and projector (found by the names in
     :mod:`ascend_vlm.models.parts`). ``clock``: "auto" (NPU events when the model's ops run the
     NPU kernels, else ``perf_counter``), "device" or "host". Features that emit
     :mod:`~ascend_vlm.trace_events` for this model (pruning, vision cache, batching)
@@ -90,7 +92,12 @@ class Tracer:
 
     def __init__(self, model: nn.Module, *, clock: str = "auto") -> None:
         base = base_model(model)
-        multimodal = getattr(base, "model", None)
+        descriptor = descriptor_for(getattr(base, "config", None))
+        multimodal = (
+            getattr(base, "model", None)
+            if descriptor is None
+            else descriptor.layout.multimodal_model(base)
+        )
         language = _child(multimodal, LANGUAGE_MODEL_ATTRIBUTES) if multimodal is not None else None
         if language is None:
             raise ValueError(

@@ -8,13 +8,13 @@ Each op's interface is declared once in ``op_plugins/<name>/spec.json``.
 
 Beside the ops, plain functions composed of them give the semantics model code expects:
 ``rms_norm_promoting`` (transformers' RMSNorm output dtypes), ``rotary_embedding_pair_vision``
-(packed vision RoPE in fp32), ``packed_attention`` (varlen attention in transformers' layout)
-and ``swiglu_projections`` (a gated MLP's core on top of its projections); and
-``attention_probabilities``, the weights an attention call applies, for the few query rows a
-caller needs (fused kernels never materialise them). Beside ``weight_quant_matmul`` (weight-only
-quantized linear), ``dequantize_weight`` is its dequantization math and
-``prepack_int4_for_npu`` the one-time conversion of int4 weights to the NPU kernel's packing,
-which ``npu_int4_kernel_takes`` says a call can use.
+(packed vision RoPE in fp32), ``rotary_embedding_pair_complex`` (Llama 4's complex RoPE),
+``packed_attention`` (varlen attention in transformers' layout) and ``swiglu_projections`` (a
+gated MLP's core on top of its projections); and ``attention_probabilities``, the weights an
+attention call applies, for the few query rows a caller needs (fused kernels never materialise
+them). Beside ``weight_quant_matmul`` (weight-only quantized linear), ``dequantize_weight`` is
+its dequantization math and ``prepack_int4_for_npu`` the one-time conversion of int4 weights to
+the NPU kernel's packing, which ``npu_int4_kernel_takes`` says a call can use.
 """
 
 from ascend_vlm.ops.attention_probabilities import attention_probabilities
@@ -27,6 +27,7 @@ from ascend_vlm.ops.rms_norm import rms_norm, rms_norm_promoting
 from ascend_vlm.ops.rotary_embedding import (
     rotary_embedding,
     rotary_embedding_pair,
+    rotary_embedding_pair_complex,
     rotary_embedding_pair_vision,
 )
 from ascend_vlm.ops.swiglu import swiglu, swiglu_projections
@@ -70,6 +71,7 @@ __all__ = [
     "rms_norm_promoting",
     "rotary_embedding",
     "rotary_embedding_pair",
+    "rotary_embedding_pair_complex",
     "rotary_embedding_pair_vision",
     "swiglu",
     "swiglu_projections",

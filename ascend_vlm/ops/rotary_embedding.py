@@ -279,6 +279,14 @@ rotary_embedding_pair = define_op(
 )
 
 
+def _float32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def _cast_like(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
 def rotary_embedding_pair_vision(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -295,14 +303,56 @@ def rotary_embedding_pair_vision(
     shapes or dtypes."""
     check_rank("q", q, 3, "3-D [T, N, D]")
     check_rank("k", k, 3, "3-D [T, N, D]")
-    float32 = torch.float32
-    q_bnsd = (q if q.dtype == float32 else q.float()).transpose(0, 1).unsqueeze(0)
-    k_bnsd = (k if k.dtype == float32 else k.float()).transpose(0, 1).unsqueeze(0)
-    cos = cos if cos.dtype == float32 else cos.float()
-    sin = sin if sin.dtype == float32 else sin.float()
-    q_out, k_out = rotary_embedding_pair(q_bnsd, k_bnsd, cos, sin, table_scale=table_scale)
-    q_out, k_out = q_out[0].transpose(0, 1), k_out[0].transpose(0, 1)  # -> [T, N, D]
-    return (
-        q_out if q_out.dtype == q.dtype else q_out.to(q.dtype),
-        k_out if k_out.dtype == k.dtype else k_out.to(k.dtype),
+    q_bnsd = _float32(q).transpose(0, 1).unsqueeze(0)
+    k_bnsd = _float32(k).transpose(0, 1).unsqueeze(0)
+    q_out, k_out = rotary_embedding_pair(
+        q_bnsd, k_bnsd, _float32(cos), _float32(sin), table_scale=table_scale
     )
+    q_out, k_out = q_out[0].transpose(0, 1), k_out[0].transpose(0, 1)  # -> [T, N, D]
+    return _cast_like(q_out, q), _cast_like(k_out, k)
+
+
+def rotary_embedding_pair_complex(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    freqs: torch.Tensor,
+    *,
+    table_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE in Llama 4's complex convention (transformers' llama4 ``apply_rotary_emb`` and
+    ``vision_apply_rotary_emb``) on q ``[B, S, Nq, D]`` and k ``[B, S, Nk, D]`` (BSND).
+
+    Each pair ``(x[2i], x[2i+1])`` is the complex number ``x[2i] + j x[2i+1]``, multiplied by
+    ``freqs[b, s, i]``; ``freqs`` is complex with ``B*S*D/2`` elements (text: ``[B, S, D/2]``)
+    or ``S*D/2`` (vision: ``[S, 1, D/2]``, shared by the batch), broadcast over heads. That
+    product is the GPT-J interleaved rotation with ``cos = Re(freqs)`` and ``sin = Im(freqs)``
+    each repeated for both members of a pair: :func:`rotary_embedding_pair` with
+    ``interleaved=True`` on fp32 copies of q and k viewed as ``[B, N, S, D]`` (the stock math
+    runs in fp32 / complex64), each output cast back to its input's dtype. ``table_scale``: a
+    bound on ``|freqs|`` (transformers scales the text table by ``attention_scaling``). Raises
+    ValueError naming the argument for bad ranks, a real ``freqs`` or one of another size."""
+    check_rank("q", q, 4, "4-D [B, S, N, D] (BSND)")
+    check_rank("k", k, 4, "4-D [B, S, N, D] (BSND)")
+    if not freqs.is_complex():
+        raise invalid("freqs", "a complex tensor", f"dtype {freqs.dtype}")
+    batch, seq, _, head_dim = q.shape
+    pairs = head_dim // 2
+    if head_dim % 2 or freqs.numel() not in (seq * pairs, batch * seq * pairs):
+        raise invalid(
+            "freqs",
+            f"S*D/2={seq * pairs} or B*S*D/2={batch * seq * pairs} elements for q of shape "
+            f"{tuple(q.shape)} (even D)",
+            f"shape {tuple(freqs.shape)}",
+        )
+    table = freqs.reshape(-1, seq, pairs)
+    cos = _float32(table.real).repeat_interleave(2, dim=-1)
+    sin = _float32(table.imag).repeat_interleave(2, dim=-1)
+    q_out, k_out = rotary_embedding_pair(
+        _float32(q).transpose(1, 2),
+        _float32(k).transpose(1, 2),
+        cos,
+        sin,
+        interleaved=True,
+        table_scale=table_scale,
+    )
+    return _cast_like(q_out.transpose(1, 2), q), _cast_like(k_out.transpose(1, 2), k)

@@ -21,10 +21,11 @@ from ascend_vlm import ops
 from ascend_vlm._compat.decorators import rope_problem
 from ascend_vlm._compat.module_internals import (
     FUSED_MLP_PROJECTIONS,
+    MLP_ACTIVATIONS,
     MLP_PROJECTIONS,
     NORM_EPS_ATTRIBUTES,
     SILU_ACTIVATIONS,
-    mlp_attributes,
+    mlp_projections,
 )
 from ascend_vlm.models.family_spec import LeaveAlone, RmsNorm, Rope, SwigluMlp
 from ascend_vlm.patching.linear_attention import patch_linear_attention
@@ -92,8 +93,10 @@ def fused_swiglu_mlp_forward(module: nn.Module, hidden_states: torch.Tensor) -> 
 
 def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) -> None:
     name = type(module).__name__
-    projections, activation_attribute = mlp_attributes(mlp.fused)
-    activation = type(getattr(module, activation_attribute, None)).__name__
+    projections = mlp_projections(mlp.fused)
+    activation = type(
+        next((getattr(module, a) for a in MLP_ACTIVATIONS if hasattr(module, a)), None)
+    ).__name__
     if not part.enabled("mlp"):
         state.report.record_left_alone("mlp", name, disabled_by("mlp"))
     elif not all(hasattr(module, p) for p in projections):
@@ -157,6 +160,18 @@ def _rope_vision(table_scale: float, q, k, cos, sin):
     return ops.rotary_embedding_pair_vision(q, k, cos, sin, table_scale=table_scale)
 
 
+def _rope_complex(table_scale: float, xq, xk, freqs_cis):
+    """Drop-in for Llama 4's text `apply_rotary_emb` (its parameter names, which callers pass
+    by keyword): q/k [B, S, N, D], complex freqs_cis [B, S, D/2]."""
+    return ops.rotary_embedding_pair_complex(xq, xk, freqs_cis, table_scale=table_scale)
+
+
+def _rope_complex_vision(table_scale: float, query, key, freqs_ci):
+    """Drop-in for Llama 4's `vision_apply_rotary_emb`: q/k [B, S, N, D], complex freqs_ci
+    [S, 1, D/2] shared by the batch."""
+    return ops.rotary_embedding_pair_complex(query, key, freqs_ci, table_scale=table_scale)
+
+
 # Rope style (a key of ROPE_PARAMETERS) -> (its drop-in, taking the table bound first; the op
 # it calls, for the report).
 _ROPE_STYLES: dict[str, tuple[Callable, str]] = {
@@ -168,6 +183,8 @@ _ROPE_STYLES: dict[str, tuple[Callable, str]] = {
     "vision": (_rope_vision, "rotary_embedding_pair"),
     "text-single": (_rope_single, "rotary_embedding"),
     "axial": (_rope_axial, "rotary_embedding"),
+    "complex": (_rope_complex, "rotary_embedding_pair_complex"),
+    "complex_vision": (_rope_complex_vision, "rotary_embedding_pair_complex"),
 }
 
 

@@ -42,8 +42,9 @@ def ascend_attention_forward(
       call with more keys than queries and no mask is a prefill into an empty StaticCache (the
       mask function relies on SDPA's top-left alignment): only the first Sq keys are used.
 
-    Sliding windows and packed-sequence boundaries arrive encoded in the mask; the varlen path
-    raises ValueError for ``dropout > 0`` and a ``sliding_window`` (it can honour neither).
+    Sliding windows, attention chunks (Llama 4) and packed-sequence boundaries arrive encoded in
+    the mask; the varlen path raises ValueError for ``dropout > 0``, a ``sliding_window`` and a
+    chunked-attention layer (it can honour none of them).
     Raises ValueError for logit soft-capping and attention sinks.
 
     Attention weights: fused kernels do not materialise them, so they are ``None`` unless this
@@ -60,8 +61,12 @@ def ascend_attention_forward(
         raise ValueError(f"s_aux: {ATTENTION_NAME!r} attention has no attention sinks")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    if attention_mask is None and kwargs.get(_CU_Q) is None:
+        _check_unmasked_chunks(module, query.shape[2], key.shape[2], bool(is_causal))
     if _attention_weights_requested(kwargs):
-        mask = _mask_for_weights(query, key, attention_mask, bool(is_causal), dropout, kwargs)
+        mask = _mask_for_weights(
+            module, query, key, attention_mask, bool(is_causal), dropout, kwargs
+        )
         return _attention_with_weights(query, key, value, mask, scaling, dropout)
     cu_seqlens_q = kwargs.get(_CU_Q)
     if cu_seqlens_q is not None:
@@ -70,7 +75,7 @@ def ascend_attention_forward(
             key,
             value,
             cu_seqlens_q,
-            _checked_varlen_call(query, dropout, kwargs),
+            _checked_varlen_call(module, query, dropout, kwargs),
             max_seqlen_q=kwargs.get(_MAX_Q),
             max_seqlen_k=kwargs.get(_MAX_K),
             causal=bool(is_causal),
@@ -106,25 +111,67 @@ def ascend_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
-def _checked_varlen_call(query: torch.Tensor, dropout: float, kwargs: dict) -> torch.Tensor:
-    """The key offsets of a packed varlen call (``cu_seq_lens_q`` given), after refusing what
-    packed attention cannot honour; ``cu_seq_lens_k`` defaults to ``cu_seq_lens_q``."""
+def _checked_varlen_call(
+    module: nn.Module, query: torch.Tensor, dropout: float, kwargs: dict
+) -> torch.Tensor:
+    """The key offsets of a packed varlen call (``cu_seq_lens_q`` given) by ``module``, after
+    refusing what packed attention cannot honour; ``cu_seq_lens_k`` defaults to
+    ``cu_seq_lens_q``."""
     if query.shape[0] != 1:
         raise ValueError(
             f"query: expected batch 1 for packed varlen attention ({_CU_Q} given), "
             f"got shape {tuple(query.shape)}"
         )
-    _check_varlen_honours(dropout, kwargs.get("sliding_window"))
+    _check_varlen_honours(dropout, kwargs.get("sliding_window"), _attention_chunk(module))
     cu_seqlens_k = kwargs.get(_CU_K)
     return kwargs[_CU_Q] if cu_seqlens_k is None else cu_seqlens_k
 
 
-def _check_varlen_honours(dropout: float, sliding_window: int | None) -> None:
+def _attention_chunk(module: nn.Module) -> int | None:
+    """The chunk size of ``module``'s layer when its config makes it a chunked-attention layer
+    (Llama 4: ``layer_types[layer_idx]`` is "chunked_attention", ``attention_chunk_size`` set),
+    else None."""
+    config = getattr(module, "config", None)
+    chunk = getattr(config, "attention_chunk_size", None)
+    layer_types = getattr(config, "layer_types", None)
+    index = getattr(module, "layer_idx", None)
+    if chunk is None or not layer_types or not isinstance(index, int):
+        return None
+    return chunk if layer_types[index] == "chunked_attention" else None
+
+
+def _check_unmasked_chunks(
+    module: nn.Module, query_length: int, key_length: int, is_causal: bool
+) -> None:
+    """Raise when a chunked-attention layer gets no mask although its keys span more than one
+    chunk: without the mask the chunks are lost. The mask functions return None for such a
+    layer only while every key lies in one chunk (a causal prefill into an empty StaticCache
+    uses its first ``query_length`` keys)."""
+    chunk = _attention_chunk(module)
+    used = min(query_length, key_length) if is_causal and query_length > 1 else key_length
+    if chunk is not None and used > chunk:
+        raise ValueError(
+            f"attention_mask: expected the chunked-attention mask of a layer with chunks of "
+            f"{chunk} over {used} keys, got None; build the masks with transformers' "
+            f"create_chunked_causal_mask (the model's forward does)"
+        )
+
+
+def _check_varlen_honours(
+    dropout: float, sliding_window: int | None, attention_chunk: int | None
+) -> None:
     """Raise for what ``ops.varlen_attention`` cannot compute, rather than dropping it silently.
 
-    On the padded path both arrive honoured: dropout goes to ``ops.fused_attention`` and the
-    sliding window is encoded in the mask made by `sdpa_mask`. Packed varlen calls get no mask.
+    On the padded path all three arrive honoured: dropout goes to ``ops.fused_attention``, and
+    the sliding window and the attention chunks are encoded in the mask made by the mask
+    function. Packed varlen calls get no mask.
     """
+    if attention_chunk is not None:
+        raise ValueError(
+            f"attention_chunk_size: packed varlen attention ({_CU_Q} given) attends to whole "
+            f"segments, got a chunked-attention layer (chunks of {attention_chunk}); use padded "
+            f"batches (the mask then carries the chunks) or attn_implementation='eager'"
+        )
     if dropout > 0.0:
         raise ValueError(
             f"dropout: packed varlen attention ({_CU_Q} given) has no attention dropout, "
@@ -149,6 +196,7 @@ def _attention_weights_requested(kwargs: dict) -> bool:
 
 
 def _mask_for_weights(
+    module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     attention_mask: torch.Tensor | None,
@@ -165,7 +213,7 @@ def _mask_for_weights(
     ``is_causal`` that `sdpa_mask` relies on when it returns None.
     """
     if kwargs.get(_CU_Q) is not None:
-        cu_seqlens_k = _checked_varlen_call(query, dropout, kwargs)
+        cu_seqlens_k = _checked_varlen_call(module, query, dropout, kwargs)
         return _segment_mask(kwargs[_CU_Q], cu_seqlens_k, query, key, is_causal)
     if attention_mask is not None:
         return attention_mask[..., : key.shape[-2]]

@@ -10,9 +10,9 @@ config-sub-configs         a config class lists its sub-configs in ``sub_configs
                            holds them in its ``__dict__`` under those names (config routing).
 classes:<model_type>       the module classes the family specs name exist in that modeling module.
 attributes:<model_type>    the norm classes store ``weight`` and one of ``NORM_EPS_ATTRIBUTES``, the
-                           MLP classes the attributes ``mlp_attributes`` names for their layout,
-                           the sparse MoE blocks their experts module (the adapters read them; a
-                           module without them is left alone).
+                           MLP classes their projections (``mlp_projections``) and one of
+                           ``MLP_ACTIVATIONS``, the sparse MoE blocks their experts module (the
+                           adapters read them; a module without them is left alone).
 attention-routing:<mt>     each attention class's forward looks its function up in
                            ``ALL_ATTENTION_FUNCTIONS`` by ``config._attn_implementation``.
 rope:<model_type>          the RoPE function exists with the parameters of its style
@@ -24,7 +24,8 @@ linear-attention:<mt>      each Gated DeltaNet class's forward calls the gated d
 varlen-vision:<mt>         a vision attention whose forward asks ``is_flash_attention_requested``
                            gets True for ``ATTENTION_NAME`` (the "flash" substring rule) and passes
                            its packed segments as ``VARLEN_KWARGS``.
-vision-tower:<model_type>  the model classes store the tower under a path of the family spec.
+vision-tower:<model_type>  the model classes store the tower under a path of the family spec
+                           (the multimodal model's attribute, or the generation model's own).
 ========================== ==========================================================================
 
 Every one is needed on every supported version: the specs describe 5.17 and 5.25 alike.
@@ -41,7 +42,11 @@ from dataclasses import dataclass
 from ascend_vlm._compat.attention import ATTENTION_NAME, VARLEN_KWARGS
 from ascend_vlm._compat.decorators import rope_problem
 from ascend_vlm._compat.gated_delta import linear_attention_problem
-from ascend_vlm._compat.module_internals import NORM_EPS_ATTRIBUTES, mlp_attributes
+from ascend_vlm._compat.module_internals import (
+    MLP_ACTIVATIONS,
+    NORM_EPS_ATTRIBUTES,
+    mlp_projections,
+)
 from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
 from ascend_vlm.models import REGISTRY, TEXT_BACKBONES, VISION_BACKBONES, spec_for
 
@@ -125,9 +130,11 @@ def _attributes_probe(part: _Part) -> str | None:
     expected = [
         (name, ("weight",), NORM_EPS_ATTRIBUTES) for n in part.spec.norms for name in n.classes
     ]
-    for mlp in part.spec.mlps:
-        projections, activation = mlp_attributes(mlp.fused)
-        expected += [(name, (*projections, activation), ()) for name in mlp.classes]
+    expected += [
+        (name, mlp_projections(mlp.fused), MLP_ACTIVATIONS)
+        for mlp in part.spec.mlps
+        for name in mlp.classes
+    ]
     expected += [(name, (moe.experts,), ()) for moe in part.spec.moes for name in moe.classes]
     for name, required, one_of in expected:
         stored = set(getattr(module, name).__init__.__code__.co_names)
@@ -205,6 +212,9 @@ def _vision_tower_probe(model_type: str) -> str | None:
     stored = {cls: set(cls.__init__.__code__.co_names) for cls in (base, head)}
     for path in paths:
         if len(path) == 2 and path[0] in stored[head] and path[1] in stored[base]:
+            return None
+        # A generation model that holds the tower itself (Llama 4 has no multimodal model).
+        if len(path) == 1 and path[0] in stored[head]:
             return None
     return (
         f"neither {head.__name__} nor {base.__name__} stores the vision tower under "

@@ -205,10 +205,11 @@ def _cached_method(
 def _multimodal(model: nn.Module) -> tuple[nn.Module, tuple[_Method, ...]]:
     base = base_model(model)
     descriptor = require_feature(base, "vision_cache")
-    multimodal = getattr(base, "model", None)
+    multimodal = descriptor.layout.multimodal_model(base)
     if not isinstance(multimodal, nn.Module):
         raise ValueError(
-            f"model: expected {type(base).__name__}.model (the multimodal model), not found"
+            f"model: expected {type(base).__name__}.{descriptor.layout.multimodal} (the "
+            f"multimodal model), not found"
         )
     towers = descriptor.layout.encoder_modules
     return multimodal, tuple(_Method(e.method, e.grid, towers) for e in descriptor.encoders)

@@ -77,10 +77,12 @@ class TinyModelTester:
 def family_test_case(model_type: str, *mixins: type) -> type:
     """A TestCase class running `mixins` (transformers' tester mixins) on the tiny `model_type`."""
     import transformers
+    from transformers.models.auto import modeling_auto
 
     family = tiny_family(model_type)
     generative = getattr(transformers, family.model_class)
-    base = getattr(transformers, family.model_class.replace("ForConditionalGeneration", "Model"))
+    # The base model class; Llama 4's is its generation model itself (no Llama4Model).
+    base = getattr(transformers, modeling_auto.MODEL_MAPPING_NAMES[model_type])
 
     def set_up(self) -> None:
         self.model_tester = TinyModelTester(self, model_type)
@@ -90,7 +92,7 @@ def family_test_case(model_type: str, *mixins: type) -> type:
         f"Tiny{camel}ModelTest",
         (*mixins, unittest.TestCase),
         exec_body=lambda ns: ns.update(
-            all_model_classes=(generative, base),
+            all_model_classes=tuple(dict.fromkeys((generative, base))),
             all_generative_model_classes=(generative,),
             _is_composite=True,
             setUp=set_up,

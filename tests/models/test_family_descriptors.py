@@ -88,7 +88,8 @@ def test_attribute_paths_resolve_on_the_tiny_model(model_type):
     model = build_model(TINY_OF_TYPE[model_type])
     descriptor = descriptor_for(model.config)
     layout = descriptor.layout
-    multimodal = model.model
+    multimodal = layout.multimodal_model(model)
+    assert isinstance(multimodal, nn.Module)
     for path in (layout.vision_tower, layout.projector, layout.language_model):
         assert isinstance(attribute_at(multimodal, path), nn.Module), path
     assert isinstance(attribute_at(multimodal, layout.decoder_layers), nn.ModuleList)

@@ -1,5 +1,6 @@
 """The public functions composed of ops: rms_norm_promoting, rotary_embedding_pair_vision,
-packed_attention (and swiglu_projections, tested in test_swiglu.py)."""
+rotary_embedding_pair_complex, packed_attention (and swiglu_projections, tested in
+test_swiglu.py)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,75 @@ def test_rotary_embedding_pair_vision_names_an_input_of_the_wrong_rank() -> None
     q = torch.zeros(1, 6, 4, 8)
     with pytest.raises(ValueError, match=r"^q: expected 3-D \[T, N, D\], got shape \(1, 6, 4, 8\)"):
         ops.rotary_embedding_pair_vision(q, q[0], torch.ones(6, 8), torch.zeros(6, 8))
+
+
+def _llama4_complex_rope(xq, xk, freqs_cis):
+    """transformers' Llama 4 ``apply_rotary_emb``, step for step (complex64 products)."""
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    xq_out = torch.view_as_real(xq_ * freqs_cis[:, :, None, :]).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis[:, :, None, :]).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+def _llama4_vision_complex_rope(query, key, freqs_ci):
+    """transformers' Llama 4 ``vision_apply_rotary_emb``: freqs_ci [S, 1, D/2] viewed as
+    [1, S, 1, D/2]."""
+    query_ = torch.view_as_complex(query.float().reshape(*query.shape[:-1], -1, 2))
+    key_ = torch.view_as_complex(key.float().reshape(*key.shape[:-1], -1, 2))
+    freqs_ci = freqs_ci.view(1, query_.shape[1], 1, query_.shape[-1])
+    query_out = torch.view_as_real(query_ * freqs_ci).flatten(3)
+    key_out = torch.view_as_real(key_ * freqs_ci).flatten(3)
+    return query_out.type_as(query), key_out.type_as(key)
+
+
+def _complex_table(batch: int, seq: int, pairs: int, scale: float) -> torch.Tensor:
+    angles = torch.randn(batch, seq, pairs, generator=_generator()) * 3
+    return torch.polar(torch.ones_like(angles), angles) * scale
+
+
+# batch 1: the NPU kernel's interleave mode takes the [1, 1, S, D] table; batch 2: per-row
+# tables, which the op computes with the reference.
+@pytest.mark.parametrize("backend", ["cpu", "mock"])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize(
+    ("dtype", "scale"), [(torch.float32, 1.0), (torch.float32, 1.5), (BF16, 1.0)]
+)
+def test_rotary_embedding_pair_complex_equals_llama4_apply_rotary_emb(
+    dtype, scale, batch, backend, request
+) -> None:
+    device = torch.device("cpu")
+    if backend == "mock":
+        device = request.getfixturevalue("mock_npu").device
+    generator = _generator()
+    q = torch.randn(batch, 5, 4, 8, generator=generator).to(device, dtype)  # [B, S, N, D]
+    k = torch.randn(batch, 5, 2, 8, generator=generator).to(device, dtype)
+    freqs = _complex_table(batch, 5, 4, scale).to(device)
+    got = ops.rotary_embedding_pair_complex(q, k, freqs, table_scale=max(scale, 1.0))
+    expected = _llama4_complex_rope(q, k, freqs)
+    atol = 1e-5 if dtype == torch.float32 else 1e-2
+    for out, reference in zip(got, expected, strict=True):
+        assert out.dtype == dtype and out.shape == reference.shape
+        torch.testing.assert_close(out, reference, atol=atol, rtol=0)
+
+
+def test_rotary_embedding_pair_complex_equals_llama4_vision_apply_rotary_emb() -> None:
+    generator = _generator()
+    query = torch.randn(3, 5, 4, 8, generator=generator)
+    key = torch.randn(3, 5, 4, 8, generator=generator)
+    freqs_ci = _complex_table(1, 5, 4, 1.0).reshape(5, 1, 4)
+    got = ops.rotary_embedding_pair_complex(query, key, freqs_ci)
+    expected = _llama4_vision_complex_rope(query, key, freqs_ci)
+    for out, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(out, reference, atol=1e-5, rtol=0)
+
+
+def test_rotary_embedding_pair_complex_names_a_bad_table() -> None:
+    q = torch.zeros(2, 5, 4, 8)
+    with pytest.raises(ValueError, match=r"^freqs: expected a complex tensor, got dtype"):
+        ops.rotary_embedding_pair_complex(q, q, torch.ones(2, 5, 4))
+    with pytest.raises(ValueError, match=r"^freqs: expected S\*D/2=20 or B\*S\*D/2=40 elements"):
+        ops.rotary_embedding_pair_complex(q, q, _complex_table(2, 4, 4, 1.0))
 
 
 def _per_segment(query, key, value, cu_q, cu_k, causal) -> torch.Tensor:

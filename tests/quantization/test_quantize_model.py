@@ -21,6 +21,8 @@ FAMILIES = [
     "glm4v_moe",
     "qwen3_5",
     "qwen3_5_moe",
+    "llama4",
+    "mllama",
 ]
 W4G32 = QuantizationConfig(bits=4, group_size=32)
 
