@@ -58,6 +58,8 @@ VISION_BACKBONES: dict[str, PartSpec] = {
     "smolvlm_vision": _layer_norm_vit("SmolVLMVisionAttention", "SmolVLMVisionMLP"),
     "internvl_vision": _layer_norm_vit("InternVLVisionAttention", "InternVLVisionMLP")
     + PartSpec(norms=(RmsNorm(("InternVLVisionRMSNorm",)),)),
+    # RMSNorm ViT with a gated MLP; its 2-D RoPE is folded into [S, D] cos/sin tables.
+    "pixtral": _llama_like("Pixtral"),
 }
 
 

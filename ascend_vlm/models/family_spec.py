@@ -34,7 +34,8 @@ class Rope:
     """Attention classes whose forward calls the module-level `function`, which patching
     resolves to an adapter around `ops.rotary_embedding_pair`.
 
-    style "text": `function(q, k, cos, sin, unsqueeze_dim=1)` with q/k [B, N, S, D], cos/sin [B, S, D].
+    style "text": `function(q, k, cos, sin, unsqueeze_dim=1)` with q/k [B, N, S, D], cos/sin [B, S, D]
+    (or `unsqueeze_dim=0` with cos/sin [S, D], as Pixtral's vision tower calls it).
     style "vision": `function(q, k, cos, sin)` with q/k [T, N, D], cos/sin [T, D], math in fp32.
     """
 

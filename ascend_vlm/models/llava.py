@@ -4,6 +4,9 @@ sub-config's own model_type."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ascend_vlm.models._backbones import text_backbone, vision_backbone
 from ascend_vlm.models.descriptor import (
     SUPPORTED,
@@ -28,9 +31,13 @@ def spec(config) -> ModelSpec:
     )
 
 
-def _descriptor(features: FeatureSupport, *, videos: bool = False) -> FamilyDescriptor:
+def llava_descriptor(
+    features: FeatureSupport, *, videos: bool = False, patch: Callable[[Any], ModelSpec] = spec
+) -> FamilyDescriptor:
+    """The descriptor of a family laid out as LLaVA (:data:`LAYOUT`, one image token, 1-D
+    RoPE, `get_image_features` and with `videos` `get_video_features`), patched by `patch`."""
     return FamilyDescriptor(
-        patch=spec,
+        patch=patch,
         layout=LAYOUT,
         visual_token_ids=("image_token_id", "video_token_id") if videos else ("image_token_id",),
         position_scheme="rope",
@@ -46,27 +53,35 @@ _CACHE_UNVERIFIED = (
     "the cache splits only Qwen-VL's grid rows and LLaVA's one pixel entry per image, and is "
     "not verified on this family's get_image_features"
 )
-_ANYRES_FEATURES = FeatureSupport(
-    token_pruning=SUPPORTED,
-    kv_compression=SUPPORTED,
-    vision_cache=Refused(f"{_ANYRES}, passed with image_sizes, which the cache does not split"),
-    chat_sessions=Refused(
-        "its processor returns image_sizes, which ChatSession cannot split per image"
-    ),
-    batching=SUPPORTED,
-    quantization=SUPPORTED,
-    adapters=SUPPORTED,
-    tracing=SUPPORTED,
-    attention_overlay=Refused(f"{_ANYRES}, a geometry the overlay does not invert"),
-    vision_input=Refused(f"{_ANYRES}, which neither fast preprocessor reproduces"),
-)
+
+
+def sized_image_features(layout: str) -> FeatureSupport:
+    """The features of a family whose processor passes ``image_sizes`` with the pixels;
+    `layout` says how the processor lays an image out (the refusals' reason)."""
+    return FeatureSupport(
+        token_pruning=SUPPORTED,
+        kv_compression=SUPPORTED,
+        vision_cache=Refused(f"{layout}, passed with image_sizes, which the cache does not split"),
+        chat_sessions=Refused(
+            "its processor returns image_sizes, which ChatSession cannot split per image"
+        ),
+        batching=SUPPORTED,
+        quantization=SUPPORTED,
+        adapters=SUPPORTED,
+        tracing=SUPPORTED,
+        attention_overlay=Refused(f"{layout}, a geometry the overlay does not invert"),
+        vision_input=Refused(f"{layout}, which neither fast preprocessor reproduces"),
+    )
+
+
+_ANYRES_FEATURES = sized_image_features(_ANYRES)
 _BIDIRECTIONAL_PREFIX = "its image and prefix tokens attend bidirectionally"
 _GEMMA3_PRUNING = (
     "its image tokens attend to each other bidirectionally and its layers alternate "
     "sliding-window caches"
 )
 DESCRIPTORS = {
-    "llava": _descriptor(
+    "llava": llava_descriptor(
         FeatureSupport(
             token_pruning=SUPPORTED,
             kv_compression=SUPPORTED,
@@ -80,9 +95,9 @@ DESCRIPTORS = {
             vision_input=SUPPORTED,
         )
     ),
-    "llava_next": _descriptor(_ANYRES_FEATURES),
-    "llava_onevision": _descriptor(_ANYRES_FEATURES, videos=True),
-    "internvl": _descriptor(
+    "llava_next": llava_descriptor(_ANYRES_FEATURES),
+    "llava_onevision": llava_descriptor(_ANYRES_FEATURES, videos=True),
+    "internvl": llava_descriptor(
         FeatureSupport(
             token_pruning=SUPPORTED,
             kv_compression=SUPPORTED,
@@ -101,7 +116,7 @@ DESCRIPTORS = {
             vision_input=Refused(f"{_TILES}, which neither fast preprocessor reproduces"),
         )
     ),
-    "gemma3": _descriptor(
+    "gemma3": llava_descriptor(
         FeatureSupport(
             token_pruning=Refused(_GEMMA3_PRUNING),
             kv_compression=Refused(_GEMMA3_PRUNING),
@@ -126,7 +141,7 @@ DESCRIPTORS = {
             ),
         )
     ),
-    "paligemma": _descriptor(
+    "paligemma": llava_descriptor(
         FeatureSupport(
             token_pruning=Refused(_BIDIRECTIONAL_PREFIX),
             kv_compression=Refused(_BIDIRECTIONAL_PREFIX),

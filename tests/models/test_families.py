@@ -44,6 +44,7 @@ EXPECTED_SWAPPED = {
     "paligemma": (2, 2, 5, 2, 0, 0, 0),  # gelu MLPs
     "gemma3": (2, 2, 14, 2, 0, 0, 0),  # gelu MLPs
     "internvl": (2, 2, 9, 2, 2, 0, 0),
+    "mistral3": (2, 2, 11, 4, 4, 0, 0),
 }
 
 

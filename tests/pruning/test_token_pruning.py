@@ -24,6 +24,7 @@ FAMILIES = [
     "llava_onevision",
     "internvl",
     "idefics3",
+    "mistral3",
 ]
 METHODS = ["fastv", "divprune", "random", "uniform"]
 
