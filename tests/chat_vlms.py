@@ -128,18 +128,11 @@ def qwen2_5_vl_and_processor(model_and_processor):
     return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
 
 
-@pytest.fixture(scope="session")
-def qwen3_vl_and_processor(model_and_processor):
-    """A random Qwen3-VL (interleaved M-RoPE, one deepstack layer) of the default model's
-    widths, with 14-pixel patches so the same processor serves it."""
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    from ascend_vlm.default_model import token_ids
-
-    base, processor = model_and_processor
-    reference = base.config
+def _mrope_text_config(reference, **rope) -> dict:
+    """A 2-layer decoder sub-config of the default model's width and vocabulary (4 heads of
+    hidden / 4, GQA 2) with M-RoPE over [8, 4, 4] rotary pairs and the `rope` options."""
     hidden = reference.text_config.hidden_size
-    text = {
+    return {
         "hidden_size": hidden,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -151,15 +144,28 @@ def qwen3_vl_and_processor(model_and_processor):
             "rope_type": "default",
             "rope_theta": 1e4,
             "mrope_section": [8, 4, 4],
-            "mrope_interleaved": True,
+            **rope,
         },
     }
+
+
+@pytest.fixture(scope="session")
+def qwen3_vl_and_processor(model_and_processor):
+    """A random Qwen3-VL (interleaved M-RoPE, one deepstack layer) of the default model's
+    widths, with 14-pixel patches so the same processor serves it."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from ascend_vlm.default_model import token_ids
+
+    base, processor = model_and_processor
+    reference = base.config
+    text = _mrope_text_config(reference, mrope_interleaved=True)
     vision = {
         "depth": 2,
         "hidden_size": 64,
         "intermediate_size": 128,
         "num_heads": 4,
-        "out_hidden_size": hidden,
+        "out_hidden_size": reference.text_config.hidden_size,
         "patch_size": 14,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
@@ -169,3 +175,36 @@ def qwen3_vl_and_processor(model_and_processor):
     config = Qwen3VLConfig(text_config=text, vision_config=vision, **token_ids(reference))
     torch.manual_seed(0)
     return Qwen3VLForConditionalGeneration(config).eval(), processor
+
+
+@pytest.fixture(scope="session")
+def paddleocr_vl_and_processor(model_and_processor):
+    """A random PaddleOCR-VL of the default model's widths with its own image processor (14-pixel
+    patches, 2x2 merge) inside the default model's processor (the same tokenizer and image
+    token)."""
+    from transformers import PaddleOCRVLConfig, PaddleOCRVLForConditionalGeneration
+    from transformers.models.paddleocr_vl import PaddleOCRVLImageProcessorPil
+
+    from ascend_vlm.default_model import token_ids
+
+    base, processor = model_and_processor
+    reference = base.config
+    ids = token_ids(reference)
+    text = {
+        **_mrope_text_config(reference),
+        **{k: v for k, v in ids.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+    }
+    vision = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 56,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+    }
+    config = PaddleOCRVLConfig(text_config=text, vision_config=vision, **ids)
+    torch.manual_seed(0)
+    model = PaddleOCRVLForConditionalGeneration(config).eval()
+    image_processor = PaddleOCRVLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
+    return model, ImageTextProcessor(processor.tokenizer, image_processor)

@@ -13,7 +13,15 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ascend_vlm.models import idefics3, llava, mistral3, qwen2_5_vl, qwen2_vl, qwen3_vl
+from ascend_vlm.models import (
+    idefics3,
+    llava,
+    mistral3,
+    paddleocr_vl,
+    qwen2_5_vl,
+    qwen2_vl,
+    qwen3_vl,
+)
 from ascend_vlm.models._backbones import TEXT_BACKBONES, VISION_BACKBONES
 from ascend_vlm.models.descriptor import (
     FEATURE_LABELS,
@@ -41,7 +49,15 @@ __all__ = [
     "supported_model_types",
 ]
 
-FAMILIES: tuple[ModuleType, ...] = (qwen2_vl, qwen2_5_vl, qwen3_vl, llava, idefics3, mistral3)
+FAMILIES: tuple[ModuleType, ...] = (
+    qwen2_vl,
+    qwen2_5_vl,
+    qwen3_vl,
+    llava,
+    idefics3,
+    mistral3,
+    paddleocr_vl,
+)
 
 # model_type -> its descriptor, in FAMILIES order (error messages list model types this way).
 REGISTRY: dict[str, FamilyDescriptor] = {

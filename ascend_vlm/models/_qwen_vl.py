@@ -21,7 +21,8 @@ _ENCODERS = (
     Encoder("get_image_features", grid="image_grid_thw"),
     Encoder("get_video_features", grid="video_grid_thw"),
 )
-_FEATURES = FeatureSupport(
+# Every feature runs on Qwen-VL's grids and M-RoPE.
+QWEN_VL_FEATURES = FeatureSupport(
     token_pruning=SUPPORTED,
     kv_compression=SUPPORTED,
     vision_cache=SUPPORTED,
@@ -45,6 +46,6 @@ def qwen_vl_descriptor(
         visual_token_ids=_VISUAL_TOKEN_IDS,
         position_scheme=position_scheme,
         encoders=_ENCODERS,
-        features=_FEATURES,
+        features=QWEN_VL_FEATURES,
         deepstack=deepstack,
     )

@@ -24,6 +24,7 @@ MODELS = {
     "qwen2_vl": "model_and_processor",
     "qwen2_5_vl": "qwen2_5_vl_and_processor",
     "llava": "llava_and_processor",
+    "paddleocr_vl": "paddleocr_vl_and_processor",
 }
 
 

@@ -45,6 +45,7 @@ EXPECTED_SWAPPED = {
     "gemma3": (2, 2, 14, 2, 0, 0, 0),  # gelu MLPs
     "internvl": (2, 2, 9, 2, 2, 0, 0),
     "mistral3": (2, 2, 11, 4, 4, 0, 0),
+    "paddleocr_vl": (2, 2, 5, 4, 2, 0, 0),  # LayerNorm ViT, fc1/fc2 vision MLPs
 }
 
 

@@ -49,7 +49,9 @@ def _eager_rows(model, inputs, length):
 
 
 @pytest.mark.parametrize("patched", [False, True], ids=["sdpa", "patched"])
-@pytest.mark.parametrize("fixture", ["model_and_processor", "llava_and_processor"])
+@pytest.mark.parametrize(
+    "fixture", ["model_and_processor", "llava_and_processor", "paddleocr_vl_and_processor"]
+)
 def test_rows_equal_eager_weights(request, fixture, patched):
     model, processor = request.getfixturevalue(fixture)
     images = [Image.new("RGB", (84, 56), (200, 30, 30)), Image.new("RGB", (56, 56), (9, 9, 200))]

@@ -25,6 +25,7 @@ FAMILIES = [
     "internvl",
     "idefics3",
     "mistral3",
+    "paddleocr_vl",
 ]
 METHODS = ["fastv", "divprune", "random", "uniform"]
 

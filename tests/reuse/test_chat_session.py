@@ -64,6 +64,7 @@ MODELS = {
     "qwen2_vl": "model_and_processor",
     "qwen2_vl-saved-processor": "saved_model_and_processor",
     "llava": "llava_and_processor",
+    "paddleocr_vl": "paddleocr_vl_and_processor",
 }
 
 

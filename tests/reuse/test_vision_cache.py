@@ -22,7 +22,7 @@ from ascend_vlm.reuse.cached_features import (
 )
 from ascend_vlm.reuse.vision_cache import VisionCache
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_clip"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_clip", "paddleocr_vl"]
 
 
 def _model(name: str = "qwen2_vl"):
