@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from ascend_vlm.models import (
+    deepseek_ocr2,
     idefics3,
     llava,
     mistral3,
@@ -57,6 +58,7 @@ FAMILIES: tuple[ModuleType, ...] = (
     idefics3,
     mistral3,
     paddleocr_vl,
+    deepseek_ocr2,
 )
 
 # model_type -> its descriptor, in FAMILIES order (error messages list model types this way).

@@ -46,6 +46,7 @@ EXPECTED_SWAPPED = {
     "internvl": (2, 2, 9, 2, 2, 0, 0),
     "mistral3": (2, 2, 11, 4, 4, 0, 0),
     "paddleocr_vl": (2, 2, 5, 4, 2, 0, 0),  # LayerNorm ViT, fc1/fc2 vision MLPs
+    "deepseek_ocr2": (2, 2, 10, 4, 4, 0, 0),  # SAM and routed experts kept
 }
 
 

@@ -26,6 +26,7 @@ FAMILIES = [
     "idefics3",
     "mistral3",
     "paddleocr_vl",
+    "deepseek_ocr2",
 ]
 METHODS = ["fastv", "divprune", "random", "uniform"]
 

@@ -11,7 +11,15 @@ import ascend_vlm
 from ascend_vlm.models import tiny
 from ascend_vlm.quantization import QuantizationConfig, QuantLinear, quantize
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_clip", "mistral3", "paddleocr_vl"]
+FAMILIES = [
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "llava_clip",
+    "mistral3",
+    "paddleocr_vl",
+    "deepseek_ocr2",
+]
 W4G32 = QuantizationConfig(bits=4, group_size=32)
 
 

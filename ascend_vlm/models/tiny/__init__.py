@@ -12,7 +12,16 @@ from dataclasses import replace
 
 import torch
 
-from ascend_vlm.models.tiny import gemma, idefics3, internvl, llava, mistral3, paddleocr_vl, qwen
+from ascend_vlm.models.tiny import (
+    deepseek_ocr2,
+    gemma,
+    idefics3,
+    internvl,
+    llava,
+    mistral3,
+    paddleocr_vl,
+    qwen,
+)
 from ascend_vlm.models.tiny.family import TinyFamily
 from ascend_vlm.models.tiny.qwen import left_padded_qwen_batch, qwen_images, qwen_prompt
 from ascend_vlm.models.tiny.sizes import (
@@ -55,7 +64,7 @@ __all__ = [
 
 FAMILIES: dict[str, TinyFamily] = {
     family.name: family
-    for group in (qwen, llava, idefics3, gemma, internvl, mistral3, paddleocr_vl)
+    for group in (qwen, llava, idefics3, gemma, internvl, mistral3, paddleocr_vl, deepseek_ocr2)
     for family in group.TINY_FAMILIES
 }
 
