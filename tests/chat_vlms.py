@@ -144,11 +144,11 @@ def _vision_of_14_pixel_patches(out_hidden_size: int, **family) -> dict:
     }
 
 
-def _qwen3_vl_sub_configs(reference) -> tuple[dict, dict]:
-    """Qwen3-VL's text and vision sub-configs (interleaved M-RoPE, one deepstack layer) at the
-    default model's widths, with 14-pixel patches so the default processor serves them."""
+def _mrope_text_config(reference, **rope) -> dict:
+    """A 2-layer decoder sub-config of the default model's width and vocabulary (4 heads of
+    hidden / 4, GQA 2) with M-RoPE over [8, 4, 4] rotary pairs and the `rope` options."""
     hidden = reference.text_config.hidden_size
-    text = {
+    return {
         "hidden_size": hidden,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -160,11 +160,17 @@ def _qwen3_vl_sub_configs(reference) -> tuple[dict, dict]:
             "rope_type": "default",
             "rope_theta": 1e4,
             "mrope_section": [8, 4, 4],
-            "mrope_interleaved": True,
+            **rope,
         },
     }
+
+
+def _qwen3_vl_sub_configs(reference) -> tuple[dict, dict]:
+    """Qwen3-VL's text and vision sub-configs (interleaved M-RoPE, one deepstack layer) at the
+    default model's widths, with 14-pixel patches so the default processor serves them."""
+    text = _mrope_text_config(reference, mrope_interleaved=True)
     vision = _vision_of_14_pixel_patches(
-        hidden, num_position_embeddings=64, deepstack_visual_indexes=[0]
+        reference.text_config.hidden_size, num_position_embeddings=64, deepstack_visual_indexes=[0]
     )
     return text, vision
 
@@ -259,3 +265,36 @@ def glm4v_moe_and_processor(model_and_processor):
     on the default model's processor."""
     moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
     return _random_glm(model_and_processor, "glm4v_moe", **moe)
+
+
+@pytest.fixture(scope="session")
+def paddleocr_vl_and_processor(model_and_processor):
+    """A random PaddleOCR-VL of the default model's widths with its own image processor (14-pixel
+    patches, 2x2 merge) inside the default model's processor (the same tokenizer and image
+    token)."""
+    from transformers import PaddleOCRVLConfig, PaddleOCRVLForConditionalGeneration
+    from transformers.models.paddleocr_vl import PaddleOCRVLImageProcessorPil
+
+    from ascend_vlm.default_model import token_ids
+
+    base, processor = model_and_processor
+    reference = base.config
+    ids = token_ids(reference)
+    text = {
+        **_mrope_text_config(reference),
+        **{k: v for k, v in ids.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+    }
+    vision = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 56,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+    }
+    config = PaddleOCRVLConfig(text_config=text, vision_config=vision, **ids)
+    torch.manual_seed(0)
+    model = PaddleOCRVLForConditionalGeneration(config).eval()
+    image_processor = PaddleOCRVLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
+    return model, ImageTextProcessor(processor.tokenizer, image_processor)

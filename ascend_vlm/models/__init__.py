@@ -14,12 +14,15 @@ from types import ModuleType
 from typing import Any
 
 from ascend_vlm.models import (
+    deepseek_ocr2,
     gemma4,
     glm4v,
     idefics3,
     llama4,
     llava,
+    mistral3,
     mllama,
+    paddleocr_vl,
     qwen2_5_vl,
     qwen2_vl,
     qwen3_5,
@@ -67,6 +70,9 @@ FAMILIES: tuple[ModuleType, ...] = (
     qwen3_5_moe,
     llama4,
     mllama,
+    mistral3,
+    paddleocr_vl,
+    deepseek_ocr2,
 )
 
 # model_type -> its descriptor, in FAMILIES order (error messages list model types this way).

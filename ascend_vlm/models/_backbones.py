@@ -15,7 +15,7 @@ GLM_MERGER = (
 )
 
 
-def _llama_like(prefix: str, *, norm_offset: float = 0.0, mlp: str | None = None) -> PartSpec:
+def llama_like(prefix: str, *, norm_offset: float = 0.0, mlp: str | None = None) -> PartSpec:
     """A decoder whose classes are named `<prefix>Attention/RMSNorm/MLP` and that applies RoPE
     through the module-level `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`."""
     return PartSpec(
@@ -38,22 +38,26 @@ def _glm4v_text() -> PartSpec:
 
 
 TEXT_BACKBONES: dict[str, PartSpec] = {
-    "llama": _llama_like("Llama"),
-    "mistral": _llama_like("Mistral"),
-    "qwen2": _llama_like("Qwen2"),
-    "qwen3": _llama_like("Qwen3"),
-    "gemma": _llama_like("Gemma", norm_offset=1.0),
-    "gemma2": _llama_like("Gemma2", norm_offset=1.0),
-    "gemma3_text": _llama_like("Gemma3", norm_offset=1.0),
+    "llama": llama_like("Llama"),
+    "mistral": llama_like("Mistral"),
+    "qwen2": llama_like("Qwen2"),
+    "qwen3": llama_like("Qwen3"),
+    "gemma": llama_like("Gemma", norm_offset=1.0),
+    "gemma2": llama_like("Gemma2", norm_offset=1.0),
+    "gemma3_text": llama_like("Gemma3", norm_offset=1.0),
     "glm4v_text": _glm4v_text(),
-    "glm4v_moe_text": _llama_like("Glm4vMoeText") + PartSpec(moes=(GLM4V_MOE_BLOCKS,)),
+    "glm4v_moe_text": llama_like("Glm4vMoeText") + PartSpec(moes=(GLM4V_MOE_BLOCKS,)),
 }
 
 
-def _layer_norm_vit(attention: str, mlp: str) -> PartSpec:
-    """A pre-LayerNorm ViT without RoPE: only its attention goes to the fused op."""
+def layer_norm_vit(attention: str, mlp: str, *, rope: str | None = None) -> PartSpec:
+    """A pre-LayerNorm ViT with a non-gated MLP: its attention goes to the fused op and, when
+    its attention calls the module-level vision RoPE function `rope` (q/k [T, N, D], cos/sin
+    [T, D]), that goes to the RoPE op."""
+    ropes = () if rope is None else (Rope((attention,), rope, style="vision"),)
     return PartSpec(
         attention=(attention,),
+        ropes=ropes,
         left_alone=(
             LeaveAlone("norm", ("LayerNorm",), NO_FUSED_LAYER_NORM),
             LeaveAlone("mlp", (mlp,), NON_GATED_MLP),
@@ -79,8 +83,8 @@ def _glm4v_vision(prefix: str, mlp: str) -> PartSpec:
 
 
 VISION_BACKBONES: dict[str, PartSpec] = {
-    "clip_vision_model": _layer_norm_vit("CLIPAttention", "CLIPMLP"),
-    "siglip_vision_model": _layer_norm_vit("SiglipAttention", "SiglipMLP")
+    "clip_vision_model": layer_norm_vit("CLIPAttention", "CLIPMLP"),
+    "siglip_vision_model": layer_norm_vit("SiglipAttention", "SiglipMLP")
     + PartSpec(
         left_alone=(
             LeaveAlone(
@@ -90,13 +94,15 @@ VISION_BACKBONES: dict[str, PartSpec] = {
             ),
         )
     ),
-    "idefics3_vision": _layer_norm_vit("Idefics3VisionAttention", "Idefics3VisionMLP"),
-    "smolvlm_vision": _layer_norm_vit("SmolVLMVisionAttention", "SmolVLMVisionMLP"),
-    "internvl_vision": _layer_norm_vit("InternVLVisionAttention", "InternVLVisionMLP")
+    "idefics3_vision": layer_norm_vit("Idefics3VisionAttention", "Idefics3VisionMLP"),
+    "smolvlm_vision": layer_norm_vit("SmolVLMVisionAttention", "SmolVLMVisionMLP"),
+    "internvl_vision": layer_norm_vit("InternVLVisionAttention", "InternVLVisionMLP")
     + PartSpec(norms=(RmsNorm(("InternVLVisionRMSNorm",)),)),
     "glm4v_vision": _glm4v_vision("Glm4v", "Glm4VisionMlp"),
     # transformers spells this MLP class without the "V" of "Vision"
     "glm4v_moe_vision": _glm4v_vision("Glm4vMoe", "Glm4vMoeisionMlp"),
+    # RMSNorm ViT with a gated MLP; its 2-D RoPE is folded into [S, D] cos/sin tables.
+    "pixtral": llama_like("Pixtral"),
 }
 
 

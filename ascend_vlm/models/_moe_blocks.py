@@ -13,6 +13,9 @@ QWEN3_5_MOE_BLOCKS = SparseMoe(("Qwen3_5MoeSparseMoeBlock",))
 # Grouped sigmoid router with a correction bias and a scaling factor (fp32 weights), plus shared
 # experts the block adds itself.
 GLM4V_MOE_BLOCKS = SparseMoe(("Glm4vMoeTextMoE",))
+# Softmax router (greedy or group-limited top-k) scaled by routed_scaling_factor, without
+# renormalising; stacked experts, plus shared experts the block adds itself.
+DEEPSEEK_OCR2_MOE_BLOCKS = SparseMoe(("DeepseekOcr2TextMoe",))
 # Top-k logits' sigmoid scales each expert's input; (E, H, 2I) / (E, I, H) experts run densely by
 # the stock block, so its forward is what changes.
 LLAMA4_MOE_BLOCKS = SparseMoe(

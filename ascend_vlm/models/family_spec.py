@@ -54,6 +54,7 @@ class Rope:
     [B, S, Dr]: NeoX halves rotated on the first Dr <= D dims, the rest passed through.
     style "text-interleaved": the same call with GPT-J pairs (x[2i], x[2i+1]) rotated, each
     pair's angle repeated in cos/sin (GLM-4V's `apply_rotary_pos_emb`).
+    (`unsqueeze_dim=0` with cos/sin [S, D]: Pixtral's vision tower calls it so.)
     style "vision": `function(q, k, cos, sin)` with q/k [T, N, D], cos/sin [T, D], math in fp32.
     style "text-single": `function(x, cos, sin, unsqueeze_dim)` on q or k alone, x [B, N, S, D]
     (unsqueeze_dim 1) or [B, S, N, D] (unsqueeze_dim 2), cos/sin [B, S, D] (Gemma 4's text).

@@ -4,6 +4,9 @@ sub-config's own model_type."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ascend_vlm.models._backbones import composite_spec
 from ascend_vlm.models.descriptor import (
     SUPPORTED,
@@ -24,9 +27,13 @@ def spec(config) -> ModelSpec:
     return composite_spec(config, LAYOUT)
 
 
-def _descriptor(features: FeatureSupport, *, videos: bool = False) -> FamilyDescriptor:
+def llava_descriptor(
+    features: FeatureSupport, *, videos: bool = False, patch: Callable[[Any], ModelSpec] = spec
+) -> FamilyDescriptor:
+    """The descriptor of a family laid out as LLaVA (:data:`LAYOUT`, one image token, 1-D
+    RoPE, `get_image_features` and with `videos` `get_video_features`), patched by `patch`."""
     return FamilyDescriptor(
-        patch=spec,
+        patch=patch,
         layout=LAYOUT,
         visual_token_ids=("image_token_id", "video_token_id") if videos else ("image_token_id",),
         position_scheme="rope",
@@ -42,20 +49,28 @@ _CACHE_UNVERIFIED = (
     "the cache splits only Qwen-VL's grid rows and LLaVA's one pixel entry per image, and is "
     "not verified on this family's get_image_features"
 )
-_ANYRES_FEATURES = FeatureSupport(
-    token_pruning=SUPPORTED,
-    kv_compression=SUPPORTED,
-    vision_cache=Refused(f"{_ANYRES}, passed with image_sizes, which the cache does not split"),
-    chat_sessions=Refused(
-        "its processor returns image_sizes, which ChatSession cannot split per image"
-    ),
-    batching=SUPPORTED,
-    quantization=SUPPORTED,
-    adapters=SUPPORTED,
-    tracing=SUPPORTED,
-    attention_overlay=Refused(f"{_ANYRES}, a geometry the overlay does not invert"),
-    vision_input=Refused(f"{_ANYRES}, which neither fast preprocessor reproduces"),
-)
+
+
+def sized_image_features(layout: str) -> FeatureSupport:
+    """The features of a family whose processor passes ``image_sizes`` with the pixels;
+    `layout` says how the processor lays an image out (the refusals' reason)."""
+    return FeatureSupport(
+        token_pruning=SUPPORTED,
+        kv_compression=SUPPORTED,
+        vision_cache=Refused(f"{layout}, passed with image_sizes, which the cache does not split"),
+        chat_sessions=Refused(
+            "its processor returns image_sizes, which ChatSession cannot split per image"
+        ),
+        batching=SUPPORTED,
+        quantization=SUPPORTED,
+        adapters=SUPPORTED,
+        tracing=SUPPORTED,
+        attention_overlay=Refused(f"{layout}, a geometry the overlay does not invert"),
+        vision_input=Refused(f"{layout}, which neither fast preprocessor reproduces"),
+    )
+
+
+_ANYRES_FEATURES = sized_image_features(_ANYRES)
 # Gemma 3 and Gemma 4 refuse batching for this reason.
 SLIDING_CACHES_UNBATCHED = (
     "its layers alternate sliding-window caches, which BatchGenerator's shared row cache does "
@@ -67,7 +82,7 @@ _GEMMA3_PRUNING = (
     "sliding-window caches"
 )
 DESCRIPTORS = {
-    "llava": _descriptor(
+    "llava": llava_descriptor(
         FeatureSupport(
             token_pruning=SUPPORTED,
             kv_compression=SUPPORTED,
@@ -81,9 +96,9 @@ DESCRIPTORS = {
             vision_input=SUPPORTED,
         )
     ),
-    "llava_next": _descriptor(_ANYRES_FEATURES),
-    "llava_onevision": _descriptor(_ANYRES_FEATURES, videos=True),
-    "internvl": _descriptor(
+    "llava_next": llava_descriptor(_ANYRES_FEATURES),
+    "llava_onevision": llava_descriptor(_ANYRES_FEATURES, videos=True),
+    "internvl": llava_descriptor(
         FeatureSupport(
             token_pruning=SUPPORTED,
             kv_compression=SUPPORTED,
@@ -102,7 +117,7 @@ DESCRIPTORS = {
             vision_input=Refused(f"{_TILES}, which neither fast preprocessor reproduces"),
         )
     ),
-    "gemma3": _descriptor(
+    "gemma3": llava_descriptor(
         FeatureSupport(
             token_pruning=Refused(_GEMMA3_PRUNING),
             kv_compression=Refused(_GEMMA3_PRUNING),
@@ -124,7 +139,7 @@ DESCRIPTORS = {
             ),
         )
     ),
-    "paligemma": _descriptor(
+    "paligemma": llava_descriptor(
         FeatureSupport(
             token_pruning=Refused(_BIDIRECTIONAL_PREFIX),
             kv_compression=Refused(_BIDIRECTIONAL_PREFIX),

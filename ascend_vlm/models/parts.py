@@ -8,7 +8,14 @@ Markers are matched against whole name parts; a projector nested in the tower (Q
 from __future__ import annotations
 
 VISION_MARKERS = ("visual", "vision_tower", "vision_model", "vision_encoder")
-PROJECTOR_MARKERS = ("merger", "multi_modal_projector", "connector", "mm_projector", "embed_vision")
+PROJECTOR_MARKERS = (
+    "merger",
+    "multi_modal_projector",
+    "connector",
+    "mm_projector",
+    "embed_vision",
+    "projector",
+)
 OUTPUT_HEADS = ("lm_head",)
 # Attributes of a multimodal model that hold its language model (decoder layers and all).
 LANGUAGE_MODEL_ATTRIBUTES = ("language_model", "text_model")

@@ -117,10 +117,13 @@ def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) 
 def _rope_text(table_scale: float, q, k, cos, sin, unsqueeze_dim=1, *, interleaved=False):
     """Drop-in for transformers' `apply_rotary_pos_emb` (once ``table_scale``, a bound on the
     model's |cos| and |sin|, and ``interleaved``, GPT-J pairs instead of NeoX halves, are
-    bound): q/k [B, N, S, D], cos/sin [B, S, Dr] rotating the first Dr dims."""
-    if unsqueeze_dim != 1:
+    bound): q/k [B, N, S, D] with cos/sin [B, S, Dr] rotating the first Dr dims and
+    ``unsqueeze_dim=1``, or cos/sin [S, Dr] and ``unsqueeze_dim=0`` (Pixtral's 2-D RoPE: one
+    table broadcast over every row and head, which the op takes as a 2-D table)."""
+    if unsqueeze_dim != 1 and not (unsqueeze_dim == 0 and cos.dim() == 2):
         raise ValueError(
-            f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]), got {unsqueeze_dim}"
+            f"unsqueeze_dim: expected 1 (heads axis of [B, N, S, D]) or 0 with 2-D [S, D] "
+            f"tables, got {unsqueeze_dim} with cos of shape {tuple(cos.shape)}"
         )
     return ops.rotary_embedding_pair(
         q, k, cos, sin, interleaved=interleaved, table_scale=table_scale

@@ -8,7 +8,8 @@ probe                      detail
 ========================== ==========================================================================
 config-sub-configs         a config class lists its sub-configs in ``sub_configs`` and an instance
                            holds them in its ``__dict__`` under those names (config routing).
-classes:<model_type>       the module classes the family specs name exist in that modeling module.
+classes:<model_type>       the module classes the family specs name exist in that modeling module
+                           (or in the family's, for a projector's classes).
 attributes:<model_type>    the norm classes store ``weight`` and one of ``NORM_EPS_ATTRIBUTES``, the
                            MLP classes their projections (``mlp_projections``) and one of
                            ``MLP_ACTIVATIONS``, the sparse MoE blocks their experts module (the
@@ -71,17 +72,31 @@ def _config_sub_configs() -> str | None:
 @dataclass(frozen=True)
 class _Part:
     """A part spec ("text" or "vision" `side`) of a model family or backbone, with the
-    model_type of its (sub-)config and the module defining that config class."""
+    model_type of its (sub-)config, the module defining that config class and, for a family's
+    part, the module defining the family's config (a projector's classes live there: Mistral
+    3's RMSNorm)."""
 
     model_type: str
     side: str
     spec: object  # ascend_vlm.models.family_spec.PartSpec
     config_module: str
+    family_config_module: str | None = None
 
     @property
     def modeling(self) -> types.ModuleType:
         """The modeling module beside the config module, which defines the spec's classes."""
-        return importlib.import_module(self.config_module.replace(".configuration_", ".modeling_"))
+        return _modeling(self.config_module)
+
+    def defined(self, name: str) -> object | None:
+        """What `name` is in the sub-config's modeling module, else in the family's, or None."""
+        modules = [self.config_module, self.family_config_module]
+        found = (getattr(_modeling(m), name, None) for m in modules if m is not None)
+        return next((value for value in found if value is not None), None)
+
+
+def _modeling(config_module: str) -> types.ModuleType:
+    """The modeling module beside a configuration module."""
+    return importlib.import_module(config_module.replace(".configuration_", ".modeling_"))
 
 
 def _parts() -> list[_Part]:
@@ -100,7 +115,11 @@ def _parts() -> list[_Part]:
             parts.setdefault(
                 sub_config.model_type,
                 _Part(
-                    sub_config.model_type, side, getattr(spec, side), type(sub_config).__module__
+                    sub_config.model_type,
+                    side,
+                    getattr(spec, side),
+                    type(sub_config).__module__,
+                    type(config).__module__,
                 ),
             )
     for side, table in (("text", TEXT_BACKBONES), ("vision", VISION_BACKBONES)):
@@ -119,14 +138,12 @@ def _swapped_classes(spec) -> list[str]:
 
 
 def _classes_probe(part: _Part) -> str | None:
-    module = part.modeling
-    absent = [name for name in _swapped_classes(part.spec) if not hasattr(module, name)]
-    return f"{module.__name__} has no {', '.join(absent)}" if absent else None
+    absent = [name for name in _swapped_classes(part.spec) if part.defined(name) is None]
+    return f"{part.modeling.__name__} has no {', '.join(absent)}" if absent else None
 
 
 def _attributes_probe(part: _Part) -> str | None:
     """Attribute names a class stores, read from its ``__init__``'s code (no model is built)."""
-    module = part.modeling
     expected = [
         (name, ("weight",), NORM_EPS_ATTRIBUTES) for n in part.spec.norms for name in n.classes
     ]
@@ -137,7 +154,7 @@ def _attributes_probe(part: _Part) -> str | None:
     ]
     expected += [(name, (moe.experts,), ()) for moe in part.spec.moes for name in moe.classes]
     for name, required, one_of in expected:
-        stored = set(getattr(module, name).__init__.__code__.co_names)
+        stored = set(part.defined(name).__init__.__code__.co_names)
         absent = [attribute for attribute in required if attribute not in stored]
         if one_of and not stored & set(one_of):
             absent.append(" or ".join(one_of))
@@ -147,21 +164,19 @@ def _attributes_probe(part: _Part) -> str | None:
 
 
 def _attention_routing_probe(part: _Part) -> str | None:
-    module = part.modeling
     for name in part.spec.attention:
-        forward = inspect.unwrap(getattr(module, name).forward)
+        forward = inspect.unwrap(part.defined(name).forward)
         if "ALL_ATTENTION_FUNCTIONS" not in forward.__code__.co_names:
             return f"{name}.forward does not look its function up in ALL_ATTENTION_FUNCTIONS"
     return None
 
 
 def _rope_probe(part: _Part) -> str | None:
-    module = part.modeling
     for rope in part.spec.ropes:
-        if not callable(getattr(module, rope.function, None)):
-            return f"{module.__name__} has no {rope.function}"
+        if not callable(part.defined(rope.function)):
+            return f"{part.modeling.__name__} has no {rope.function}"
         for name in rope.classes:
-            problem = rope_problem(getattr(module, name), rope.function, rope.style)
+            problem = rope_problem(part.defined(name), rope.function, rope.style)
             if problem:
                 return problem
     return None
@@ -183,9 +198,8 @@ def _keyword_names(code: types.CodeType) -> set[str]:
 
 
 def _varlen_vision_probe(part: _Part) -> str | None:
-    module = part.modeling
     for name in part.spec.attention:
-        forward = inspect.unwrap(getattr(module, name).forward)
+        forward = inspect.unwrap(part.defined(name).forward)
         if "is_flash_attention_requested" not in forward.__code__.co_names:
             continue  # a tower without a packed path: one call per image or a padded batch
         requested = forward.__globals__["is_flash_attention_requested"]
@@ -204,9 +218,7 @@ def _vision_tower_probe(model_type: str) -> str | None:
 
     config = AutoConfig.for_model(model_type)
     paths = [p.split(".") for p in spec_for(config).vision_towers]
-    module = importlib.import_module(
-        type(config).__module__.replace(".configuration_", ".modeling_")
-    )
+    module = _modeling(type(config).__module__)
     base = getattr(module, modeling_auto.MODEL_MAPPING_NAMES[model_type])
     head = getattr(module, modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
     stored = {cls: set(cls.__init__.__code__.co_names) for cls in (base, head)}

@@ -53,6 +53,9 @@ EXPECTED_SWAPPED = {
     "qwen3_5_moe": (1, 2, 9, 3, 3, 2, 3),
     "llama4": (2, 2, 5, 4, 2, 0, 1),
     "mllama": (2, 3, 7, 1, 2, 0, 0),  # a self- and a cross-attention layer
+    "mistral3": (2, 2, 11, 4, 4, 0, 0),
+    "paddleocr_vl": (2, 2, 5, 4, 2, 0, 0),  # LayerNorm ViT, fc1/fc2 vision MLPs
+    "deepseek_ocr2": (2, 2, 10, 4, 4, 0, 1),  # SAM kept
 }
 
 

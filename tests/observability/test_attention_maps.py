@@ -56,6 +56,7 @@ def _eager_rows(model, inputs, length):
         "llava_and_processor",
         "qwen3_vl_moe_and_processor",
         "glm4v_and_processor",
+        "paddleocr_vl_and_processor",
     ],
 )
 def test_rows_equal_eager_weights(request, fixture, patched):

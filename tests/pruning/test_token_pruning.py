@@ -28,6 +28,9 @@ FAMILIES = [
     "glm4v",
     "glm46v",
     "glm4v_moe",
+    "mistral3",
+    "paddleocr_vl",
+    "deepseek_ocr2",
 ]
 METHODS = ["fastv", "divprune", "random", "uniform"]
 

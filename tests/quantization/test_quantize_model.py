@@ -23,6 +23,9 @@ FAMILIES = [
     "qwen3_5_moe",
     "llama4",
     "mllama",
+    "mistral3",
+    "paddleocr_vl",
+    "deepseek_ocr2",
 ]
 W4G32 = QuantizationConfig(bits=4, group_size=32)
 

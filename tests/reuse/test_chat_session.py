@@ -67,6 +67,7 @@ MODELS = {
     "glm4v": "glm4v_and_processor",
     "glm46v": "glm46v_and_processor",
     "glm4v_moe": "glm4v_moe_and_processor",
+    "paddleocr_vl": "paddleocr_vl_and_processor",
 }
 
 

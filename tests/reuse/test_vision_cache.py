@@ -32,6 +32,7 @@ FAMILIES = [
     "glm4v_moe",
     "qwen3_5",
     "qwen3_5_moe",
+    "paddleocr_vl",
 ]
 
 

@@ -12,7 +12,18 @@ from dataclasses import replace
 
 import torch
 
-from ascend_vlm.models.tiny import gemma, glm, idefics3, internvl, llama, llava, qwen
+from ascend_vlm.models.tiny import (
+    deepseek_ocr2,
+    gemma,
+    glm,
+    idefics3,
+    internvl,
+    llama,
+    llava,
+    mistral3,
+    paddleocr_vl,
+    qwen,
+)
 from ascend_vlm.models.tiny.family import TinyFamily
 from ascend_vlm.models.tiny.qwen import left_padded_qwen_batch, qwen_images, qwen_prompt
 from ascend_vlm.models.tiny.sizes import (
@@ -55,7 +66,18 @@ __all__ = [
 
 FAMILIES: dict[str, TinyFamily] = {
     family.name: family
-    for group in (qwen, llava, idefics3, gemma, internvl, glm, llama)
+    for group in (
+        qwen,
+        llava,
+        idefics3,
+        gemma,
+        internvl,
+        glm,
+        llama,
+        mistral3,
+        paddleocr_vl,
+        deepseek_ocr2,
+    )
     for family in group.TINY_FAMILIES
 }
 

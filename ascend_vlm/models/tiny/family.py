@@ -32,10 +32,13 @@ class TinyFamily:
     token_inputs: Callable[[torch.Tensor, int], dict] | None = None
 
 
-def feature_counted_images(model, count: int, extra: Callable[[int], dict] | None = None):
-    """Images for models whose tokens-per-image is whatever `get_image_features` returns."""
-    vision = model.config.vision_config
-    pixels = torch.randn(count, 3, vision.image_size, vision.image_size, generator=generator(count))
+def feature_counted_images(
+    model, count: int, extra: Callable[[int], dict] | None = None, *, side: int | None = None
+):
+    """Images for models whose tokens-per-image is whatever `get_image_features` returns:
+    `side` pixels square (default: the vision config's image_size)."""
+    side = model.config.vision_config.image_size if side is None else side
+    pixels = torch.randn(count, 3, side, side, generator=generator(count))
     kwargs = {"pixel_values": pixels, **(extra(count) if extra else {})}
     with torch.no_grad():
         features = model.model.get_image_features(**kwargs)
