@@ -47,7 +47,8 @@ class Part:
         return rope_table_scale(self.modules)
 
 
-def _disabled(kind: str) -> str:
+def disabled(kind: str) -> str:
+    """The reason a module of `kind` is left alone when `patch`'s options turn it off."""
     return f"disabled by patch({kind}=False) or patch(vision=False)"
 
 
@@ -73,18 +74,30 @@ def rms_norm_forward(
     return ops.rms_norm_promoting(hidden_states, module.weight, eps, offset=offset)
 
 
+def norm_eps(module: nn.Module) -> float | None:
+    """The norm module's epsilon (the first of ``NORM_EPS_ATTRIBUTES`` it has, a number), or None."""
+    eps = next((getattr(module, a) for a in NORM_EPS_ATTRIBUTES if hasattr(module, a)), None)
+    return float(eps) if isinstance(eps, (int, float)) else None
+
+
+def swap_norm(state: PatchState, module: nn.Module, eps: float, offset: float, note: str) -> None:
+    """Rebind the norm's forward to `rms_norm_forward`; `note` ends the report's op text."""
+    state.rebind(module, "forward", functools.partial(rms_norm_forward, module, eps, offset))
+    _tag(state, module, "rms_norm")
+    state.report.record_swapped(
+        "norm", type(module).__name__, f"ops.rms_norm(offset={offset:g}){note}"
+    )
+
+
 def patch_norm(state: PatchState, module: nn.Module, norm: RmsNorm, part: Part) -> None:
     name = type(module).__name__
-    eps = next((getattr(module, a) for a in NORM_EPS_ATTRIBUTES if hasattr(module, a)), None)
+    eps = norm_eps(module)
     if not part.enabled("norm"):
-        state.report.record_left_alone("norm", name, _disabled("norm"))
+        state.report.record_left_alone("norm", name, disabled("norm"))
     elif not isinstance(getattr(module, "weight", None), torch.Tensor) or eps is None:
         state.report.record_left_alone("norm", name, "no weight/eps attributes to hand to the op")
     else:
-        forward = functools.partial(rms_norm_forward, module, float(eps), norm.offset)
-        state.rebind(module, "forward", forward)
-        _tag(state, module, "rms_norm")
-        state.report.record_swapped("norm", name, f"ops.rms_norm(offset={norm.offset:g})")
+        swap_norm(state, module, eps, norm.offset, "")
 
 
 # --------------------------------------------------------------------------- mlp
@@ -103,16 +116,21 @@ def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) 
     name = type(module).__name__
     activation = type(getattr(module, MLP_ACTIVATION, None)).__name__
     if not part.enabled("mlp"):
-        state.report.record_left_alone("mlp", name, _disabled("mlp"))
+        state.report.record_left_alone("mlp", name, disabled("mlp"))
     elif not all(hasattr(module, p) for p in MLP_PROJECTIONS):
         state.report.record_left_alone("mlp", name, f"no {'/'.join(MLP_PROJECTIONS)}")
     elif activation not in SILU_ACTIVATIONS:
         why = f"activation is {activation}, ops.swiglu computes silu(gate) * up"
         state.report.record_left_alone("mlp", name, why)
     else:
-        state.rebind(module, "forward", functools.partial(swiglu_mlp_forward, module))
-        _tag(state, module, "swiglu")
-        state.report.record_swapped("mlp", name, "ops.swiglu")
+        swap_mlp(state, module, "")
+
+
+def swap_mlp(state: PatchState, module: nn.Module, note: str) -> None:
+    """Rebind the gated MLP's forward to `swiglu_mlp_forward`; `note` ends the report's op text."""
+    state.rebind(module, "forward", functools.partial(swiglu_mlp_forward, module))
+    _tag(state, module, "swiglu")
+    state.report.record_swapped("mlp", type(module).__name__, f"ops.swiglu{note}")
 
 
 # --------------------------------------------------------------------------- rope
@@ -215,16 +233,24 @@ def patch_rope(state: PatchState, module: nn.Module, rope: Rope, part: Part) -> 
     refusal = (
         rope_problem(type(module), rope.function, rope.style)
         if part.enabled("rope")
-        else _disabled("rope")
+        else disabled("rope")
     )
     if refusal is not None:
         state.report.record_left_alone("rope", name, refusal)
         return
-    table_scale = part.rope_table_scale
-    state.rebind(module, "forward", rope_forward(module, rope.function, rope.style, table_scale))
+    swap_rope(state, module, rope, part.rope_table_scale, "")
+
+
+def swap_rope(
+    state: PatchState, module: nn.Module, rope: Rope, table_scale: float, note: str
+) -> None:
+    """Rebind the module's forward to `rope_forward` for `rope`'s function and style, with
+    ``table_scale`` bounding the tables; `note` ends the report's op text."""
+    forward = rope_forward(module, rope.function, rope.style, table_scale)
+    state.rebind(module, "forward", forward)
     scaled = f", table_scale={table_scale:g}" if table_scale != 1.0 else ""
-    op = f"ops.rotary_embedding_pair (via {rope.function}{scaled})"
-    state.report.record_swapped("rope", name, op)
+    op = f"ops.rotary_embedding_pair (via {rope.function}{scaled}){note}"
+    state.report.record_swapped("rope", type(module).__name__, op)
 
 
 # --------------------------------------------------------------------------- the table
