@@ -48,6 +48,13 @@ ATTENTION_NAME = "ascend_flash"
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k")
 # Optional upper bounds of the segment lengths passed beside them.
 VARLEN_BOUND_KWARGS = ("max_length_q", "max_length_k")
+# The parameters of an attention function `ascend_attention_forward` honours (the sliding window
+# arrives encoded in the mask; soft-capping is refused when its config asks for it).
+HONOURED_ATTENTION_PARAMETERS = frozenset(
+    {"module", "query", "key", "value", "attention_mask", "scaling", "dropout", "is_causal"}
+    | {"sliding_window", "softcap", "output_attentions", "kwargs"}
+    | set(VARLEN_KWARGS + VARLEN_BOUND_KWARGS)
+)
 
 
 def register_attention_function(name: str, function: Callable) -> None:
@@ -110,7 +117,9 @@ def attention_interface_problem(cls: type) -> str | None:
 
     It can when its (undecorated) forward looks its function up in transformers'
     ``ALL_ATTENTION_FUNCTIONS`` by ``config._attn_implementation`` in its own code, passes no
-    attention sinks (``s_aux``), and, when it asks ``is_flash_attention_requested`` (it then makes
+    attention sinks (``s_aux``) nor any other argument its modeling module's
+    ``eager_attention_forward`` names beyond ``HONOURED_ATTENTION_PARAMETERS`` (a position
+    bias, sinks: math ours would drop), and, when it asks ``is_flash_attention_requested`` (it then makes
     one packed call for all its sequences), passes the segment boundaries as ``VARLEN_KWARGS``:
     without them the packed call would attend across sequences.
     """
@@ -127,8 +136,14 @@ def attention_interface_problem(cls: type) -> str | None:
             f"ALL_ATTENTION_FUNCTIONS by config._attn_implementation"
         )
     keywords = keyword_names(forward.__code__)
-    if "s_aux" in keywords:
-        return f"{cls.__name__}.forward passes attention sinks (s_aux), which ops lack"
+    eager = forward.__globals__.get("eager_attention_forward")
+    extra = set(inspect.signature(eager).parameters) if callable(eager) else set()
+    unhonoured = sorted((extra - HONOURED_ATTENTION_PARAMETERS) & keywords | {"s_aux"} & keywords)
+    if unhonoured:
+        return (
+            f"{cls.__name__}.forward passes {', '.join(unhonoured)} to its attention function, "
+            f"which ascend_attention_forward does not honour"
+        )
     if "is_flash_attention_requested" in names and not set(VARLEN_KWARGS) <= keywords:
         return (
             f"{cls.__name__}.forward makes a packed flash-attention call without "

@@ -82,8 +82,9 @@ def _resolve_spec(base: nn.Module, strict: bool) -> tuple[str, ModelSpec, str | 
     if strict:
         raise PatchError(
             f"model_type {model_type!r} is not supported by ascend_vlm.patch; supported "
-            f"model_types: {', '.join(supported_model_types())}. Pass strict=False to patch "
-            f"the recognised parts only."
+            f"model_types: {', '.join(supported_model_types())}. Pass strict=False for "
+            f"the generic path (attention through transformers' AttentionInterface, "
+            f"probe-verified norms, MLPs and RoPE; see the PatchReport)."
         )
     # strict=False: a plain decoder we know keeps its text spec; the generic path does the rest.
     text = TEXT_BACKBONES.get(model_type, PartSpec())

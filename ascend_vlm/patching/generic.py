@@ -116,27 +116,45 @@ def split_parts(base: nn.Module) -> dict[str, list[nn.Module]]:
     return {"text": text, "vision": list(vision.values())}
 
 
-def _attention_classes(modules: list[nn.Module], plan: GenericPlan, part: str) -> tuple:
-    """The attention classes of `modules` routable through their config; the others named
-    ``*Attention`` go to ``plan.left_alone`` with why."""
+def _attention_problem(cls: type, holder: nn.Module) -> str | None:
+    """Why attention class `cls` (`holder` one of its modules) cannot be routed, or None."""
     from transformers import PreTrainedConfig
 
-    routed: dict[str, None] = {}
-    kind = f"attention-{part}"
-    for cls in dict.fromkeys(type(m) for m in modules):
-        forward = getattr(cls, "forward", None)
-        names = getattr(getattr(forward, "__code__", None), "co_names", ())
-        if not cls.__name__.endswith("Attention") and "ALL_ATTENTION_FUNCTIONS" not in names:
-            continue
-        problem = attention_interface_problem(cls)
-        holder = next(m for m in modules if type(m) is cls)
-        if problem is None and not isinstance(holder.__dict__.get("config"), PreTrainedConfig):
-            problem = f"{cls.__name__} holds no config to route its attention through"
+    problem = attention_interface_problem(cls)
+    if problem is None and not isinstance(holder.__dict__.get("config"), PreTrainedConfig):
+        problem = f"{cls.__name__} holds no config to route its attention through"
+    value_dim, key_dim = (getattr(holder, n, None) for n in ("v_head_dim", "qk_head_dim"))
+    if problem is None and value_dim is not None and key_dim not in (None, value_dim):
+        problem = f"{cls.__name__}'s value head size {value_dim} is not its query/key's {key_dim}"
+    return problem
+
+
+def _attention_routes(parts: dict[str, list[nn.Module]], plan: GenericPlan) -> None:
+    """Fill ``plan.attention`` with the attention classes of each part that can be routed
+    through their config; the others (classes named ``*Attention`` or looking a function up in
+    ``ALL_ATTENTION_FUNCTIONS``) go to ``plan.left_alone`` with why. A class sharing its config
+    with one that cannot be routed is not routed either: routing is per config."""
+    candidates = {}  # (part, class) -> (problem, configs its modules hold)
+    for part, modules in parts.items():
+        for cls in dict.fromkeys(type(m) for m in modules):
+            names = getattr(getattr(cls.forward, "__code__", None), "co_names", ())
+            if cls.__name__.endswith("Attention") or "ALL_ATTENTION_FUNCTIONS" in names:
+                held = [m for m in modules if type(m) is cls]
+                configs = {id(m.__dict__.get("config")) for m in held}
+                candidates[part, cls] = (_attention_problem(cls, held[0]), configs)
+    blocked = {}
+    for (_, cls), (problem, configs) in candidates.items():
+        if problem is not None:
+            blocked.update(dict.fromkeys(configs - {id(None)}, cls.__name__))
+    plan.attention = {part: () for part in parts}
+    for (part, cls), (problem, configs) in candidates.items():
+        sharer = next((blocked[c] for c in configs if c in blocked), None)
+        if problem is None and sharer is not None:
+            problem = f"{cls.__name__} shares its config with {sharer}, which cannot be routed"
         if problem is None:
-            routed[cls.__name__] = None
+            plan.attention[part] += (cls.__name__,)
         else:
-            plan.left_alone.append((kind, cls.__name__, problem))
-    return tuple(routed)
+            plan.left_alone.append((f"attention-{part}", cls.__name__, problem))
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -247,10 +265,9 @@ def discover(base: nn.Module, spec: ModelSpec, unsupported: str) -> GenericPlan:
     skip = _named_classes(spec)
     parts = split_parts(base)
     plan = GenericPlan(parts=parts, attention={})
+    unnamed = {part: [m for m in ms if type(m).__name__ not in skip] for part, ms in parts.items()}
+    _attention_routes(unnamed, plan)
     for part, modules in parts.items():
-        plan.attention[part] = _attention_classes(
-            [m for m in modules if type(m).__name__ not in skip], plan, part
-        )
         for module in modules:
             if type(module).__name__ in skip:
                 continue
@@ -262,7 +279,8 @@ def discover(base: nn.Module, spec: ModelSpec, unsupported: str) -> GenericPlan:
             elif _is_gated_mlp(module):
                 plan.findings.append(Finding("mlp", part, module, probe_mlp(module)))
         plan.findings += _rope_findings(modules, part, skip)
-    why = f"{unsupported}; no module calls transformers' AttentionInterface (strict=False)"
+    why = f"{unsupported}; no attention routable through transformers' AttentionInterface"
+    why += " (strict=False)"
     if _vision_configs(base.config) and not plan.attention["vision"]:
         plan.left_alone.append(("attention-vision", "vision tower", why))
     if not spec.text.attention and not plan.attention["text"]:

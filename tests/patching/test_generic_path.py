@@ -4,6 +4,7 @@ rotary functions only where a numerical probe at patch time agrees."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -215,6 +216,21 @@ def test_an_attention_outside_the_interface_is_named_with_why():
     assert problem is not None and "ALL_ATTENTION_FUNCTIONS" in problem
     llama = transformers.models.llama.modeling_llama.LlamaAttention
     assert attention_interface_problem(llama) is None
+    # Inkling hands its attention function a position bias, which ours would drop.
+    inkling = transformers.models.inkling.modeling_inkling.InklingAttention
+    assert "passes position_bias" in attention_interface_problem(inkling)
+
+
+def test_a_generically_patched_model_deep_copies_and_still_unpatches_exactly():
+    model = _ministral()
+    inputs = {"input_ids": INPUT_IDS}
+    stock = _logits(model, inputs)
+    ascend_vlm.patch(model, strict=False)
+    patched = _logits(model, inputs)
+    twin = copy.deepcopy(model)
+    assert torch.equal(_logits(twin, inputs), patched)
+    ascend_vlm.unpatch(twin)
+    assert torch.equal(_logits(twin, inputs), stock)
 
 
 def test_the_generic_path_table_is_current_for_a_type_it_lists():
