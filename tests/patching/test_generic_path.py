@@ -5,6 +5,7 @@ rotary functions only where a numerical probe at patch time agrees."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -243,3 +244,17 @@ def test_the_generic_path_table_is_current_for_a_type_it_lists():
         check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_generic_path_table_check_fails_on_a_stale_row(monkeypatch, tmp_path):
+    spec = importlib.util.spec_from_file_location("table", ROOT / "scripts/generic_path_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    doc = tmp_path / "generic_path.md"
+    doc.write_text(table.DOC.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(table, "DOC", doc)
+    monkeypatch.setattr(
+        table, "run_isolated", lambda model_type: {"type": model_type, "error": "x"}
+    )
+    monkeypatch.setattr(sys, "argv", ["generic_path_table.py", "--types", "fuyu", "--check"])
+    assert table.main() == 1
