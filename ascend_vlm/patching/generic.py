@@ -236,6 +236,7 @@ def _rope_findings(modules: list[nn.Module], part: str, skip: set[str]) -> list[
     for module in modules:
         if type(module).__name__ in skip:
             continue
+        swapped = None
         for function_name, function, style in _rotary_calls(type(module)):
             rope = Rope((type(module).__name__,), function_name, style or "text")
             head_dim = _head_dim(module)
@@ -252,6 +253,12 @@ def _rope_findings(modules: list[nn.Module], part: str, skip: set[str]) -> list[
                     tables = _rotary_tables(modules, like, head_dim) if style == "text" else None
                     verdicts[key] = probe_rope(function, style, head_dim, like, tables, table_scale)
                 verdict = verdicts[key]
+            if verdict.setting is not None and swapped is not None:
+                # Rebinding works on one function of a forward; a second would undo the first.
+                why = f"{type(module).__name__}.forward's {swapped} is the rotary rebound"
+                verdict = Verdict(None, verdict.max_error, why)
+            elif verdict.setting is not None:
+                swapped = function_name
             findings.append(
                 Finding("rope", part, module, verdict, rope=rope, table_scale=table_scale)
             )
