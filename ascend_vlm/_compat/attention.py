@@ -22,6 +22,9 @@ varlen-kwargs              ``FlashAttentionKwargs`` names the packed-segment kwa
 output-collector           ``utils.output_capturing._active_collector`` is the context variable
                            holding the outputs a capture collects (`output_collector`): attention
                            weights are computed only when it asks for "*attentions".
+interface-call-detection   a stock attention forward (``LlamaAttention``) reads its function from
+                           ``ALL_ATTENTION_FUNCTIONS`` by ``config._attn_implementation`` in its
+                           own code (`attention_interface_problem`, the generic path).
 ========================== ==========================================================================
 
 Every one is needed on every supported version: 5.17 and 5.25 both have each detail.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import types
 from collections.abc import Callable
 
 from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
@@ -44,6 +48,13 @@ ATTENTION_NAME = "ascend_flash"
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k")
 # Optional upper bounds of the segment lengths passed beside them.
 VARLEN_BOUND_KWARGS = ("max_length_q", "max_length_k")
+# The parameters of an attention function `ascend_attention_forward` honours (the sliding window
+# arrives encoded in the mask; soft-capping is refused when its config asks for it).
+HONOURED_ATTENTION_PARAMETERS = frozenset(
+    {"module", "query", "key", "value", "attention_mask", "scaling", "dropout", "is_causal"}
+    | {"sliding_window", "softcap", "output_attentions", "kwargs"}
+    | set(VARLEN_KWARGS + VARLEN_BOUND_KWARGS)
+)
 
 
 def register_attention_function(name: str, function: Callable) -> None:
@@ -85,6 +96,60 @@ def output_collector() -> Callable[[], dict | None]:
     from transformers.utils.output_capturing import _active_collector
 
     return _active_collector.get
+
+
+def keyword_names(code: types.CodeType) -> set[str]:
+    """Keyword-argument names the function's calls pass (they sit in tuple constants)."""
+    return {n for c in code.co_consts if isinstance(c, tuple) for n in c if isinstance(n, str)}
+
+
+def _names_read(code: types.CodeType) -> set[str]:
+    """Global and attribute names `code` and the code nested in it (comprehensions) read."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names_read(constant)
+    return names
+
+
+def attention_interface_problem(cls: type) -> str | None:
+    """Why attention class `cls` cannot be routed to our function by its config, or None.
+
+    It can when its (undecorated) forward looks its function up in transformers'
+    ``ALL_ATTENTION_FUNCTIONS`` by ``config._attn_implementation`` in its own code, passes no
+    attention sinks (``s_aux``) nor any other argument its modeling module's
+    ``eager_attention_forward`` names beyond ``HONOURED_ATTENTION_PARAMETERS`` (a position
+    bias, sinks: math ours would drop), and, when it asks ``is_flash_attention_requested`` (it then makes
+    one packed call for all its sequences), passes the segment boundaries as ``VARLEN_KWARGS``:
+    without them the packed call would attend across sequences.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    forward = inspect.unwrap(cls.forward)
+    if not isinstance(forward, types.FunctionType):
+        return f"{cls.__name__}.forward is not a Python function: {forward!r}"
+    names = _names_read(forward.__code__)
+    looked_up = forward.__globals__.get("ALL_ATTENTION_FUNCTIONS") is ALL_ATTENTION_FUNCTIONS
+    if not looked_up or not {"ALL_ATTENTION_FUNCTIONS", "_attn_implementation"} <= names:
+        return (
+            f"{cls.__name__}.forward does not look its function up in transformers' "
+            f"ALL_ATTENTION_FUNCTIONS by config._attn_implementation"
+        )
+    keywords = keyword_names(forward.__code__)
+    eager = forward.__globals__.get("eager_attention_forward")
+    extra = set(inspect.signature(eager).parameters) if callable(eager) else set()
+    unhonoured = sorted((extra - HONOURED_ATTENTION_PARAMETERS) & keywords | {"s_aux"} & keywords)
+    if unhonoured:
+        return (
+            f"{cls.__name__}.forward passes {', '.join(unhonoured)} to its attention function, "
+            f"which ascend_attention_forward does not honour"
+        )
+    if "is_flash_attention_requested" in names and not set(VARLEN_KWARGS) <= keywords:
+        return (
+            f"{cls.__name__}.forward makes a packed flash-attention call without "
+            f"{'/'.join(VARLEN_KWARGS)}: its sequences would attend to each other"
+        )
+    return None
 
 
 def _missing(owner: object, names: tuple[str, ...]) -> str | None:
@@ -162,6 +227,12 @@ def _output_collector() -> str | None:
     return problem or _missing(output_capturing._active_collector, ("get", "set", "reset"))
 
 
+def _interface_call_detection() -> str | None:
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    return attention_interface_problem(LlamaAttention)
+
+
 ATTENTION_PROBES = (
     Probe("transformers-names", _transformers_names, NEEDED_ON_EVERY_SUPPORTED_VERSION),
     Probe("attention-interface", _attention_interface, NEEDED_ON_EVERY_SUPPORTED_VERSION),
@@ -174,4 +245,5 @@ ATTENTION_PROBES = (
     ),
     Probe("varlen-kwargs", _varlen_kwargs, NEEDED_ON_EVERY_SUPPORTED_VERSION),
     Probe("output-collector", _output_collector, NEEDED_ON_EVERY_SUPPORTED_VERSION),
+    Probe("interface-call-detection", _interface_call_detection, NEEDED_ON_EVERY_SUPPORTED_VERSION),
 )

@@ -33,6 +33,11 @@ How (the *what* lives in `ascend_vlm.models`), one module per concern:
   and ``ops.causal_conv1d``; transformers' cache keeps the states.
 * `moe`: sparse MoE blocks' routed experts go to ``ops.moe_experts`` (the experts module's
   forward, or Llama 4's block forward, rebound); routers and shared experts stay stock.
+* `generic`: what ``patch(model, strict=False)`` gives a model no family describes: attention
+  that goes through transformers' ``AttentionInterface`` is routed (text and vision towers),
+  and norms, gated MLPs and rotary functions found by structure are swapped where a numerical
+  probe (`probes`: the stock module and our op on seeded random inputs of the module's widths
+  and dtype, within the dtype's tolerance) agrees; ``PatchReport.probe_verified`` lists them.
 * `state`: what the adapters work with: the options, the report, and the ledger's edits, so
   ``unpatch`` restores exactly what was there. Modules wrapped by accelerate hooks
   (``device_map`` / offload) keep their hook: the forward it wraps (``_old_forward``) is

@@ -56,19 +56,32 @@ def _weightless(module: nn.Module, norm: RmsNorm) -> bool:
     return norm.scale_switch is not None and getattr(module, norm.scale_switch, True) is False
 
 
+def norm_eps(module: nn.Module) -> float | None:
+    """The norm module's epsilon (the first of ``NORM_EPS_ATTRIBUTES`` it has, a number), or None."""
+    eps = next((getattr(module, a) for a in NORM_EPS_ATTRIBUTES if hasattr(module, a)), None)
+    return float(eps) if isinstance(eps, (int, float)) else None
+
+
+def swap_norm(state: PatchState, module: nn.Module, eps: float, norm: RmsNorm, note: str) -> None:
+    """Rebind the norm's forward to `rms_norm_forward` as `norm` says; `note` ends the report's
+    op text."""
+    state.rebind(module, "forward", functools.partial(rms_norm_forward, module, eps, norm))
+    state.tag(module, "rms_norm")
+    state.report.record_swapped(
+        "norm", type(module).__name__, f"ops.rms_norm(offset={norm.offset:g}){note}"
+    )
+
+
 def patch_norm(state: PatchState, module: nn.Module, norm: RmsNorm, part: Part) -> None:
     name = type(module).__name__
-    eps = next((getattr(module, a) for a in NORM_EPS_ATTRIBUTES if hasattr(module, a)), None)
+    eps = norm_eps(module)
     has_weight = isinstance(getattr(module, "weight", None), torch.Tensor)
     if not part.enabled("norm"):
         state.report.record_left_alone("norm", name, disabled_by("norm"))
     elif not (has_weight or _weightless(module, norm)) or eps is None:
         state.report.record_left_alone("norm", name, "no weight/eps attributes to hand to the op")
     else:
-        forward = functools.partial(rms_norm_forward, module, float(eps), norm)
-        state.rebind(module, "forward", forward)
-        state.tag(module, "rms_norm")
-        state.report.record_swapped("norm", name, f"ops.rms_norm(offset={norm.offset:g})")
+        swap_norm(state, module, eps, norm, "")
 
 
 # --------------------------------------------------------------------------- mlp
@@ -105,10 +118,16 @@ def patch_mlp(state: PatchState, module: nn.Module, mlp: SwigluMlp, part: Part) 
         why = f"activation is {activation}, ops.swiglu computes silu(gate) * up"
         state.report.record_left_alone("mlp", name, why)
     else:
-        forward = fused_swiglu_mlp_forward if mlp.fused else swiglu_mlp_forward
-        state.rebind(module, "forward", functools.partial(forward, module))
-        state.tag(module, "swiglu")
-        state.report.record_swapped("mlp", name, "ops.swiglu")
+        swap_mlp(state, module, "", fused=mlp.fused)
+
+
+def swap_mlp(state: PatchState, module: nn.Module, note: str, *, fused: bool = False) -> None:
+    """Rebind the gated MLP's forward to `swiglu_mlp_forward` (`fused_swiglu_mlp_forward` for
+    one ``gate_up_proj``); `note` ends the report's op text."""
+    forward = fused_swiglu_mlp_forward if fused else swiglu_mlp_forward
+    state.rebind(module, "forward", functools.partial(forward, module))
+    state.tag(module, "swiglu")
+    state.report.record_swapped("mlp", type(module).__name__, f"ops.swiglu{note}")
 
 
 # --------------------------------------------------------------------------- rope
@@ -228,11 +247,19 @@ def patch_rope(state: PatchState, module: nn.Module, rope: Rope, part: Part) -> 
     if refusal is not None:
         state.report.record_left_alone("rope", name, refusal)
         return
-    table_scale = part.rope_table_scale
-    state.rebind(module, "forward", rope_forward(module, rope.function, rope.style, table_scale))
+    swap_rope(state, module, rope, part.rope_table_scale, "")
+
+
+def swap_rope(
+    state: PatchState, module: nn.Module, rope: Rope, table_scale: float, note: str
+) -> None:
+    """Rebind the module's forward to `rope_forward` for `rope`'s function and style, with
+    ``table_scale`` bounding the tables; `note` ends the report's op text."""
+    forward = rope_forward(module, rope.function, rope.style, table_scale)
+    state.rebind(module, "forward", forward)
     scaled = f", table_scale={table_scale:g}" if table_scale != 1.0 else ""
-    op = f"ops.{_ROPE_STYLES[rope.style][1]} (via {rope.function}{scaled})"
-    state.report.record_swapped("rope", name, op)
+    op = f"ops.{_ROPE_STYLES[rope.style][1]} (via {rope.function}{scaled}){note}"
+    state.report.record_swapped("rope", type(module).__name__, op)
 
 
 # --------------------------------------------------------------------------- the table

@@ -19,6 +19,7 @@ from ascend_vlm.models import (
 )
 from ascend_vlm.patching.adapters import ADAPTERS
 from ascend_vlm.patching.attention import register_attention
+from ascend_vlm.patching.generic import GenericPlan, apply_plan, discover
 from ascend_vlm.patching.ledger import Edits, applied_features, apply_feature, remove_feature
 from ascend_vlm.patching.part import Part
 from ascend_vlm.patching.report import PatchReport
@@ -82,23 +83,21 @@ def _resolve_spec(base: nn.Module, strict: bool) -> tuple[str, ModelSpec, str | 
     if strict:
         raise PatchError(
             f"model_type {model_type!r} is not supported by ascend_vlm.patch; supported "
-            f"model_types: {', '.join(supported_model_types())}. Pass strict=False to patch "
-            f"the recognised parts only."
+            f"model_types: {', '.join(supported_model_types())}. Pass strict=False for "
+            f"the generic path (attention through transformers' AttentionInterface, "
+            f"probe-verified norms, MLPs and RoPE; see the PatchReport)."
         )
-    # strict=False: a plain decoder we know still gets its text side patched.
+    # strict=False: a plain decoder we know keeps its text spec; the generic path does the rest.
     text = TEXT_BACKBONES.get(model_type, PartSpec())
     return model_type, ModelSpec(text=text), f"model_type {model_type!r} is not supported"
-
-
-def _has_vision_config(config) -> bool:
-    """Whether `config` describes a vision tower: a composite config with a vision sub-config."""
-    return any("vision" in name for name in getattr(type(config), "sub_configs", {}))
 
 
 @dataclass
 class PatchFeature:
     """The ledger feature ``"patch"``: one model's family spec applied with `patch`'s options.
-    Each install writes a fresh report (what was swapped and left alone)."""
+    Each install writes a fresh report (what was swapped and left alone). A model no family
+    describes (``unsupported`` says why) also gets the generic path, whose plan is discovered
+    and probed at the first install and kept for the next ones."""
 
     name: ClassVar[str] = "patch"
     base: nn.Module
@@ -107,15 +106,10 @@ class PatchFeature:
     spec: ModelSpec
     unsupported: str | None
     report: PatchReport | None = None
+    generic: GenericPlan | None = None
 
     def install(self, edits: Edits) -> None:
         state = PatchState(self.options, PatchReport(model_type=self.model_type), edits)
-        if self.unsupported is not None:
-            why = f"{self.unsupported} (strict=False)"
-            if _has_vision_config(self.base.config):
-                state.report.left_alone[("attention-vision", "vision tower", why)] = 1
-            if not self.spec.text.attention:
-                state.report.left_alone[("attention-text", self.model_type, why)] = 1
         register_attention()
         tower = _find_vision_tower(self.base, self.spec.vision_towers)
         routed = []
@@ -123,6 +117,10 @@ class PatchFeature:
             part, part_spec = Part(name, modules, self.options), getattr(self.spec, name)
             routed += attention_configs_to_route(state, part, part_spec)
             _apply_adapters(state, part, part_spec)
+        if self.unsupported is not None:
+            if self.generic is None:
+                self.generic = discover(self.base, self.spec, self.unsupported)
+            routed += apply_plan(state, self.generic)
         route_attention(state, self.base, routed)
         self.report = state.report
 
@@ -151,8 +149,11 @@ def patch(
     Idempotent: patching an already patched model with the same options returns its current
     report (written anew whenever the ledger installs the patch again, e.g. under a later
     quantization); different options raise PatchError (call `unpatch` first). Unsupported model_type:
-    PatchError listing the supported ones when `strict`, else only the recognised parts are
-    patched and the report says what was skipped. Returns the PatchReport.
+    PatchError listing the supported ones when `strict`, else the generic path
+    (`ascend_vlm.patching.generic`): attention that goes through transformers'
+    ``AttentionInterface`` is routed to ours, and norms, gated MLPs and rotary functions are
+    swapped where a numerical probe at patch time agrees (``PatchReport.probe_verified``); the
+    report says what was left alone and why. Returns the PatchReport.
     """
     options = {"attention": attention, "vision": vision, "norm": norm, "rope": rope, "mlp": mlp}
     base = _base_model(model, **options, strict=strict)

@@ -40,7 +40,7 @@ import inspect
 import types
 from dataclasses import dataclass
 
-from ascend_vlm._compat.attention import ATTENTION_NAME, VARLEN_KWARGS
+from ascend_vlm._compat.attention import ATTENTION_NAME, VARLEN_KWARGS, keyword_names
 from ascend_vlm._compat.decorators import rope_problem
 from ascend_vlm._compat.gated_delta import linear_attention_problem
 from ascend_vlm._compat.module_internals import (
@@ -192,11 +192,6 @@ def _linear_attention_probe(part: _Part) -> str | None:
     return None
 
 
-def _keyword_names(code: types.CodeType) -> set[str]:
-    """Keyword-argument names the function's calls pass (they sit in tuple constants)."""
-    return {n for c in code.co_consts if isinstance(c, tuple) for n in c if isinstance(n, str)}
-
-
 def _varlen_vision_probe(part: _Part) -> str | None:
     for name in part.spec.attention:
         forward = inspect.unwrap(part.defined(name).forward)
@@ -206,7 +201,7 @@ def _varlen_vision_probe(part: _Part) -> str | None:
         stand_in = types.SimpleNamespace(_attn_implementation=ATTENTION_NAME)
         if not requested(stand_in):
             return f"is_flash_attention_requested is False for {ATTENTION_NAME!r}"
-        absent = set(VARLEN_KWARGS) - _keyword_names(forward.__code__)
+        absent = set(VARLEN_KWARGS) - keyword_names(forward.__code__)
         if absent:
             return f"{name}.forward does not pass {', '.join(sorted(absent))}"
     return None

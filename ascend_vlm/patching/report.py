@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from ascend_vlm._compat.attention import ATTENTION_NAME
 from ascend_vlm.models.family_spec import KINDS
 
+# Ends the op text of a swap the generic path made after a numerical probe agreed with it.
+PROBE_VERIFIED = "probe-verified"
+
 
 @dataclass
 class PatchReport:
@@ -30,6 +33,15 @@ class PatchReport:
         """Number of modules of `kind` (one of KINDS) routed to a fused op."""
         return sum(n for (k, _, _), n in self.swapped.items() if k == kind)
 
+    def probe_verified(self) -> list[tuple[str, str, str, int]]:
+        """(kind, module, op, count) of the swaps a numerical probe verified (`strict=False` on
+        a model no family describes), sorted."""
+        return [
+            (kind, module, op, count)
+            for (kind, module, op), count in sorted(self.swapped.items())
+            if op.endswith(PROBE_VERIFIED)
+        ]
+
     def left_alone_count(self, kind: str) -> int:
         return sum(n for (k, _, _), n in self.left_alone.items() if k == kind)
 
@@ -45,6 +57,7 @@ class PatchReport:
                 {"kind": k, "module": m, "reason": why, "count": n}
                 for (k, m, why), n in sorted(self.left_alone.items())
             ],
+            "probe_verified": sum(count for *_, count in self.probe_verified()),
             "totals": {
                 kind: {
                     "swapped": self.swapped_count(kind),

@@ -194,12 +194,19 @@ def test_unsupported_model_lenient_patches_known_decoder_and_says_what_it_skippe
 
 
 def test_unsupported_vision_language_model_lenient_reports_its_vision_tower(qwen, monkeypatch):
+    # The generic path routes every attention that goes through transformers' interface; one
+    # whose attention does not (here: none does) gets its vision tower and text side reported.
     monkeypatch.setattr(ascend_vlm.patching.core, "spec_for", lambda config: None)
-    rows = ascend_vlm.patch(qwen, strict=False).as_dict()["left_alone"]
-    assert {(row["kind"], row["module"]) for row in rows} == {
+    monkeypatch.setattr(
+        ascend_vlm.patching.generic, "attention_interface_problem", lambda cls: "stand-in"
+    )
+    report = ascend_vlm.patch(qwen, strict=False)
+    rows = report.as_dict()["left_alone"]
+    assert {(row["kind"], row["module"]) for row in rows if row["reason"] != "stand-in"} == {
         ("attention-vision", "vision tower"),
         ("attention-text", "qwen2_vl"),
     }
+    assert report.swapped_count("attention-text") == report.swapped_count("attention-vision") == 0
 
 
 def test_lenient_report_of_a_text_only_model_names_no_vision_tower():
