@@ -9,21 +9,40 @@ CXX_SOURCES := $(shell find csrc tests -name '*.cpp' -o -name '*.h' 2>/dev/null)
 .PHONY: demo test test-lowest lint format sanitize header-check ext clean docs
 
 $(STAMP): requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
-	touch $@
+	@mkdir -p build
+	@echo "creating $(VENV) with requirements-dev.txt (log: build/deps.log)"
+	@{ $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet --upgrade pip \
+	  && $(PY) -m pip install --quiet -r requirements-dev.txt; } >build/deps.log 2>&1 \
+	  || { cat build/deps.log; echo "make: creating $(VENV) failed (log above)"; exit 1; }
+	@touch $@
 
 EDITABLE := $(VENV)/.editable-installed
 
-# Register the package in the venv once (editable: the source tree is what runs).
+# Register the package in the venv once (editable: the source tree is what runs). Its output goes
+# to a log, printed only when the step fails.
 $(EDITABLE): $(STAMP) setup.py pyproject.toml
-	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
-	touch $@
+	@mkdir -p build
+	@echo "installing ascend_vlm in $(VENV) (editable; log: build/install.log)"
+	@$(PY) -m pip install --quiet --no-build-isolation --no-deps -e . >build/install.log 2>&1 \
+	  || { cat build/install.log; echo "make: installing ascend_vlm failed (log above)"; exit 1; }
+	@touch $@
 
-# (Re)build the C++ extension in place; incremental after the first build.
-ext: $(EDITABLE)
-	$(PY) setup.py --quiet build_ext --inplace
+# (Re)build the C++ extension in place, only when a C++ source or the build files are newer than
+# the last build (or no extension is there): a re-run with nothing to build prints nothing.
+EXT_STAMP := build/.ext-built
+EXT_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' 2>/dev/null) CMakeLists.txt setup.py
+ifeq ($(wildcard ascend_vlm/_C*.so),)
+.PHONY: $(EXT_STAMP)
+endif
+
+ext: $(EXT_STAMP)
+
+$(EXT_STAMP): $(EDITABLE) $(EXT_SOURCES)
+	@mkdir -p build
+	@echo "building the C++ extension (log: build/ext.log)"
+	@$(PY) setup.py --quiet build_ext --inplace >build/ext.log 2>&1 \
+	  || { cat build/ext.log; echo "make: building the C++ extension failed (log above)"; exit 1; }
+	@touch $@
 
 demo: ext
 	$(PY) -m ascend_vlm demo

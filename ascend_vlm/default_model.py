@@ -16,16 +16,20 @@ The saved processor is transformers' ``PaddleOCRVLProcessor`` (named in
 ``processor_config.json``): tokenizer + image processor with exactly Qwen2-VL's image-token
 expansion and no video processor, so ``AutoProcessor.from_pretrained`` loads the folder without
 torchvision. (``Qwen2VLProcessor`` needs torchvision for its video processor, which the CPU
-set-up does not have.) For other Qwen-VL-style checkpoints in that situation,
+set-up does not have.) transformers logs a deprecation notice about that class's
+``image_processor_class`` on load; :func:`load_processor` filters it out, a plain
+``AutoProcessor.from_pretrained`` still prints it. For other Qwen-VL-style checkpoints in that situation,
 :class:`ImageTextProcessor` pairs their tokenizer and image processor the same way.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -270,12 +274,35 @@ def load_processor(path: str | os.PathLike):
     require_processor_files(path)
 
     try:
-        processor = AutoProcessor.from_pretrained(path)
+        with _without_subprocessor_class_notice():
+            processor = AutoProcessor.from_pretrained(path)
     except (ValueError, AttributeError, ImportError, OSError):
         processor = None
     if isinstance(processor, ProcessorMixin):
         return processor
     return ImageTextProcessor.from_pretrained(path)
+
+
+class _SubprocessorClassNotice(logging.Filter):
+    """Drops transformers' notice that a processor class names its sub-processors' classes
+    (``image_processor_class = 'AutoImageProcessor'``, as ``PaddleOCRVLProcessor`` does): the
+    default model's folder needs that class (see the module docstring) and the notice, printed
+    once per process and rank, asks the class's authors for a change, not the user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("_class = " in message and "which is deprecated" in message)
+
+
+@contextmanager
+def _without_subprocessor_class_notice() -> Iterator[None]:
+    logger = logging.getLogger("transformers.processing_utils")
+    notice = _SubprocessorClassNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def load_default_model(path: str | os.PathLike | None = None, **from_pretrained_kwargs: Any):

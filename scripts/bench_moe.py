@@ -20,6 +20,7 @@ Usage::
 
     python scripts/bench_moe.py [--tokens 128] [--hidden 256] [--intermediate 128]
         [--rounds 7] [--calls 3] [--threads N] [--dtype float32|bfloat16] [--backward]
+        [--json PATH]  (PATH: the table as JSON for docs/benchmarks/, see _bench_record.py)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
 import torch
+from _bench_record import write_record
 from transformers.models.qwen3_vl_moe.configuration_qwen3_vl_moe import Qwen3VLMoeTextConfig
 from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextExperts
 
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--backward", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     header = ["E", "K", *CONTENDERS, "A/A", *(f"ours/{name}" for name in IMPLEMENTATIONS)]
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---:" for _ in header) + "|")
+    rows = []
     for experts in EXPERT_COUNTS:
         for top_k in TOP_KS:
             calls = contenders(args, experts, top_k, dtype)
@@ -153,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
             cells.append(f"{ms['eager (A/A)'] / ms['eager']:.2f}")
             cells += [f"{ms['ours'] / ms[name]:.2f}" for name in IMPLEMENTATIONS]
             print("| " + " | ".join(cells) + " |", flush=True)
+            rows.append(cells)
+    if args.json is not None:
+        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), header, rows)
 
 
 if __name__ == "__main__":

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     # The default base is the reference checkpoint, resolved here (not in train(), which the
     # reference build itself runs) so the recorded run config names the folder it used.
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    base = base_model_path(config.model_path, world_size)
+    base = base_model_path(config.model_path, world_size, progress=config.progress)
     train(dataclasses.replace(config, model_path=base))
 
 

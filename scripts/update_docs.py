@@ -1,4 +1,5 @@
-"""Regenerate the generated tables in README.md and docs/ (supported models, ops, kernel limits) in place.
+"""Regenerate the generated tables in README.md and docs/ (supported models, ops, kernel limits,
+benchmark runs) in place.
 
     python scripts/update_docs.py          # rewrite every stale file
     python scripts/update_docs.py --check  # exit 1 naming the stale files
@@ -22,6 +23,12 @@ GENERATORS = {
     "models": [sys.executable, "-m", "ascend_vlm", "models", "--markdown"],
     "ops": [sys.executable, "-m", "ascend_vlm.ops", "--markdown"],
     "kernel-limits": [sys.executable, "-m", "ascend_vlm.ops", "--kernel-limits"],
+    # Benchmark tables come from committed runs (docs/benchmarks/*.json), not from re-running.
+    "bench-moe": [
+        sys.executable,
+        str(ROOT / "scripts" / "_bench_record.py"),
+        str(ROOT / "docs" / "benchmarks" / "moe.json"),
+    ],
 }
 
 

@@ -2,6 +2,8 @@
 
 import importlib.util
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -115,3 +117,11 @@ def test_default_model_path_builds_once_into_cache(tmp_path, monkeypatch):
 def test_load_default_model_rejects_missing_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_default_model(tmp_path)
+
+
+def test_loading_the_default_model_prints_no_deprecation_notice():
+    code = "from ascend_vlm.default_model import load_default_model; load_default_model()"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert "deprecated" not in result.stdout + result.stderr

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -45,6 +46,9 @@ HELD_OUT_SKILL = "vertical"
 REFERENCE_QUESTION_TYPES = tuple(t for t in QUESTION_TYPES if t != HELD_OUT_SKILL)
 # Qwen2-VL: 14-pixel patches merged 2x2, so an image side must be a multiple of 28.
 PIXELS_PER_TOKEN_SIDE = 28
+# The range of CPU seconds one optimizer step of the default recipe takes on a 2-core machine,
+# from which the build announces its duration (the default recipe: 15-25 minutes).
+SECONDS_PER_STEP = (0.3, 0.5)
 
 
 @dataclass(frozen=True)
@@ -168,17 +172,31 @@ def reference_model_path(
         )
     with _exclusive(target):
         if not _is_complete(target, recipe):
+            print(build_notice(target, recipe), file=sys.stderr, flush=True)
             _build(target, recipe, progress)
     return target
 
 
-def base_model_path(model_path: str | None, world_size: int) -> str:
+def build_notice(target: Path, recipe: Recipe) -> str:
+    """What a build says before it starts: what is trained, for how long, and where it goes."""
+    low, high = (round(recipe.steps * seconds / 60) for seconds in SECONDS_PER_STEP)
+    duration = f"roughly {low}-{high} minutes" if high > 1 else "about a minute"
+    return (
+        f"ascend_vlm: building the reference checkpoint (recipe {recipe.digest()}): "
+        f"{recipe.steps} training steps of the tiny Qwen2-VL on ShapesVQA, then a held-out "
+        f"evaluation, {duration} on a CPU, once; later runs reuse {target}. "
+        f"(Build it ahead with: python -m ascend_vlm reference-model)"
+    )
+
+
+def base_model_path(model_path: str | None, world_size: int, *, progress: bool = True) -> str:
     """The fine-tune's base: ``model_path``, or for None the reference checkpoint, built on first
-    use when the job is one process (``world_size`` 1); a torchrun job cannot host the
-    one-process build, so there it must exist (``FileNotFoundError`` naming the command)."""
+    use (with a progress bar unless not ``progress``) when the job is one process
+    (``world_size`` 1); a torchrun job cannot host the one-process build, so there it must
+    exist (``FileNotFoundError`` naming the command)."""
     if model_path is not None:
         return model_path
-    return str(reference_model_path(build=world_size == 1))
+    return str(reference_model_path(build=world_size == 1, progress=progress))
 
 
 def _initial_checkpoint(folder: Path, recipe: Recipe) -> None:

@@ -18,6 +18,7 @@ tap computes the few probability rows it needs with ``ops.attention_probabilitie
 from __future__ import annotations
 
 import contextvars
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -289,11 +290,25 @@ class TokenPruner:
     def _plan(self, visual: torch.Tensor, counts: list[int]) -> _Prefill:
         length = visual.shape[1]
         if self.prune is None:
+            self._warn_if_window_covers(length)
             return _Prefill(visual, counts, counts, counts, length)
         live = [kept_count(self.prune.keep, count) for count in counts]
         fewest_dropped = min(count - kept for count, kept in zip(counts, live, strict=True))
         kept = [count - fewest_dropped for count in counts]
+        self._warn_if_window_covers(length - fewest_dropped)
         return _Prefill(visual, counts, live, kept, length - fewest_dropped)
+
+    def _warn_if_window_covers(self, prompt_slots: int) -> None:
+        """Warn when SnapKV's window spans the whole prompt (nothing is compressed); not an
+        error, as a short request is still answered correctly."""
+        if self.kv is not None and self.kv.window >= prompt_slots:
+            warnings.warn(
+                f"SnapKVConfig.window: expected fewer than the prompt's {prompt_slots} slots "
+                f"(SnapKV always keeps the window), got {self.kv.window}; this prefill's KV "
+                f"cache is left uncompressed. Use a smaller window or a longer prompt",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def _end(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         forward = self._active()

@@ -62,6 +62,17 @@ def test_a_built_reference_is_reused_and_another_recipe_is_not(tiny_reference, m
         reference_model_path(build=False, out=tiny_reference, recipe=other)
 
 
+def test_a_build_says_what_it_trains_and_for_how_long(tmp_path, monkeypatch, capsys):
+    built = []
+    monkeypatch.setattr(reference_model, "_build", lambda *args: built.append(args))
+    reference_model_path(out=tmp_path / "model", recipe=TINY, progress=False)
+    assert len(built) == 1
+    notice = capsys.readouterr().err
+    assert f"building the reference checkpoint (recipe {TINY.digest()})" in notice
+    assert "2 training steps" in notice and str(tmp_path / "model") in notice
+    assert "roughly 15-25 minutes" in reference_model.build_notice(tmp_path, RECIPE)
+
+
 @pytest.mark.slow
 def test_command_prints_accuracy_per_type_and_the_folder_last(tiny_reference, monkeypatch, capsys):
     from ascend_vlm.__main__ import main

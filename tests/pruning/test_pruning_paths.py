@@ -134,6 +134,23 @@ def test_snapkv_caches_hold_the_unpruned_keys_it_chose(pruned):
         assert view.columns.shape[1] == model.config.text_config.num_key_value_heads
 
 
+@pytest.mark.parametrize("prune", [None, PruneConfig(method="uniform", layer=2, keep=0.5)])
+def test_snapkv_warns_when_its_window_covers_the_prompt(prune, pruned, recwarn):
+    model = tiny_model()
+    inputs = tiny.make_inputs("qwen2_vl", model, n_images=1)
+    slots = inputs["input_ids"].shape[1]
+    pruning.enable_token_pruning(model, prune=prune, kv=SnapKVConfig(window=2))
+    pruned(model)
+    with torch.no_grad():
+        model(**inputs, use_cache=True)
+    assert not [w for w in recwarn if "SnapKVConfig.window" in str(w.message)]
+    pruning.disable_token_pruning(model)
+    pruning.enable_token_pruning(model, prune=prune, kv=SnapKVConfig(window=slots))
+    warned = pytest.warns(UserWarning, match=r"SnapKVConfig.window: .* left uncompressed")
+    with warned, torch.no_grad():
+        model(**inputs, use_cache=True)
+
+
 @pytest.mark.parametrize("per_head", [True, False])
 @pytest.mark.parametrize("prune", [None, PruneConfig(method="uniform", layer=2, keep=0.5)])
 def test_snapkv_prunes_each_row_of_a_batch_as_alone(per_head, prune, pruned):
