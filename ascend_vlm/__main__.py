@@ -115,6 +115,26 @@ def _backend() -> str:
     return active_backend()
 
 
+def features_table() -> str:
+    """Markdown: which feature runs on each supported model type, then every refusal's reason."""
+    from ascend_vlm.models import FEATURES, REGISTRY
+    from ascend_vlm.models.descriptor import FEATURE_LABELS, Refused
+
+    header = ["model_type", *(FEATURE_LABELS[feature] for feature in FEATURES)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    reasons = []
+    for model_type in sorted(REGISTRY):
+        answers = REGISTRY[model_type].features.answers()
+        cells = ["no" if isinstance(a, Refused) else "yes" for a in answers.values()]
+        lines.append("| " + " | ".join([model_type, *cells]) + " |")
+        reasons += [
+            f"- {model_type}, {FEATURE_LABELS[feature]}: {answer.reason}."
+            for feature, answer in answers.items()
+            if isinstance(answer, Refused)
+        ]
+    return "\n".join([*lines, "", "Why a feature is refused:", "", *reasons])
+
+
 def models_table(markdown: bool) -> str:
     """Supported model types with what `patch` swaps in each family's tiny model (counts)."""
     from ascend_vlm.models import KINDS, REGISTRY
@@ -213,13 +233,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser.set_defaults(handler=_run_demo, parser=demo_parser)
     models_parser = commands.add_parser("models", help="print the supported-models table")
     models_parser.add_argument("--markdown", action="store_true", help="print it as Markdown")
-    models_parser.set_defaults(handler=lambda args: print(models_table(args.markdown)) or 0)
+    models_parser.add_argument(
+        "--features",
+        action="store_true",
+        help="print which deployment feature runs on each model type instead (Markdown)",
+    )
+    models_parser.set_defaults(handler=_run_models)
     evaluation = EvalCommand()
     evaluation.add_parser(commands).set_defaults(handler=evaluation.run)
     reference_model.add_command(commands)
     generate_batch.add_command(commands)
     explain.add_command(commands)
     return parser
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    print(features_table() if args.features else models_table(args.markdown))
+    return 0
 
 
 def _run_demo(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GENERATORS = {
     "models": [sys.executable, "-m", "ascend_vlm", "models", "--markdown"],
+    "features": [sys.executable, "-m", "ascend_vlm", "models", "--features"],
     "ops": [sys.executable, "-m", "ascend_vlm.ops", "--markdown"],
     "kernel-limits": [sys.executable, "-m", "ascend_vlm.ops", "--kernel-limits"],
     # Benchmark tables come from committed runs (docs/benchmarks/*.json), not from re-running.
