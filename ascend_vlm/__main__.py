@@ -37,17 +37,15 @@ def _say(message: str) -> None:
 def _load(model_path: str | None):
     from ascend_vlm.default_model import load_default_model
     from ascend_vlm.evaluation.checkpoints import (
-        check_checkpoint,
+        checkpoint_folder,
         load_model_and_processor,
-        resolve_model,
     )
 
     if model_path is None:
         _say("loading the embedded default model (tiny Qwen2-VL, random weights) ...")
         return load_default_model()
     try:
-        path = resolve_model(model_path, "--model")
-        check_checkpoint(path, "--model")
+        path = checkpoint_folder(model_path, "--model")
     except FileNotFoundError as error:
         raise CommandError(str(error)) from None
     _say(f"loading {path} ...")

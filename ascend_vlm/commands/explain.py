@@ -54,9 +54,8 @@ def run_command(args: argparse.Namespace) -> int:
     """Run ``explain``; argparse errors (status 2) name the bad option."""
     from ascend_vlm.data.images import load_image
     from ascend_vlm.evaluation.checkpoints import (
-        check_checkpoint,
+        checkpoint_folder,
         load_model_and_processor,
-        resolve_model,
     )
     from ascend_vlm.observability.explain import explain, save_explanation
 
@@ -72,8 +71,7 @@ def run_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         parser.error(str(error))
     try:
-        model_path = resolve_model(args.model, "--model")
-        check_checkpoint(model_path, "--model")
+        model_path = checkpoint_folder(args.model, "--model")
     except FileNotFoundError as error:
         parser.error(str(error))
     model, processor = load_model_and_processor(model_path, "--model")

@@ -149,9 +149,8 @@ def run_command(args: argparse.Namespace) -> int:
     from ascend_vlm.batching.budgets import BudgetError
     from ascend_vlm.batching.generator import BatchGenerator
     from ascend_vlm.evaluation.checkpoints import (
-        check_checkpoint,
+        checkpoint_folder,
         load_model_and_processor,
-        resolve_model,
     )
     from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
@@ -165,8 +164,7 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.requests.is_file():
         parser.error(f"--requests: expected a JSONL file, got {args.requests} (no such file)")
     try:
-        model_path = resolve_model(args.model, "--model")
-        check_checkpoint(model_path, "--model")
+        model_path = checkpoint_folder(args.model, "--model")
         requests = read_requests(args.requests)
     except (FileNotFoundError, RequestFileError) as error:
         parser.error(str(error))

@@ -56,6 +56,15 @@ def check_checkpoint(path: str | os.PathLike, argument: str = "path") -> None:
     require_processor_files(path, argument)
 
 
+def checkpoint_folder(spec: str | os.PathLike, argument: str = "--model") -> Path:
+    """The checkpoint folder ``spec`` names (:func:`resolve_model`), checked to hold a model and
+    its processor (:func:`check_checkpoint`); ``FileNotFoundError`` naming ``argument``
+    otherwise."""
+    path = resolve_model(spec, argument)
+    check_checkpoint(path, argument)
+    return path
+
+
 def load_model_and_processor(path: str | os.PathLike, argument: str = "path") -> tuple[Any, Any]:
     """``(model, processor)`` of the checkpoint folder ``path``, the model in eval mode.
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_vlm.evaluation import features  # noqa: F401  (registers the built-in options)
-from ascend_vlm.evaluation.checkpoints import REFERENCE, check_checkpoint, resolve_model
+from ascend_vlm.evaluation.checkpoints import REFERENCE, checkpoint_folder
 from ascend_vlm.evaluation.datasets import DEFAULT_SHAPES_SAMPLES, EvalDataset
 from ascend_vlm.evaluation.options import REGISTRY, OptionRegistry
 
@@ -177,8 +177,7 @@ class EvalCommand:
                     f"--model: expected a checkpoint folder or '{REFERENCE}', got none{hint}"
                 )
             try:
-                path = resolve_model(config.model, argument)
-                check_checkpoint(path, argument)
+                path = checkpoint_folder(config.model, argument)
             except FileNotFoundError as error:
                 parser.error(str(error))
             configurations.append(_Configuration(label, config, path))

@@ -5,12 +5,13 @@ model_type (GLM-4.6V builds whatever its sub-configs name; the others build thei
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ascend_vlm.models._backbones import composite_spec
+from ascend_vlm.models._qwen_vl import ALL_FEATURES
 from ascend_vlm.models.descriptor import (
-    SUPPORTED,
     Encoder,
     FamilyDescriptor,
-    FeatureSupport,
     Layout,
     Refused,
 )
@@ -23,16 +24,8 @@ def spec(config) -> ModelSpec:
     return composite_spec(config, LAYOUT)
 
 
-_FEATURES = FeatureSupport(
-    token_pruning=SUPPORTED,
-    kv_compression=SUPPORTED,
-    vision_cache=SUPPORTED,
-    chat_sessions=SUPPORTED,
-    batching=SUPPORTED,
-    quantization=SUPPORTED,
-    adapters=SUPPORTED,
-    tracing=SUPPORTED,
-    attention_overlay=SUPPORTED,
+_FEATURES = replace(
+    ALL_FEATURES,
     vision_input=Refused(
         "its image processor sizes images by GLM's own smart_resize (frame count first, other "
         "rounding), which neither fast preprocessor reproduces"
