@@ -101,6 +101,8 @@ setup(
     extras_require={
         "npu": ["torch-npu"],
         "plots": ["matplotlib>=3.7"],
+        "serve": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20"],
+        "trl": ["trl>=1.0"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
     },
     zip_safe=False,
