@@ -14,17 +14,19 @@ every language-model projection (q, k, v, o, gate, up, down), random weights sav
   with 1, 8 and 32 adapters resident (target: <= 10 ms at 32);
 * mixed batch: 8 requests (one 224x224 image, ``--new-tokens`` greedy tokens each) for 8
   different adapters, as one ``AdapterSet.generate`` with one adapter per row against 8
-  single-request generates each after switching to its adapter (target: >= 3x); best of
-  ``--repeats`` interleaved rounds.
+  single-request generates each after switching to its adapter (target: >= 3x); a warm-up
+  call of each, then the median of ``--repeats`` interleaved rounds in a rotating order. The
+  switching run is timed twice ("switched (A/A)"): its ratio to the first is the noise floor of
+  the speed-up.
 
 Run: python scripts/bench_adapters.py [--rank 8] [--new-tokens 16] [--repeats 3] [--json OUT]
+(OUT: the table as JSON for docs/benchmarks/, see _bench_record.py)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import random
 import statistics
 import sys
@@ -34,6 +36,8 @@ from pathlib import Path
 
 import torch
 from _bench_models import bench_processor, load_bench_model, random_images
+from _bench_record import write_record
+from _bench_timing import interleaved_ms
 
 import ascend_vlm
 from ascend_vlm.adapters.adapter_set import AdapterSet
@@ -85,22 +89,55 @@ def switch_ms(served: AdapterSet, names: list[str], switches: int) -> float:
     return statistics.median(samples) * 1e3
 
 
+HEADER = ["measurement", "ours", "switched per request", "switched (A/A)", "A/A", "speed-up"]
+
+
+def mixed_batch_row(served: AdapterSet, processor, new_tokens: int, rounds: int) -> list[str]:
+    """8 requests for 8 adapters as one mixed batch against switching per request, in seconds,
+    with the switching run's A/A twin; cells under :data:`HEADER`."""
+    rows = 8
+    names = list(served.names[:rows])
+    batch = _inputs(processor, rows)
+    single = _inputs(processor, 1)
+    settings = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+
+    def mixed() -> None:
+        served.generate(names, **batch, **settings)
+
+    def switched() -> None:
+        for name in names:
+            served.activate(name)
+            served.model.generate(**single, **settings)
+
+    calls = {"mixed": mixed, "switched": switched, "switched (A/A)": switched}
+    with torch.no_grad():
+        seconds = {name: ms / 1e3 for name, ms in interleaved_ms(calls, rounds).items()}
+    return [
+        f"8 requests x {new_tokens} tokens, 8 adapters (s)",
+        f"{seconds['mixed']:.3f}",
+        f"{seconds['switched']:.3f}",
+        f"{seconds['switched (A/A)']:.3f}",
+        f"{seconds['switched (A/A)'] / seconds['switched']:.2f}",
+        f"{seconds['switched'] / seconds['mixed']:.2f}x",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--switches", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=3, help="mixed-batch rounds (best kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="mixed-batch interleaved rounds")
     parser.add_argument("--layers", type=int, default=8, help="language-model depth")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--json", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     for flag in ("rank", "new_tokens", "switches", "repeats", "layers", "threads"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}: expected an int >= 1")
     torch.set_num_threads(args.threads)
     processor = bench_processor(IMAGE_SIDE)
-    report: dict = {"rank": args.rank}
+    rows = []
     with tempfile.TemporaryDirectory() as folder:
         print(f"[bench_adapters] building the {args.layers}-layer model", flush=True)
         base = load_bench_model(Path(folder) / "base", args.layers)
@@ -108,61 +145,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench_adapters] saving {max(RESIDENT)} adapters", flush=True)
         folders = save_adapters(base, Path(folder), max(RESIDENT), args.rank)
         served = AdapterSet(base)
-        loads, switching = [], {}
+        loads = []
         for index, path in enumerate(folders):
             loads.append(_seconds(lambda index=index, path=path: served.load(f"n{index}", path)))
             if index + 1 in RESIDENT:
-                switching[index + 1] = switch_ms(served, list(served.names), args.switches)
-        report["load_ms"] = statistics.median(loads) * 1e3
-        report["load_ms_first_last"] = [loads[0] * 1e3, loads[-1] * 1e3]
-        report["switch_ms"] = switching
-
-        rows = 8
-        names = list(served.names[:rows])
-        batch = _inputs(processor, rows)
-        single = _inputs(processor, 1)
-        settings = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens}
-        settings["do_sample"] = False
-
-        def mixed() -> None:
-            served.generate(names, **batch, **settings)
-
-        def switched() -> None:
-            for name in names:
-                served.activate(name)
-                served.model.generate(**single, **settings)
-
+                first, again = (switch_ms(served, list(served.names), args.switches) for _ in "ab")
+                label = f"switch, {index + 1} resident (ms, median)"
+                rows.append(
+                    [label, f"{first:.4g}", "-", f"{again:.4g}", f"{again / first:.2f}", "-"]
+                )
+        load_ms = statistics.median(loads) * 1e3
+        rows.insert(0, [f"load from disk (ms, median of {len(loads)})", f"{load_ms:.1f}", *"-----"])
         print("[bench_adapters] mixed batch against switching", flush=True)
-        with torch.no_grad():
-            mixed(), switched()  # warm-up
-            runs = {"mixed": [], "switched": []}
-            for _ in range(args.repeats):
-                runs["mixed"].append(_seconds(mixed))
-                runs["switched"].append(_seconds(switched))
-        best = {key: min(values) for key, values in runs.items()}
-        report["mixed_batch_s"] = best["mixed"]
-        report["switched_s"] = best["switched"]
-        report["mixed_speedup"] = best["switched"] / best["mixed"]
-
+        rows.append(mixed_batch_row(served, processor, args.new_tokens, args.repeats))
     print(
-        f"\nrank-{args.rank} adapters on 7 projections x {args.layers} layers, {args.threads} threads:\n"
+        f"\nrank-{args.rank} adapters on 7 projections x {args.layers} layers, {args.threads} threads"
     )
-    first, last = report["load_ms_first_last"]
-    print(
-        f"load from disk (median of {len(loads)}): {report['load_ms']:.1f} ms "
-        f"(the first {first:.1f} ms, the last, beside {len(loads) - 1} others, {last:.1f} ms)"
-    )
-    print("\n| adapters resident | switch ms (median) |")
-    print("|---|---|")
-    for count, value in switching.items():
-        print(f"| {count} | {value:.3f} |")
-    print(
-        f"\n8 requests x {args.new_tokens} tokens, 8 adapters: mixed batch "
-        f"{report['mixed_batch_s']:.2f} s, switched one by one {report['switched_s']:.2f} s, "
-        f"{report['mixed_speedup']:.2f}x"
-    )
+    print("(switch rows: the A/A column is the same switching measured a second time)\n")
+    print("| " + " | ".join(HEADER) + " |")
+    print("|---|" + "---:|" * (len(HEADER) - 1))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2))
+        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), HEADER, rows)
     return 0
 
 

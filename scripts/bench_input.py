@@ -4,8 +4,10 @@ LLaVA-1.5's CLIP 336 with padding) against ``ascend_vlm.vision_input``'s ``QwenV
 without the prefetcher, side by side.
 
 For each family and input size, ``--images`` random-noise RGB images (PIL, decoded already)
-are turned into ``pixel_values`` (and Qwen's ``image_grid_thw``) by each processor, in
-interleaved rounds; the best round's images per second is kept (contention only adds time).
+are turned into ``pixel_values`` (and Qwen's ``image_grid_thw``) by each processor: a warm-up
+call each, then ``--rounds`` interleaved rounds in a rotating order, medians kept. Hugging
+Face's processor runs twice per round; the ratio of its twin to it (the ``A/A`` column) is the
+noise floor of the speed-ups beside it.
 The outputs are checked equal (bit for bit) before anything is timed. Qwen2-VL's settings are
 the model's defaults (at most 1280 merged tokens' worth of pixels, so a 1344x896 image is
 shrunk); LLaVA-1.5 pads to a square in the mean colour, resizes to 336 and crops.
@@ -17,6 +19,7 @@ sample new so each step encodes its batch) with ``prefetch=0`` (batches made in 
 run after its first step, the best run kept. ``--finetune-steps 0`` skips it.
 
 Run: python scripts/bench_input.py [--images 16] [--rounds 5] [--finetune-steps 12] [--json OUT]
+(OUT: the preprocessing table as JSON for docs/benchmarks/, see _bench_record.py)
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from _bench_record import write_record
+from _bench_timing import interleaved_ms
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -37,12 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ascend_vlm.vision_input import QwenVLPixels, ResizeCropPixels
 
 SIZES = ((448, 448), (1344, 896))  # width x height
+HUGGING_FACE = "hugging face (PIL)"
+HEADER = ["model family", "input", "processor", "images/s", "vs Hugging Face", "A/A"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=16, help="images per call")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (best kept)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians kept)")
     parser.add_argument(
         "--finetune-steps", type=int, default=12, help="fine-tune steps per run (0: skip)"
     )
@@ -50,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--finetune-image-size", type=int, default=448, help="ShapesVQA scene size in pixels"
     )
-    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--json", type=Path, help="also write the preprocessing table here")
     args = parser.parse_args(argv)
     for flag in ("images", "rounds", "finetune_batch", "finetune_image_size"):
         if getattr(args, flag) < 1:
@@ -59,13 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--finetune-steps: expected 0 (skip) or an int >= 2 (the first is warm-up)")
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    report = {}
-    print(f"{args.images} images per call, best of {args.rounds} interleaved rounds\n")
-    print("| model family | input | processor | images/s | vs Hugging Face |")
-    print("|---|---|---|---|---|")
+    rows = []
+    print(f"{args.images} images per call, median of {args.rounds} interleaved rounds\n")
+    print("| " + " | ".join(HEADER) + " |")
+    print("|---|---|---|" + "---:|" * (len(HEADER) - 3))
     for family, (reference, fast) in _families().items():
         candidates = {
-            "hugging face (PIL)": lambda images, r=reference: r(images=images, return_tensors="pt"),
+            HUGGING_FACE: lambda images, r=reference: r(images=images, return_tensors="pt"),
             f"{fast.__name__}, 1 worker": fast(reference, workers=1),
             f"{fast.__name__}, 2 workers": fast(reference, workers=2),
         }
@@ -75,14 +81,15 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(args.images)
             ]
             rates = _images_per_second(candidates, images, args.rounds)
-            base = rates["hugging face (PIL)"]
+            base, twin = rates[HUGGING_FACE], rates.pop(f"{HUGGING_FACE} (A/A)")
             for name, rate in rates.items():
-                print(f"| {family} | {width}x{height} | {name} | {rate:.1f} | {rate / base:.2f}x |")
-            report[f"{family} {width}x{height}"] = rates
+                cells = [family, f"{width}x{height}", name, f"{rate:.1f}", f"{rate / base:.2f}x"]
+                rows.append([*cells, f"{twin / base:.2f}"])
+                print("| " + " | ".join(rows[-1]) + " |")
     if args.finetune_steps:
-        report["finetune_step_s"] = _finetune_step_times(args)
+        _finetune_step_times(args)
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2))
+        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), HEADER, rows)
     return 0
 
 
@@ -103,19 +110,15 @@ def _families() -> dict[str, tuple[Any, type]]:
 def _images_per_second(
     candidates: dict[str, Any], images: list[Image.Image], rounds: int
 ) -> dict[str, float]:
-    """Best-of-``rounds`` images per second of each candidate, after checking that every
-    candidate's pixel_values equal the first's (Hugging Face's)."""
+    """Median images per second of each candidate and of Hugging Face's A/A twin, after
+    checking that every candidate's pixel_values equal the first's (Hugging Face's)."""
     expected = next(iter(candidates.values()))(images)
     for name, run in candidates.items():
         if not torch.equal(run(images)["pixel_values"], expected["pixel_values"]):
             raise SystemExit(f"{name}: pixel_values differ from Hugging Face's")
-    best = dict.fromkeys(candidates, float("inf"))
-    for _ in range(rounds):
-        for name, run in candidates.items():
-            start = time.perf_counter()
-            run(images)
-            best[name] = min(best[name], time.perf_counter() - start)
-    return {name: len(images) / seconds for name, seconds in best.items()}
+    calls = {name: (lambda run=run: run(images)) for name, run in candidates.items()}
+    calls[f"{HUGGING_FACE} (A/A)"] = calls[HUGGING_FACE]
+    return {name: len(images) * 1e3 / ms for name, ms in interleaved_ms(calls, rounds).items()}
 
 
 def _finetune_step_times(args: argparse.Namespace) -> dict[str, float]:

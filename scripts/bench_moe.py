@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a so
 
 import torch
 from _bench_record import write_record
+from _bench_timing import interleaved_ms
 from transformers.models.qwen3_vl_moe.configuration_qwen3_vl_moe import Qwen3VLMoeTextConfig
 from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextExperts
 
@@ -104,23 +103,6 @@ def contenders(
             lambda m=module: m(hidden, indices, weights), [module.gate_up_proj, module.down_proj]
         )
     return {name: calls[name] for name in CONTENDERS}
-
-
-def interleaved_ms(calls: dict[str, Callable[[], object]], rounds: int, per_round: int) -> dict:
-    """Median over ``rounds`` of each contender's time per call (ms), timed in interleaved
-    rounds whose order rotates, after one warm-up call each."""
-    for call in calls.values():
-        call()
-    names = list(calls)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            for _ in range(per_round):
-                calls[name]()
-            samples[name].append((time.perf_counter() - start) * 1e3 / per_round)
-    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

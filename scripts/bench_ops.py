@@ -1,10 +1,14 @@
 """Benchmark: each ascend_vlm op (registered custom op, CPU reference path) against the eager
 composite transformers runs for the same math, plus the cost of the custom-op boundary itself.
 
-Prints a table of times and ratios (ours / transformers; < 1 is faster). A benchmark, not a test:
-numbers depend on the machine and its load. Usage::
+Prints a table of times and ratios (ours / transformers; < 1 is faster). Per case, each
+contender is called once to warm up, then ``--repeats`` interleaved rounds in a rotating order
+time one call each; medians count. "transformers (A/A)" is the transformers composite timed a
+second time as its own contender: its ratio to "transformers" is the noise floor of the ratio
+beside it. A benchmark, not a test: numbers depend on the machine and its load. Usage::
 
     python scripts/bench_ops.py [--threads N] [--repeats R] [--dtype float32|bfloat16]
+        [--json PATH]  (PATH: the op table as JSON for docs/benchmarks/, see _bench_record.py)
 """
 
 from __future__ import annotations
@@ -12,38 +16,27 @@ from __future__ import annotations
 import argparse
 import importlib
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
 import torch
 import torch.nn.functional as F
+from _bench_record import write_record
+from _bench_timing import interleaved_ms
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from ascend_vlm import ops
+from ascend_vlm.ops._attention_args import check_attention_args
 
 # ascend_vlm.ops re-exports functions under their modules' names; fetch the modules themselves.
 fused_attention_module = importlib.import_module("ascend_vlm.ops.fused_attention")
 rms_norm_module = importlib.import_module("ascend_vlm.ops.rms_norm")
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``fn()`` in milliseconds after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
 
 
 def attention_cases(dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]:
@@ -108,10 +101,10 @@ def small_op_cases(dtype: torch.dtype) -> list[tuple[str, Callable, Callable]]:
         ]
 
 
-def checked_reference(module: ModuleType, *args: object) -> object:
-    """An op module's check and reference on ``args`` (all of the op's, in spec order): what
-    the op's kernel runs, without the dispatcher or the public function around it."""
-    return module._reference(module._check(*args), *args)
+def checked_reference(check: Callable, reference: Callable, *args: object) -> object:
+    """An op's check and reference on ``args`` (all of the op's, in spec order): what the op's
+    kernel runs, without the dispatcher or the public function around it."""
+    return reference(check(*args), *args)
 
 
 def dispatch_overhead(repeats: int) -> list[tuple[str, float, float, float]]:
@@ -125,28 +118,54 @@ def dispatch_overhead(repeats: int) -> list[tuple[str, float, float, float]]:
     for label, direct_call, wrapper_call, op_call in (
         (
             "rms_norm [1, 8]",
-            lambda: checked_reference(rms_norm_module, x, w, 1e-6, 0.0),
+            lambda: checked_reference(
+                rms_norm_module._check, rms_norm_module._reference, x, w, 1e-6, 0.0
+            ),
             lambda: ops.rms_norm(x, w),
             lambda: torch.ops.ascend_vlm.rms_norm(x, w),
         ),
         (
             "rms_norm [1, 8] Parameter weight",
-            lambda: checked_reference(rms_norm_module, x, w_parameter, 1e-6, 0.0),
+            lambda: checked_reference(
+                rms_norm_module._check, rms_norm_module._reference, x, w_parameter, 1e-6, 0.0
+            ),
             lambda: ops.rms_norm(x, w_parameter),
             lambda: torch.ops.ascend_vlm.rms_norm(x, w_parameter),
         ),
         (
             "fused_attention [1,1,1,8]",
-            lambda: checked_reference(fused_attention_module, *attention_args),
+            lambda: checked_reference(
+                check_attention_args, fused_attention_module._reference, *attention_args
+            ),
             lambda: ops.fused_attention(q, q, q),
             lambda: torch.ops.ascend_vlm.fused_attention(q, q, q),
         ),
     ):
-        per_call_us = [
-            median_ms(lambda f=call: [f() for _ in range(100)], repeats) * 10
-            for call in (direct_call, wrapper_call, op_call)
-        ]
-        rows.append((label, *per_call_us))
+        calls = {"reference": direct_call, "wrapper": wrapper_call, "torch.ops": op_call}
+        ms = interleaved_ms(calls, repeats, per_round=100, warmup=2)
+        rows.append((label, *(ms[name] * 1e3 for name in calls)))
+    return rows
+
+
+HEADER = ["op / shape", "ours ms", "transformers ms", "transformers (A/A) ms", "A/A", "ratio"]
+
+
+def op_rows(dtype: torch.dtype, repeats: int) -> list[list[str]]:
+    """One row of cells under :data:`HEADER` per case, printed as it is measured."""
+    rows = []
+    cases = [*attention_cases(dtype), varlen_case(dtype), *small_op_cases(dtype)]
+    for label, ours, theirs in cases:
+        calls = {"ours": ours, "transformers": theirs, "transformers (A/A)": theirs}
+        ms = interleaved_ms(calls, repeats, warmup=2)
+        rows.append(
+            [
+                label,
+                *(f"{ms[name]:.3f}" for name in calls),
+                f"{ms['transformers (A/A)'] / ms['transformers']:.2f}",
+                f"{ms['ours'] / ms['transformers']:.2f}",
+            ]
+        )
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
     return rows
 
 
@@ -155,25 +174,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--json", type=Path, help="also write the op table to this file")
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.threads < 1:
+        parser.error("--repeats, --threads: expected ints >= 1")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     print("$ python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]))
     print(
         f"torch {torch.__version__}, {args.threads} thread(s), {args.dtype}, "
-        f"median of {args.repeats}, backend=cpu reference\n"
+        f"median of {args.repeats} interleaved rounds, backend=cpu reference\n"
     )
-    print(f"| {'op / shape':<32} | {'ours ms':>9} | {'transformers ms':>15} | {'ratio':>6} |")
-    print(f"|{'-' * 34}|{'-' * 11}:|{'-' * 17}:|{'-' * 8}:|")
+    print("| " + " | ".join(HEADER) + " |")
+    print("|---|" + "---:|" * (len(HEADER) - 1))
     with torch.no_grad():
-        cases = [*attention_cases(dtype), varlen_case(dtype), *small_op_cases(dtype)]
-        for label, ours, theirs in cases:
-            ours_ms = median_ms(ours, args.repeats)
-            theirs_ms = median_ms(theirs, args.repeats)
-            print(
-                f"| {label:<32} | {ours_ms:>9.3f} | {theirs_ms:>15.3f} | "
-                f"{ours_ms / theirs_ms:>6.2f} |"
-            )
+        rows = op_rows(dtype, args.repeats)
         print(
             "\nCustom-op boundary per call, us (wrapper = eager fast path; torch.ops = full "
             "dispatcher + autograd wrapper, the path under grad/compile):\n"
@@ -182,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"|{'-' * 34}|{'-' * 10}:|{'-' * 10}:|{'-' * 10}:|")
         for label, direct_us, wrapper_us, op_us in dispatch_overhead(args.repeats):
             print(f"| {label:<32} | {direct_us:>9.1f} | {wrapper_us:>9.1f} | {op_us:>9.1f} |")
+    if args.json is not None:
+        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), HEADER, rows)
 
 
 if __name__ == "__main__":

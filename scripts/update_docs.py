@@ -6,7 +6,8 @@ benchmark runs) in place.
 
 Each table sits between ``<!-- BEGIN GENERATED: <name> -->`` and ``<!-- END GENERATED: <name> -->``
 and is the output of the command :data:`GENERATORS` names for it, so no table is hand-kept. A
-file may hold any of the blocks; every generator must fill at least one block somewhere.
+file may hold any of the blocks; every generator must fill at least one block somewhere, so a
+committed bench run (``docs/benchmarks/<name>.json``) needs a ``bench-<name>`` block.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ GENERATORS = {
     "features": [sys.executable, "-m", "ascend_vlm", "models", "--features"],
     "ops": [sys.executable, "-m", "ascend_vlm.ops", "--markdown"],
     "kernel-limits": [sys.executable, "-m", "ascend_vlm.ops", "--kernel-limits"],
-    # Benchmark tables come from committed runs (docs/benchmarks/*.json), not from re-running.
-    "bench-moe": [
-        sys.executable,
-        str(ROOT / "scripts" / "_bench_record.py"),
-        str(ROOT / "docs" / "benchmarks" / "moe.json"),
-    ],
+    # Benchmark tables come from committed runs, not from re-running: docs/benchmarks/<name>.json
+    # fills the block "bench-<name>".
+    **{
+        f"bench-{record.stem}": [
+            sys.executable,
+            str(ROOT / "scripts" / "_bench_record.py"),
+            str(record),
+        ]
+        for record in sorted((ROOT / "docs" / "benchmarks").glob("*.json"))
+    },
 }
 
 

@@ -16,12 +16,19 @@ def test_switch_load_and_mixed_batch_are_measured(bench, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--layers", "1", "--new-tokens", "2", "--repeats", "1", "--switches", "5"]
     assert bench.main([*argv, "--rank", "2", "--threads", "1", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert set(report["switch_ms"]) == {"1", "8", "32"}
-    assert all(value > 0 for value in report["switch_ms"].values())
-    assert report["load_ms"] > 0 and report["mixed_batch_s"] > 0 and report["switched_s"] > 0
-    assert report["mixed_speedup"] == pytest.approx(report["switched_s"] / report["mixed_batch_s"])
-    assert "| 32 |" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["header"] == bench.HEADER
+    rows = {row[0]: row[1:] for row in record["rows"]}
+    assert float(rows["load from disk (ms, median of 32)"][0]) > 0
+    for resident in (1, 8, 32):
+        first, _, again, aa, _ = rows[f"switch, {resident} resident (ms, median)"]
+        assert float(first) > 0 and float(aa) == pytest.approx(
+            float(again) / float(first), abs=0.01
+        )
+    mixed, switched, twin, aa, speedup = rows["8 requests x 2 tokens, 8 adapters (s)"]
+    assert float(aa) == pytest.approx(float(twin) / float(switched), abs=0.01)
+    assert float(speedup[:-1]) == pytest.approx(float(switched) / float(mixed), abs=0.01)
+    assert "| switch, 32 resident (ms, median) |" in capsys.readouterr().out
 
 
 def test_bad_arguments_are_refused(bench, capsys):

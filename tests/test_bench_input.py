@@ -16,19 +16,24 @@ def test_every_processor_is_measured_at_both_sizes(bench, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--images", "2", "--rounds", "1", "--finetune-steps", "2", "--finetune-batch", "2"]
     assert bench.main([*argv, "--finetune-image-size", "56", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert set(report) == {
-        f"{family} {size}"
+    record = json.loads(out.read_text())
+    assert record["header"] == bench.HEADER
+    groups = {}
+    for family, size, processor, rate, speedup, aa in record["rows"]:
+        assert float(rate) > 0 and float(speedup[:-1]) > 0 and float(aa) > 0
+        groups.setdefault((family, size), []).append((processor, speedup, aa))
+    assert set(groups) == {
+        (family, size)
         for family in ("Qwen2-VL", "LLaVA-1.5 (CLIP 336, pad)")
         for size in ("448x448", "1344x896")
-    } | {"finetune_step_s"}
-    step_times = report.pop("finetune_step_s")
-    assert len(step_times) == 2 and all(seconds > 0 for seconds in step_times.values())
-    for rates in report.values():
-        assert len(rates) == 3 and all(rate > 0 for rate in rates.values())
+    }
+    for rows in groups.values():
+        assert rows[0][0] == "hugging face (PIL)" and len(rows) == 3
+        assert rows[0][1] == "1.00x" and len({row[2] for row in rows}) == 1  # one A/A per group
     printed = capsys.readouterr().out
     assert "| Qwen2-VL | 1344x896 | QwenVLPixels, 2 workers |" in printed
     assert "| LLaVA-1.5 (CLIP 336, pad) | 448x448 | ResizeCropPixels, 1 worker |" in printed
+    assert "| prefetched (prefetch=2) |" in printed  # the fine-tune step-time table
 
 
 def test_bad_arguments_are_refused(bench):
