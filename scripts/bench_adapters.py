@@ -114,9 +114,9 @@ def mixed_batch_row(served: AdapterSet, processor, new_tokens: int, rounds: int)
         seconds = {name: ms / 1e3 for name, ms in interleaved_ms(calls, rounds).items()}
     return [
         f"8 requests x {new_tokens} tokens, 8 adapters (s)",
-        f"{seconds['mixed']:.3f}",
-        f"{seconds['switched']:.3f}",
-        f"{seconds['switched (A/A)']:.3f}",
+        f"{seconds['mixed']:.4g}",
+        f"{seconds['switched']:.4g}",
+        f"{seconds['switched (A/A)']:.4g}",
         f"{seconds['switched (A/A)'] / seconds['switched']:.2f}",
         f"{seconds['switched'] / seconds['mixed']:.2f}x",
     ]

@@ -160,7 +160,7 @@ def op_rows(dtype: torch.dtype, repeats: int) -> list[list[str]]:
         rows.append(
             [
                 label,
-                *(f"{ms[name]:.3f}" for name in calls),
+                *(f"{ms[name]:.4g}" for name in calls),
                 f"{ms['transformers (A/A)'] / ms['transformers']:.2f}",
                 f"{ms['ours'] / ms['transformers']:.2f}",
             ]

@@ -9,12 +9,12 @@ times every configuration ``--calls`` times, interleaved in rotating order, and 
 table shows the median over ``--rounds`` rounds (default 5) and the ratios to "off".
 
 Run: python scripts/bench_trace.py [--rounds 5] [--calls 5] [--new-tokens 32] [--json OUT]
+(OUT: the table as JSON for docs/benchmarks/, see _bench_record.py)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from _bench_models import bench_processor, load_bench_model, random_images
+from _bench_record import write_record
 
 import ascend_vlm
 
@@ -63,6 +64,9 @@ def measure(model, call, rounds: int, calls: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in medians.items()}
 
 
+HEADER = ["workload", "off ms", "on ms", "off again ms", "on / off", "A/A"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--layers", type=int, default=8, help="language-model depth")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--json", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     for flag in ("rounds", "calls", "new_tokens", "layers", "threads"):
         if getattr(args, flag) < 1:
@@ -94,30 +98,29 @@ def main(argv: list[str] | None = None) -> int:
         for name, call in workloads.items():
             call()  # warm-up
             print(f"[bench_trace] {name}", flush=True)
-            seconds = measure(model, call, args.rounds, args.calls)
+            ms = {
+                config: seconds * 1e3
+                for config, seconds in measure(model, call, args.rounds, args.calls).items()
+            }
             rows.append(
-                {
-                    "workload": name,
-                    **{
-                        f"{config.replace(' ', '_')}_ms": seconds[config] * 1e3
-                        for config in CONFIGS
-                    },
-                    "on_over_off": seconds["on"] / seconds["off"],
-                    "aa_ratio": seconds["off again"] / seconds["off"],
-                }
+                [
+                    name,
+                    f"{ms['off']:.4g}",
+                    f"{ms['on']:.4g}",
+                    f"{ms['off again']:.4g}",
+                    f"{ms['on'] / ms['off']:.3f}x",
+                    f"{ms['off again'] / ms['off']:.3f}x",
+                ]
             )
     print(
         f"\n{args.layers} language layers, {args.threads} threads, median of {args.rounds} rounds:\n"
     )
-    print("| workload | off ms | on ms | on / off | A/A (off again / off) |")
-    print("|---|---|---|---|---|")
+    print("| " + " | ".join(HEADER) + " |")
+    print("|---|" + "---:|" * (len(HEADER) - 1))
     for row in rows:
-        print(
-            f"| {row['workload']} | {row['off_ms']:.2f} | {row['on_ms']:.2f} | "
-            f"{row['on_over_off']:.3f}x | {row['aa_ratio']:.3f}x |"
-        )
+        print("| " + " | ".join(row) + " |")
     if args.json is not None:
-        args.json.write_text(json.dumps({"rows": rows}, indent=2))
+        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), HEADER, rows)
     return 0
 
 
