@@ -19,12 +19,12 @@ its twin) is the noise floor the speed-ups should be read against.
   of the session after turn 1) vs stock ``generate`` over the whole conversation from scratch.
 
 Run: python scripts/bench_reuse.py [--repeats 5] [--new-tokens 16] [--json OUT]
+(OUT: the second-turn table as JSON for docs/benchmarks/, see _bench_record.py)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 from _bench_models import bench_processor, load_bench_model, random_images
+from _bench_record import write_record
 
 from ascend_vlm.reuse import ChatSession, VisionCache, disable_vision_cache, enable_vision_cache
 from ascend_vlm.reuse.vision_cache import content_key
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per setting")
     parser.add_argument("--new-tokens", type=int, default=16, help="tokens of a whole turn")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--json", type=Path, help="also write the second-turn table to this file")
     args = parser.parse_args(argv)
     for flag in ("repeats", "new_tokens", "threads"):
         if getattr(args, flag) < 1:
@@ -183,30 +184,38 @@ def main(argv: list[str] | None = None) -> int:
         f"\nturn 2 of a chat, best of {args.repeats}, {args.threads} threads "
         f"({args.new_tokens}-token turns):\n"
     )
-    print(_second_turn_table(report["second_turn"], args.new_tokens))
+    header, rows = _second_turn_table(report["second_turn"], args.new_tokens)
+    print("| " + " | ".join(header) + " |")
+    print("|---|" + "---:|" * (len(header) - 1))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2))
+        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), header, rows)
     return 0
 
 
-def _second_turn_table(rows: list[dict], new_tokens: int) -> str:
-    lines = [
-        "| images | prompt tokens | first token: stock s | session + cache s | speed-up | A/A "
-        f"| whole turn ({new_tokens} tokens): stock s | session + cache s | speed-up | A/A |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+def _second_turn_table(rows: list[dict], new_tokens: int) -> tuple[list[str], list[list[str]]]:
+    """The second-turn figures as a header and rows of cells, each speed-up beside its A/A."""
+    header = ["images", "prompt tokens", "first token: stock s", "session + cache s"]
+    header += ["speed-up", "A/A", f"whole turn ({new_tokens} tokens): stock s"]
+    header += ["session + cache s (turn)", "speed-up (turn)", "A/A (turn)"]
+    cells = []
     for row in rows:
-        first = row["stock_first"] / row["session_first"]
-        first_aa = row["stock_first"] / row["stock_first_aa"]
-        turn = row["stock_turn"] / row["session_turn"]
-        turn_aa = row["stock_turn"] / row["stock_turn_aa"]
-        lines.append(
-            f"| {row['images']} | {row['prompt_tokens']} | {row['stock_first']:.3f} "
-            f"| {row['session_first']:.3f} | {first:.1f}x | {first_aa:.2f}x "
-            f"| {row['stock_turn']:.3f} | {row['session_turn']:.3f} | {turn:.1f}x "
-            f"| {turn_aa:.2f}x |"
+        cells.append(
+            [
+                str(row["images"]),
+                str(row["prompt_tokens"]),
+                f"{row['stock_first']:.3f}",
+                f"{row['session_first']:.3f}",
+                f"{row['stock_first'] / row['session_first']:.1f}x",
+                f"{row['stock_first'] / row['stock_first_aa']:.2f}x",
+                f"{row['stock_turn']:.3f}",
+                f"{row['session_turn']:.3f}",
+                f"{row['stock_turn'] / row['session_turn']:.1f}x",
+                f"{row['stock_turn'] / row['stock_turn_aa']:.2f}x",
+            ]
         )
-    return "\n".join(lines)
+    return header, cells
 
 
 if __name__ == "__main__":
