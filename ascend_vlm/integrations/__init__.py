@@ -1,0 +1,32 @@
+"""ascend_vlm where users fine-tune: transformers' Trainer, TRL, accelerate and frameworks that
+call a function.
+
+* :func:`apply_to_instance` (:mod:`.apply`): a Liger-style switchboard over :func:`ascend_vlm.patch`.
+
+The attention implementation ``"ascend_flash"`` needs nothing from here: ``import ascend_vlm``
+registers it. Names load on first access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["apply_to_instance"]
+
+_LAZY_ATTRIBUTES = {
+    "apply_to_instance": "ascend_vlm.integrations.apply",
+}
+
+if TYPE_CHECKING:
+    from ascend_vlm.integrations.apply import apply_to_instance
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_ATTRIBUTES:
+        return getattr(importlib.import_module(_LAZY_ATTRIBUTES[name]), name)
+    raise AttributeError(f"module 'ascend_vlm.integrations' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
