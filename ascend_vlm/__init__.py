@@ -112,8 +112,8 @@ if TYPE_CHECKING:
 
 
 def _register_ascend_flash(modeling_utils: types.ModuleType) -> None:
-    """Register ``"ascend_flash"`` with transformers (`register_attention`); a failure warns
-    instead of breaking the import of transformers' modeling code that triggered it."""
+    """Register ``"ascend_flash"`` with transformers (`register_attention`) once its
+    `modeling_utils` is imported; a failure warns instead of breaking that import."""
     from ascend_vlm.patching.attention import register_attention
 
     try:
@@ -121,12 +121,9 @@ def _register_ascend_flash(modeling_utils: types.ModuleType) -> None:
     except Exception as error:  # transformers' API moved: say so, keep transformers usable
         warnings.warn(
             f"ascend_vlm could not register attn_implementation='ascend_flash' with "
-            f"transformers {getattr(modeling_utils, '__version__', '')}: {error!r}",
+            f"{modeling_utils.__name__}: {error!r}",
             stacklevel=2,
         )
-
-
-call_when_imported("transformers.modeling_utils", _register_ascend_flash)
 
 
 def __getattr__(name: str) -> Any:
@@ -139,3 +136,7 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+# Last, so that a registration running now (transformers already imported) sees the whole package.
+call_when_imported("transformers.modeling_utils", _register_ascend_flash)

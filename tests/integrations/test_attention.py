@@ -67,17 +67,29 @@ def _attention_configs(model) -> set[str]:
     }
 
 
-def test_import_registers_without_importing_transformers_models_or_torch_npu():
-    code = (
+REGISTERED = (
+    "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n"
+    "from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS\n"
+    "assert 'ascend_flash' in ALL_ATTENTION_FUNCTIONS.valid_keys()\n"
+    "assert 'ascend_flash' in ALL_MASK_ATTENTION_FUNCTIONS\n"
+    "assert not [m for m in sys.modules if m.startswith('torch_npu')]\n"
+)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
         "import sys, ascend_vlm\n"
-        "assert 'transformers.modeling_utils' not in sys.modules, 'transformers imported'\n"
-        "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n"
-        "from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS\n"
-        "assert 'ascend_flash' in ALL_ATTENTION_FUNCTIONS.valid_keys()\n"
-        "assert 'ascend_flash' in ALL_MASK_ATTENTION_FUNCTIONS\n"
-        "assert not [m for m in sys.modules if m.startswith('torch_npu')]\n"
+        "assert 'transformers.modeling_utils' not in sys.modules, 'transformers imported'\n",
+        "import sys, transformers.modeling_utils, ascend_vlm\n",
+    ],
+    ids=["ascend_vlm_first", "transformers_first"],
+)
+def test_import_registers_without_importing_transformers_models_or_torch_npu(code):
+    result = subprocess.run(
+        [sys.executable, "-c", code + REGISTERED], capture_output=True, text=True, check=False
     )
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", LOADED_FAMILIES)
@@ -173,3 +185,16 @@ def test_whole_model_patch_on_top_and_unpatch_keep_ascend_flash(checkpoints):
     )
     ascend_vlm.unpatch(model)
     assert _attention_configs(model) == {"ascend_flash"}
+
+
+def test_a_failed_registration_warns_instead_of_breaking_transformers(monkeypatch):
+    from transformers import modeling_utils
+
+    from ascend_vlm.patching import attention
+
+    def moved() -> None:
+        raise AttributeError("AttentionInterface has no register")
+
+    monkeypatch.setattr(attention, "register_attention", moved)
+    with pytest.warns(UserWarning, match="could not register attn_implementation='ascend_flash'"):
+        ascend_vlm._register_ascend_flash(modeling_utils)
