@@ -1,8 +1,12 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``) for a VLM that does not fit one card, with LoRA:
 one shard unit per decoder layer and vision-tower layer, on HCCL or gloo.
 
-Two routes, the same units (`sharded_layer_classes`):
+Three routes, the same units (`sharded_layer_classes`):
 
+* Trainer anywhere (NPU with HCCL, CPU with gloo), transformers 5.25: `fsdp_distributed_config`
+  gives the ``distributed_config`` of ``from_pretrained``, which shards the model while loading
+  it (transformers' own FSDP2, `fsdp_plan`); Trainer then trains it without DDP and keeps the
+  LoRA parameters added after loading (replicated) in step across ranks. 5.17 lacks it.
 * Trainer on accelerators (NPU, GPU): `fsdp_training_arguments` gives the ``TrainingArguments``
   (``fsdp=True``, ``fsdp_config={"version": 2, ...}``, transformers 5.17 to 5.25 with
   accelerate 1.16) under which accelerate's ``fsdp2_prepare_model`` calls ``fully_shard`` on
@@ -20,11 +24,14 @@ the trainable ones (FSDP2 keeps ``requires_grad`` per parameter).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import torch
 from torch import nn
 
 from ascend_vlm._base_model import base_model
+from ascend_vlm._compat.distributed_loading import load_time_fsdp_problem
 from ascend_vlm.models import descriptor_for
 from ascend_vlm.models.descriptor import attribute_at
 
@@ -66,6 +73,70 @@ def sharded_layer_classes(model: nn.Module) -> list[str]:
             f"_no_split_modules names its layer classes, got {type(base).__name__} with none"
         )
     return names
+
+
+def fsdp_plan(model_class: type, config: Any) -> dict[str, str]:
+    """transformers' ``fsdp_plan`` for ``model_class(config)``: a "free_full_weight" rule (one
+    ``fully_shard`` unit per module, resharded after its forward) per module of a class
+    `sharded_layer_classes` names, as its path from the model with the layer number as "*"
+    ("model.language_model.layers.*"). The model is built on the meta device to read them."""
+    with torch.device("meta"):
+        model = model_class(config)
+    classes = set(sharded_layer_classes(model))
+    rules = {}
+    for name, module in model.named_modules():
+        if type(module).__name__ in classes:
+            parent, _, index = name.rpartition(".")
+            rules[f"{parent}.*" if index.isdigit() else name] = "free_full_weight"
+    return rules
+
+
+def _world_size() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def fsdp_distributed_config(
+    config: Any,
+    *,
+    model_class: type | None = None,
+    fsdp_size: int | None = None,
+    cpu_offload: bool = False,
+) -> Any:
+    """The ``transformers.distributed.DistributedConfig`` that makes ``from_pretrained`` shard a
+    model with FSDP2 while loading it: ``fsdp_size`` ranks (default: the world size, from the
+    process group or torchrun's ``WORLD_SIZE``), the rules of `fsdp_plan`, parameters offloaded
+    to host memory with ``cpu_offload``.
+
+    config: the checkpoint's config (``AutoConfig.from_pretrained(path)``); model_class: the
+    class to load (default: the config's first ``architectures`` entry). Pass the result as
+    ``from_pretrained(path, distributed_config=...)`` on every rank, then apply ``patch`` and
+    PEFT as usual. RuntimeError on a transformers without load-time FSDP for Trainer (5.17:
+    use `shard_model` in a loop of one's own); ValueError for fewer than 2 ranks or a config
+    naming no architecture.
+    """
+    problem = load_time_fsdp_problem()
+    if problem is not None:
+        raise RuntimeError(f"fsdp_distributed_config: {problem}")
+    from transformers.distributed import DistributedConfig
+
+    size = _world_size() if fsdp_size is None else fsdp_size
+    if size < 2:
+        raise ValueError(f"fsdp_size: expected at least 2 ranks to shard over, got {size}")
+    if model_class is None:
+        import transformers
+
+        architectures = getattr(config, "architectures", None) or []
+        model_class = getattr(transformers, architectures[0], None) if architectures else None
+        if model_class is None:
+            raise ValueError(
+                f"config: expected an architectures entry naming a transformers class "
+                f"(or pass model_class=), got {architectures!r}"
+            )
+    return DistributedConfig(
+        fsdp_size=size, fsdp_plan=fsdp_plan(model_class, config), fsdp_cpu_offload=cpu_offload
+    )
 
 
 def fsdp_training_arguments(

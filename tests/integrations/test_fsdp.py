@@ -4,22 +4,24 @@ arguments name them so that accelerate finds them in the PEFT-wrapped model, and
 
 from __future__ import annotations
 
-import datetime
 import json
+import os
 import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ascend_vlm._compat.distributed_loading import load_time_fsdp_problem
 from ascend_vlm.integrations.fsdp import (
+    fsdp_distributed_config,
+    fsdp_plan,
     fsdp_training_arguments,
     shard_model,
     sharded_layer_classes,
 )
-from ascend_vlm.models.tiny import build_model
+from ascend_vlm.models.tiny import FAMILIES, build_model
 
 FAMILY = "qwen2_vl"
 STEPS = 3
@@ -29,13 +31,21 @@ PER_RANK_BATCH = 2
 ROW_KEYS = {"input_ids": 0, "attention_mask": 0, "mm_token_type_ids": 0, "labels": -100}
 
 
-def _lora_model() -> torch.nn.Module:
-    """The tiny Qwen2-VL with ascend_flash attention, patched, under LoRA (seeded)."""
+def _lora_model(checkpoint: Path | None = None, **loading) -> torch.nn.Module:
+    """The tiny Qwen2-VL (built, or loaded from `checkpoint` with `loading` kwargs) with
+    ascend_flash attention, patched, under LoRA (seeded)."""
+    import transformers
     from peft import LoraConfig, get_peft_model
 
     import ascend_vlm
 
-    model = build_model(FAMILY, attn_implementation="ascend_flash").train()
+    if checkpoint is None:
+        model = build_model(FAMILY, attn_implementation="ascend_flash")
+    else:
+        model = getattr(transformers, FAMILIES[FAMILY].model_class).from_pretrained(
+            checkpoint, attn_implementation="ascend_flash", **loading
+        )
+    model.train()
     ascend_vlm.patch(model)
     torch.manual_seed(0)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"])
@@ -62,6 +72,31 @@ def test_a_model_no_family_describes_gets_its_no_split_modules():
     assert sharded_layer_classes(transformers.LlamaForCausalLM(config)) == ["LlamaDecoderLayer"]
     with pytest.raises(ValueError, match="model: expected a transformers model whose family"):
         sharded_layer_classes(torch.nn.Linear(2, 2))
+
+
+def test_fsdp_plan_has_one_rule_per_layer_list():
+    model = build_model(FAMILY)
+    assert fsdp_plan(type(model), model.config) == {
+        "model.visual.blocks.*": "free_full_weight",
+        "model.language_model.layers.*": "free_full_weight",
+    }
+
+
+def test_fsdp_distributed_config_or_why_not():
+    model = build_model(FAMILY)
+    problem = load_time_fsdp_problem()
+    if problem is not None:
+        with pytest.raises(RuntimeError, match="fsdp_distributed_config: transformers 5"):
+            fsdp_distributed_config(model.config, model_class=type(model), fsdp_size=2)
+        return
+    sharding = fsdp_distributed_config(model.config, model_class=type(model), fsdp_size=2)
+    assert sharding.fsdp_size == 2
+    assert sharding.fsdp_plan == fsdp_plan(type(model), model.config)
+    with pytest.raises(ValueError, match="fsdp_size: expected at least 2 ranks"):
+        fsdp_distributed_config(model.config, model_class=type(model), fsdp_size=1)
+    model.config.architectures = None
+    with pytest.raises(ValueError, match="config: expected an architectures entry"):
+        fsdp_distributed_config(model.config, fsdp_size=2)
 
 
 def test_trainer_arguments_make_accelerate_wrap_the_layers_of_the_peft_model(tmp_path):
@@ -147,26 +182,48 @@ def _held(model: torch.nn.Module) -> tuple[int, int]:
     return local, sum(p.numel() for p in model.parameters())
 
 
-def _rank(rank: int, world_size: int, port: int, out: str) -> None:
-    """One rank: DDP, then FSDP2 (`shard_model`), each STEPS AdamW steps over the same batches
-    from the same LoRA model; writes both runs' losses and element counts to `out`."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
+def _trainer_run(model: torch.nn.Module, output_dir: Path) -> tuple[list[float], list[int]]:
+    """Trainer's losses over STEPS steps (batch PER_RANK_BATCH per rank, logged averaged over
+    the ranks) and the (held, whole) element counts of the trained model's parameters."""
+    from transformers import Trainer, TrainingArguments
+
+    arguments = TrainingArguments(
+        output_dir=str(output_dir), max_steps=STEPS, per_device_train_batch_size=PER_RANK_BATCH,
+        learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+        seed=0, remove_unused_columns=False, disable_tqdm=True, ddp_backend="gloo",
     )  # fmt: skip
-    try:
-        batches = _batches(rank, world_size)
-        ddp = torch.nn.parallel.DistributedDataParallel(_lora_model())
-        ddp_losses = _train(ddp, batches)
-        ddp_held = _held(ddp)
-        sharded = shard_model(_lora_model())
-        fsdp_losses = _train(sharded, batches)
-        result = {"ddp": ddp_losses, "fsdp": fsdp_losses, "ddp_held": ddp_held}
-        result["fsdp_held"] = _held(sharded)
-        Path(out).write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+    samples = _samples(STEPS * WORLD_SIZE * PER_RANK_BATCH)
+    trainer = Trainer(model=model, args=arguments, train_dataset=samples, data_collator=_collate)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return losses, list(_held(trainer.model_wrapped))
+
+
+def _rank(rank: int, world_size: int, port: int, folder: str) -> None:
+    """One rank (torchrun's environment, as accelerate reads it), each run from the same LoRA
+    model: Trainer with DDP, then, where transformers has it, Trainer over the model sharded at
+    load time (`fsdp_distributed_config`); then a loop with DDP and one with `shard_model`.
+    Writes the losses and element counts to `folder`/rank<rank>.json."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    from transformers import AutoConfig
+
+    checkpoint = Path(folder) / "checkpoint"
+    result = {}
+    result["trainer_ddp"] = _trainer_run(_lora_model(checkpoint), Path(folder) / "ddp")
+    if load_time_fsdp_problem() is None:
+        sharding = fsdp_distributed_config(AutoConfig.from_pretrained(checkpoint))
+        model = _lora_model(checkpoint, distributed_config=sharding)
+        result["trainer_fsdp"] = _trainer_run(model, Path(folder) / "fsdp")
+    batches = _batches(rank, world_size)
+    ddp = torch.nn.parallel.DistributedDataParallel(_lora_model(checkpoint))
+    result["loop_ddp"] = (_train(ddp, batches), list(_held(ddp)))
+    sharded = shard_model(_lora_model(checkpoint))
+    result["loop_fsdp"] = (_train(sharded, batches), list(_held(sharded)))
+    (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
 
 
 def _free_port() -> int:
@@ -175,19 +232,24 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _spawned(rank: int, world_size: int, port: int, outs: list[str]) -> None:
-    _rank(rank, world_size, port, outs[rank])
+def _assert_sharded_run_equals_ddp(sharded: list, ddp: list) -> None:
+    (losses, (held, whole)), (ddp_losses, ddp_counts) = sharded, ddp
+    assert len(ddp_losses) == STEPS
+    torch.testing.assert_close(losses, ddp_losses, atol=1e-5, rtol=1e-5)
+    assert ddp_counts == [whole, whole]  # DDP: every rank holds everything
+    assert abs(held / whole - 1 / WORLD_SIZE) < 0.05, (held, whole)
 
 
 @pytest.mark.slow
-def test_shard_model_with_lora_trains_to_ddps_losses_with_half_the_parameters(tmp_path):
-    outs = [str(tmp_path / f"rank{rank}.json") for rank in range(WORLD_SIZE)]
-    mp.spawn(_spawned, args=(WORLD_SIZE, _free_port(), outs), nprocs=WORLD_SIZE)
-    results = [json.loads(Path(out).read_text()) for out in outs]
+def test_fsdp2_with_lora_trains_to_ddps_losses_with_half_the_parameters(tmp_path):
+    build_model(FAMILY).save_pretrained(tmp_path / "checkpoint")
+    port = _free_port()
+    mp.spawn(_rank, args=(WORLD_SIZE, port, str(tmp_path)), nprocs=WORLD_SIZE)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
     for result in results:
-        assert len(result["ddp"]) == STEPS
-        torch.testing.assert_close(result["fsdp"], result["ddp"], atol=1e-5, rtol=1e-5)
-        local, total = result["fsdp_held"]
-        assert result["ddp_held"] == [total, total]  # DDP: every rank holds everything
-        assert abs(local / total - 1 / WORLD_SIZE) < 0.05, (local, total)
-    assert results[0]["ddp"] != results[1]["ddp"]  # the ranks saw different batches
+        _assert_sharded_run_equals_ddp(result["loop_fsdp"], result["loop_ddp"])
+        if load_time_fsdp_problem() is None:
+            _assert_sharded_run_equals_ddp(result["trainer_fsdp"], result["trainer_ddp"])
+        else:
+            assert "trainer_fsdp" not in result
+    assert results[0]["loop_ddp"][0] != results[1]["loop_ddp"][0]  # the ranks saw other batches
