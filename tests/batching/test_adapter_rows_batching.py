@@ -3,14 +3,11 @@ one's greedy tokens equal its adapter's ``generate`` alone."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
-from adapters.random_adapters import save_random_adapter
+from adapters.random_adapters import generate_with_adapter, random_adapter_set
 from PIL import Image
 
-from ascend_vlm.adapters import BASE_ADAPTER, AdapterSet
+from ascend_vlm.adapters import BASE_ADAPTER
 from ascend_vlm.batching import BatchGenerator, GenerationRequest
 
 
@@ -18,27 +15,7 @@ from ascend_vlm.batching import BatchGenerator, GenerationRequest
 def served(model_and_processor, tmp_path_factory):
     base, _ = model_and_processor
     root = tmp_path_factory.mktemp("batched_adapters")
-    adapters = AdapterSet(copy.deepcopy(base))
-    adapters.load("first", save_random_adapter(base, root / "first", 1))
-    adapters.load("second", save_random_adapter(base, root / "second", 2, rank=8))
-    return adapters
-
-
-def _alone(adapters, processor, request: GenerationRequest, name: str) -> list[int]:
-    prompt = processor.apply_chat_template(
-        list(request.messages), tokenize=False, add_generation_prompt=True
-    )
-    images = request.images()
-    inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
-    adapters.activate(name)
-    try:
-        with torch.no_grad():
-            output = adapters.model.generate(
-                **inputs, max_new_tokens=request.max_new_tokens, do_sample=False
-            )
-    finally:
-        adapters.activate(BASE_ADAPTER)
-    return output[0, inputs["input_ids"].shape[1] :].tolist()
+    return random_adapter_set(base, root, {"first": 1, "second": 2})
 
 
 def test_rows_of_different_adapters_each_equal_their_adapter_alone(served, model_and_processor):
@@ -55,7 +32,9 @@ def test_rows_of_different_adapters_each_equal_their_adapter_alone(served, model
     assert max(usage.batch_size for usage in generator.step_usage) == 5
     answers = {}
     for result, request, name in zip(results, requests, rows, strict=True):
-        expected = _alone(served, processor, request, name or served.active)
+        expected = generate_with_adapter(
+            served, processor, request.messages, name or served.active, request.max_new_tokens
+        )
         assert list(result.tokens) == expected, name
         answers.setdefault(name or BASE_ADAPTER, list(result.tokens))
     assert len({tuple(tokens) for tokens in answers.values()}) == 3  # the adapters differ
@@ -64,7 +43,7 @@ def test_rows_of_different_adapters_each_equal_their_adapter_alone(served, model
 def test_a_request_naming_an_adapter_needs_a_generator_with_adapters(model_and_processor):
     model, processor = model_and_processor
     generator = BatchGenerator(model, processor)
-    with pytest.raises(ValueError, match="^request: adapter 'first' needs a BatchGenerator"):
+    with pytest.raises(ValueError, match=r"^request: adapter 'first' needs a BatchGenerator"):
         generator.submit(GenerationRequest.from_prompt("hi", adapter="first"))
-    with pytest.raises(ValueError, match="^adapter: expected None or an adapter name"):
+    with pytest.raises(ValueError, match=r"^adapter: expected None or an adapter name"):
         GenerationRequest.from_prompt("hi", adapter="")
