@@ -9,13 +9,14 @@ them continuously batched (``run`` yields tokens and results as they come) or al
 from __future__ import annotations
 
 from ascend_vlm.batching.budgets import BatchBudgets, BudgetError, StepUsage
-from ascend_vlm.batching.generator import BatchGenerator, RunStats
+from ascend_vlm.batching.generator import BatchGenerator
 from ascend_vlm.batching.request import (
     GenerationRequest,
     RequestHandle,
     RequestResult,
     TokenEvent,
 )
+from ascend_vlm.batching.stats import RunStats
 
 __all__ = [
     "BatchBudgets",
