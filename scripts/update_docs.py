@@ -30,6 +30,11 @@ GENERATORS = {
         str(ROOT / "scripts" / "_bench_record.py"),
         str(ROOT / "docs" / "benchmarks" / "moe.json"),
     ],
+    "bench-batching-kv": [
+        sys.executable,
+        str(ROOT / "scripts" / "_bench_record.py"),
+        str(ROOT / "docs" / "benchmarks" / "batching_kv.json"),
+    ],
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ascend_vlm._compat.cache import replace_cached_states
 from ascend_vlm.batching.block_pool import BlockPool
 from ascend_vlm.ops import gather_blocks
 
@@ -41,7 +42,9 @@ def seeded_cache(pool: BlockPool, blocks: list[int], length: int, config: Any) -
     for layer in range(len(pool.keys)):
         keys = gather_blocks(pool.keys[layer], table)[:, :, :length]
         values = gather_blocks(pool.values[layer], table)[:, :, :length]
-        cache.update(keys, values, layer)
+        # The gathered tensors are fresh: hand them over rather than let update() copy them.
+        cache.update(keys[:, :, :0], values[:, :, :0], layer)
+        replace_cached_states(cache, layer, keys, values)
     return cache
 
 
