@@ -318,11 +318,21 @@ def throughput(model, processor, requests, tokens: int, args) -> list[list[str]]
     )
     print(f"budget utilisation: {stats.utilisation}")
     static = rows[1]["tokens_per_s"]
-    return [
-        ["throughput", f"{row['method']}: output tokens/s", f"{row['tokens_per_s']:.1f}",
-         f"{static:.1f}", f"{row['tokens_per_s'] / static:.2f}", "-"]
-        for row in rows
-    ]  # fmt: skip
+    records = []
+    for row in rows:
+        records += [
+            ["throughput", f"{row['method']}: output tokens/s", f"{row['tokens_per_s']:.1f}",
+             f"{static:.1f}", f"{row['tokens_per_s'] / static:.2f}", "-"],
+            ["throughput", f"{row['method']}: p50, p95 latency s", f"{row['p50_s']:.2f}",
+             f"{row['p95_s']:.2f}", "-", "-"],
+        ]  # fmt: skip
+    records.append(["throughput", "continuous answers equal one by one", str(not mismatched),
+                    "-", "-", "-"])  # fmt: skip
+    records += [
+        ["throughput", f"{name} utilisation", f"{share:.3f}", "-", "-", "-"]
+        for name, share in stats.utilisation.items()
+    ]
+    return records
 
 
 if __name__ == "__main__":

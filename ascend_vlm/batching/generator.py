@@ -25,15 +25,11 @@ sequences) stay cached under the chained hash of their tokens and images
 them and prefills only the rest (:mod:`~ascend_vlm.batching.prefill`). Cached blocks no
 sequence holds are evicted least recently used first when the pool needs room.
 
-Families whose decoder layers are not all full attention (sliding windows, chunked or linear
-attention keep state a block table cannot page) keep one cache per sequence, as with pruning
-below: those that batch at all (see their descriptors) decode each sequence in its own forward.
-
-Token pruning (:mod:`ascend_vlm.pruning`): a pruned prompt's cache holds fewer positions in the
-layers past the pruning layer than before it, so it cannot be a row of the shared cache; with
-pruning enabled every sequence keeps its own cache and decodes in its own forward (the pruner
-re-indexes each one's mask as in ``generate``), and its KV bytes are counted from its pruned
-cache once prefilled (before that, at the unpruned size).
+One cache per sequence, each decoded in its own forward, replaces the blocks for families
+whose decoder layers are not all full attention (sliding windows, chunked or linear attention
+keep state a block table cannot page) and with token pruning (:mod:`ascend_vlm.pruning`: a
+pruned prompt holds fewer positions past the pruning layer; the pruner re-indexes each mask as
+in ``generate``, and KV bytes count the pruned cache once prefilled).
 
 Not supported: beams, videos, and the families whose descriptor refuses
 batching (``ascend_vlm.models``; ValueError with the reason when the generator is made).
