@@ -19,14 +19,23 @@ request's finish time from the workload's start (p50, p95). Static and continuou
 ``--repeats`` interleaved rounds (default 3) and each keeps its fastest; one by one runs once
 (its answers are the reference continuous batching's answers are checked against).
 
+Two more sections (``--sections``, all by default):
+
+* memory: the continuous run of the workload, sampled at every token: KV bytes the running
+  sequences hold in blocks (``--block-size``) against the bytes their tokens need, and against
+  the right-aligned shared cache batching used before (rows x longest row), summed over steps;
+* prefix: a conversation's second turn (the first turn's ``--turn-images`` 224x224 images
+  and ``--turn-words``-word question and its 16-token answer repeated, then a short question): time to first token
+  with the prefix cache (after the first turn ran) and without, ``--repeats`` interleaved
+  rounds after a warm-up, medians, and an A/A row (without against without).
+
 Run: python scripts/bench_batching.py [--requests 64] [--batch-size 8] [--repeats 3]
-[--json OUT]
+[--sections throughput memory prefix] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -36,10 +45,13 @@ from pathlib import Path
 
 import torch
 from _bench_models import bench_processor, load_bench_model, random_images
+from _bench_record import write_record
 
 from ascend_vlm.batching import BatchGenerator, GenerationRequest
+from ascend_vlm.batching.budgets import kv_bytes_per_token
 
 IMAGE_SIDE = 224
+SECTIONS = ("throughput", "memory", "prefix")
 WORDS = ["shape", "colour", "left", "right", "circle", "square", "red", "blue", "count", "where"]
 
 
@@ -125,6 +137,68 @@ def continuous(model, processor, requests, batch_size: int):
     return {r.request_id: list(r.tokens) for r in results}, finished, wall, generator.stats()
 
 
+def kv_memory(model, processor, requests, batch_size: int, block_size: int) -> dict[str, float]:
+    """KV bytes summed over every token event of a continuous run: ``held`` in blocks,
+    ``needed`` by the tokens, ``padded`` in a right-aligned shared cache (rows x longest)."""
+    generator = BatchGenerator(
+        model, processor, max_batch_size=batch_size, kv_block_size=block_size, prefix_cache=False
+    )
+    for request in requests:
+        generator.submit(request)
+    per_token = kv_bytes_per_token(model)
+    totals = {"held": 0.0, "needed": 0.0, "padded": 0.0}
+    for _ in generator.run():
+        lengths = generator.running_kv_tokens()
+        if lengths:
+            totals["held"] += generator.kv_bytes()
+            totals["needed"] += sum(lengths) * per_token
+            totals["padded"] += len(lengths) * max(lengths) * per_token
+    return totals
+
+
+def conversation(images: int, words: int, seed: int) -> tuple[GenerationRequest, list[dict]]:
+    """A first turn (``images`` images and a ``words``-word question) and the messages of its second
+    turn without the first answer (see the module docstring)."""
+    rng = random.Random(seed)
+    question = " ".join(rng.choice(WORDS) for _ in range(words))
+    parts = [{"type": "image", "image": image} for image in random_images(images, IMAGE_SIDE, seed)]
+    first = [{"role": "user", "content": [*parts, {"type": "text", "text": question}]}]
+    return GenerationRequest(first, max_new_tokens=16), first
+
+
+def second_turn_ttft(
+    model, processor, images: int, words: int, rounds: int
+) -> dict[str, list[float]]:
+    """Seconds to the second turn's first token, per round: "reuse" (a prefix-cached
+    generator that ran the first turn), "fresh" and "fresh (A/A)" (generators without)."""
+    samples: dict[str, list[float]] = {"reuse": [], "fresh": [], "fresh (A/A)": []}
+    for round_index in range(rounds + 1):  # round 0 warms up
+        first, messages = conversation(images, words, round_index)
+        cached = BatchGenerator(model, processor)
+        reply = cached.generate_many([first])[0].text
+        second = GenerationRequest(
+            [*messages, {"role": "assistant", "content": [{"type": "text", "text": reply}]},
+             {"role": "user", "content": [{"type": "text", "text": "and what else?"}]}],
+            max_new_tokens=1,
+        )  # fmt: skip
+        runs = {
+            "reuse": cached,
+            "fresh": BatchGenerator(model, processor, prefix_cache=False),
+            "fresh (A/A)": BatchGenerator(model, processor, prefix_cache=False),
+        }
+        for name, generator in runs.items():
+            result = generator.generate_many([second])[0]
+            if round_index:
+                samples[name].append(result.time_to_first_token)
+        if round_index == 1:
+            print(
+                f"[bench_batching] second turn: {result.prompt_tokens} prompt tokens, "
+                f"{cached.stats().reused_tokens} reused",
+                flush=True,
+            )
+    return samples
+
+
 def _row(name: str, tokens: int, wall: float, finished: dict[str, float]) -> dict:
     latencies = sorted(finished.values())
     return {
@@ -163,9 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to run"
+    )
+    parser.add_argument("--block-size", type=int, default=16, help="KV block size (memory)")
+    parser.add_argument("--turn-words", type=int, default=200, help="first-turn words (prefix)")
+    parser.add_argument("--turn-images", type=int, default=4, help="first-turn images (prefix)")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     args = parser.parse_args(argv)
-    for flag in ("requests", "batch_size", "min_new", "layers", "threads", "repeats"):
+    for flag in ("requests", "batch_size", "min_new", "layers", "threads", "repeats",
+                 "block_size", "turn_words", "turn_images"):  # fmt: skip
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}: expected an int >= 1")
     if args.max_new < args.min_new:
@@ -178,6 +259,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench_batching] building the {args.layers}-layer model", flush=True)
         model = load_bench_model(Path(folder), args.layers)
     _suppress_eos(model)
+    header = ["section", "measure", "ours", "baseline", "ours/baseline", "A/A"]
+    records: list[list[str]] = []
+    if "throughput" in args.sections:
+        records += throughput(model, processor, requests, tokens, args)
+    if "memory" in args.sections:
+        totals = kv_memory(model, processor, requests, args.batch_size, args.block_size)
+        print(f"\nKV bytes per running row, blocks of {args.block_size} (summed over steps):")
+        for baseline in ("needed", "padded"):
+            ratio = totals["held"] / totals[baseline]
+            print(f"  blocks / {baseline}: {ratio:.3f}")
+            records.append(["memory", f"KV bytes, blocks vs {baseline}", f"{totals['held']:.0f}",
+                            f"{totals[baseline]:.0f}", f"{ratio:.3f}", "-"])  # fmt: skip
+    if "prefix" in args.sections:
+        samples = second_turn_ttft(
+            model, processor, args.turn_images, args.turn_words, args.repeats
+        )
+        ttft = {name: statistics.median(times) for name, times in samples.items()}
+        speedup, noise = ttft["fresh"] / ttft["reuse"], ttft["fresh"] / ttft["fresh (A/A)"]
+        print(
+            f"\nsecond-turn time to first token (median of {args.repeats}): with reuse "
+            f"{ttft['reuse'] * 1e3:.1f} ms, without {ttft['fresh'] * 1e3:.1f} ms: "
+            f"{speedup:.1f}x faster (A/A {noise:.2f})"
+        )
+        records.append(["prefix", "second-turn TTFT ms, reuse vs none",
+                        f"{ttft['reuse'] * 1e3:.1f}", f"{ttft['fresh'] * 1e3:.1f}",
+                        f"{1 / speedup:.3f}", f"{noise:.2f}"])  # fmt: skip
+    if args.json is not None:
+        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), header, records)
+    return 0
+
+
+def throughput(model, processor, requests, tokens: int, args) -> list[list[str]]:
+    """One by one, static and continuous (module docstring); the table printed, its rows."""
     print("[bench_batching] one by one", flush=True)
     answers, alone_finished, alone_wall = one_by_one(model, processor, requests)
     static_runs, continuous_runs = [], []
@@ -193,13 +307,6 @@ def main(argv: list[str] | None = None) -> int:
         _row(f"static, batches of {args.batch_size}", tokens, static_wall, static_finished),
         _row(f"continuous, up to {args.batch_size}", tokens, batched_wall, batched_finished),
     ]
-    report = {
-        "requests": args.requests,
-        "output_tokens": tokens,
-        "rows": rows,
-        "continuous_equals_one_by_one": not mismatched,
-        "budget_utilisation": stats.utilisation,
-    }
     print(
         f"\n{args.requests} requests ({tokens} output tokens), {args.layers} language layers, "
         f"{args.threads} threads:\n"
@@ -209,9 +316,23 @@ def main(argv: list[str] | None = None) -> int:
         f"\ncontinuous answers equal one-by-one generate: {not mismatched}"
         + (f" (differ: {mismatched[:5]})" if mismatched else "")
     )
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2))
-    return 0
+    print(f"budget utilisation: {stats.utilisation}")
+    static = rows[1]["tokens_per_s"]
+    records = []
+    for row in rows:
+        records += [
+            ["throughput", f"{row['method']}: output tokens/s", f"{row['tokens_per_s']:.1f}",
+             f"{static:.1f}", f"{row['tokens_per_s'] / static:.2f}", "-"],
+            ["throughput", f"{row['method']}: p50, p95 latency s", f"{row['p50_s']:.2f}",
+             f"{row['p95_s']:.2f}", "-", "-"],
+        ]  # fmt: skip
+    records.append(["throughput", "continuous answers equal one by one", str(not mismatched),
+                    "-", "-", "-"])  # fmt: skip
+    records += [
+        ["throughput", f"{name} utilisation", f"{share:.3f}", "-", "-", "-"]
+        for name, share in stats.utilisation.items()
+    ]
+    return records
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ def download(release: str, directory: Path) -> Path:
 
 
 def declared_schemas(wheel: zipfile.ZipFile) -> dict[str, str]:
-    """``{op: func line}`` of :data:`OPS` in the wheel's op declarations (no overloads)."""
+    """``{op: func line}`` of :data:`OPS` in the wheel's op declarations (no overloads; an op
+    may be declared in two sections, e.g. ``custom`` and ``symint``, with the same line)."""
     sections = yaml.safe_load(wheel.read(DECLARATIONS))
     found: dict[str, str] = {}
     for entries in sections.values():
@@ -123,8 +124,8 @@ def declared_schemas(wheel: zipfile.ZipFile) -> dict[str, str]:
             func = entry.get("func", "") if isinstance(entry, dict) else ""
             name = func.partition("(")[0]
             if name in OPS:
-                if name in found:
-                    raise RuntimeError(f"{DECLARATIONS}: {name} declared twice")
+                if found.get(name, func) != func:
+                    raise RuntimeError(f"{DECLARATIONS}: {name} declared twice, differently")
                 found[name] = func
     return found
 

@@ -2,7 +2,8 @@
 multi-request or multi-turn generation with ``generate``: the default tiny Qwen2-VL (with a
 processor that loads on every supported transformers, and with its saved one), a tiny LLaVA,
 Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE of the default model's widths. Session-scoped: nothing may modify
-them (take a copy first)."""
+them (take a copy first). ``generate_alone`` is the one-request greedy ``generate`` they are
+compared with."""
 
 from __future__ import annotations
 
@@ -298,3 +299,17 @@ def paddleocr_vl_and_processor(model_and_processor):
     model = PaddleOCRVLForConditionalGeneration(config).eval()
     image_processor = PaddleOCRVLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112)
     return model, ImageTextProcessor(processor.tokenizer, image_processor)
+
+
+def generate_alone(model, processor, request, **settings) -> list[int]:
+    """The new tokens of a one-request greedy ``generate`` for a ``GenerationRequest``."""
+    prompt = processor.apply_chat_template(
+        list(request.messages), tokenize=False, add_generation_prompt=True
+    )
+    images = request.images()
+    inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
+    with torch.no_grad():
+        output = model.generate(
+            **inputs, max_new_tokens=request.max_new_tokens, do_sample=False, **settings
+        )
+    return output[0, inputs["input_ids"].shape[1] :].tolist()

@@ -12,19 +12,43 @@ def bench(script_module):
     return script_module("bench_batching")
 
 
+def _cells(record: dict) -> dict[str, list[str]]:
+    """The record's rows by their measure."""
+    return {row[1]: row[2:] for row in record["rows"]}
+
+
 def test_the_three_methods_are_measured_and_continuous_answers_are_exact(bench, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--requests", "6", "--batch-size", "3", "--max-new", "6", "--layers", "1"]
-    argv += ["--repeats", "2"]
+    argv += ["--repeats", "2", "--sections", "throughput"]
     assert bench.main([*argv, "--threads", "1", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert [row["method"] for row in report["rows"]] == [
-        "one by one", "static, batches of 3", "continuous, up to 3",
-    ]  # fmt: skip
-    assert report["continuous_equals_one_by_one"] is True
-    assert all(row["tokens_per_s"] > 0 and row["p50_s"] <= row["p95_s"] for row in report["rows"])
-    assert 0 < report["budget_utilisation"]["max_batch_size"] <= 1
+    cells = _cells(json.loads(out.read_text()))
+    methods = ["one by one", "static, batches of 3", "continuous, up to 3"]
+    assert [m for m in cells if m.endswith("output tokens/s")] == [
+        f"{method}: output tokens/s" for method in methods
+    ]
+    assert cells["continuous answers equal one by one"][0] == "True"
+    for method in methods:
+        assert float(cells[f"{method}: output tokens/s"][0]) > 0
+        p50, p95 = cells[f"{method}: p50, p95 latency s"][:2]
+        assert float(p50) <= float(p95)
+    assert 0 < float(cells["max_batch_size utilisation"][0]) <= 1
     assert "| continuous, up to 3 |" in capsys.readouterr().out
+
+
+def test_kv_memory_and_prefix_reuse_are_measured(bench, tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["--requests", "4", "--max-new", "6", "--layers", "1", "--repeats", "1"]
+    argv += ["--sections", "memory", "prefix", "--turn-words", "30", "--turn-images", "1"]
+    assert bench.main([*argv, "--threads", "1", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert "A/A" in record["header"] and record["command"].endswith(str(out))
+    cells = _cells(record)
+    held, needed, ratio = cells["KV bytes, blocks vs needed"][:3]
+    assert int(needed) <= int(held) and float(ratio) >= 1
+    assert float(cells["KV bytes, blocks vs padded"][2]) <= 1
+    reuse, fresh = cells["second-turn TTFT ms, reuse vs none"][:2]
+    assert float(reuse) > 0 and float(fresh) > 0
 
 
 def test_the_workload_mixes_images_and_lengths(bench):

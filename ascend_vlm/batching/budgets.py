@@ -6,9 +6,10 @@ decode step for every sequence already running. Budgets per step:
 * ``max_batch_tokens``: tokens through the language model, prefill tokens of the admitted
   requests plus one per running sequence;
 * ``max_visual_tokens_per_step``: image tokens encoded (the vision tower's work);
-* ``max_kv_bytes``: the KV cache the running sequences may grow to. Sequences share one cache
-  aligned on the right, so its size is (sequences) x (longest sequence); the projection takes
-  every running sequence at its longest (prompt + ``max_new_tokens``);
+* ``max_kv_bytes``: the KV cache the running sequences may grow to. Each sequence holds its
+  own KV blocks (``kv_block_size`` tokens each), so the projection is the sum over running
+  sequences of their length at its longest (prompt + ``max_new_tokens``) rounded up to whole
+  blocks (blocks a sequence shares through the prefix cache count for each holder);
 * ``max_batch_size``: running sequences.
 
 A request that alone exceeds a budget can never run: it is refused when submitted, naming the
@@ -73,14 +74,34 @@ class StepUsage:
         return self.prefill_tokens + self.decode_tokens
 
 
-def projected_kv_bytes(longest: list[int], bytes_per_token: int) -> int:
-    """KV bytes of a right-aligned cache of sequences growing to ``longest`` tokens each."""
-    return len(longest) * max(longest, default=0) * bytes_per_token
+def budget_utilisation(budgets: BatchBudgets, steps: list[StepUsage]) -> dict[str, float]:
+    """The mean share of each bounded budget ``steps`` used (name -> fraction)."""
+    used = {
+        "max_batch_tokens": lambda usage: usage.batch_tokens,
+        "max_visual_tokens_per_step": lambda usage: usage.visual_tokens,
+        "max_kv_bytes": lambda usage: usage.kv_bytes,
+        "max_batch_size": lambda usage: usage.batch_size,
+    }
+    shares = {}
+    for name, amount in used.items():
+        limit = getattr(budgets, name)
+        if limit is not None and steps:
+            shares[name] = sum(amount(usage) / limit for usage in steps) / len(steps)
+    return shares
 
 
-def refusal(budgets: BatchBudgets, size: RequestSize, bytes_per_token: int) -> str | None:
+def projected_kv_bytes(longest: list[int], bytes_per_token: int, block_size: int) -> int:
+    """KV bytes of sequences growing to ``longest`` tokens each, in blocks of ``block_size``
+    tokens."""
+    blocks = sum(-(-length // block_size) for length in longest)
+    return blocks * block_size * bytes_per_token
+
+
+def refusal(
+    budgets: BatchBudgets, size: RequestSize, bytes_per_token: int, block_size: int
+) -> str | None:
     """Why a request of ``size`` can never be admitted (None when it can)."""
-    alone_kv = projected_kv_bytes([size.longest], bytes_per_token)
+    alone_kv = projected_kv_bytes([size.longest], bytes_per_token, block_size)
     checks = (
         ("max_batch_tokens", size.prompt_tokens, "prompt tokens"),
         ("max_visual_tokens_per_step", size.visual_tokens, "image tokens"),

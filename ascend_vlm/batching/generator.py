@@ -5,36 +5,44 @@ Requests wait in arrival order. Each step (see :mod:`~ascend_vlm.batching.budget
 1. running sequences that were cancelled leave;
 2. waiting requests are admitted, first come first served, while every budget holds for the
    step (the first that does not fit waits, so none is overtaken for ever);
-3. one decode step runs for every sequence already running, batched: the shared cache
-   (:class:`~ascend_vlm.batching.row_cache.RowCache`) holds one right-aligned row per sequence,
-   the attention mask hides each row's left padding, and each row gets its own positions
-   (its length, plus its M-RoPE ``rope_deltas`` for Qwen-VL models);
+3. one decode step runs for every sequence already running, batched: each sequence keeps its
+   KV in blocks of ``kv_block_size`` tokens (:class:`~ascend_vlm.batching.block_pool.BlockPool`,
+   read through :class:`~ascend_vlm.batching.paged_cache.PagedCache`; on NPU with torch_npu's
+   page attention), and each row gets its own positions (its length, plus its M-RoPE
+   ``rope_deltas`` for Qwen-VL models);
 4. each admitted request is prefilled alone, exactly as ``generate`` prefills it (its images
    encoded by the model's own forward, so a vision cache applies), its first token chosen, and
-   its cache joins the shared one.
+   its KV written into blocks of its own.
 
 Sequences leave when they reach ``max_new_tokens``, the end-of-sequence token or a stop
-string; columns no sequence needs any more are trimmed. Greedy outputs equal a one-request
-``generate`` with the same settings (tested token for token); sampled ones depend only on the
-request's seed.
+string, handing back their blocks; joining and leaving move no stored KV. Greedy outputs equal a
+one-request ``generate`` with the same settings (tested token for token); sampled ones depend
+only on the request's seed.
 
-Token pruning (:mod:`ascend_vlm.pruning`): a pruned prompt's cache holds fewer positions in the
-layers past the pruning layer than before it, so it cannot be a row of the shared cache; with
-pruning enabled every sequence keeps its own cache and decodes in its own forward (the pruner
-re-indexes each one's mask as in ``generate``), and its KV bytes are counted from its pruned
-cache once prefilled (before that, at the unpruned size).
+Prefix cache (``prefix_cache=True``, the default): full blocks of prompts (and of finished
+sequences) stay cached under the chained hash of their tokens and images
+(:mod:`~ascend_vlm.batching.prefix_keys`); a later prompt starting with cached blocks takes
+them and prefills only the rest (:mod:`~ascend_vlm.batching.prefill`). Cached blocks no
+sequence holds are evicted least recently used first when the pool needs room.
 
-Not supported: beams, sliding-window caches, videos, and the families whose descriptor refuses
+One cache per sequence, each decoded in its own forward, replaces the blocks for families
+whose decoder layers are not all full attention (sliding windows, chunked or linear attention
+keep state a block table cannot page) and with token pruning (:mod:`ascend_vlm.pruning`: a
+pruned prompt holds fewer positions past the pruning layer; the pruner re-indexes each mask as
+in ``generate``, and KV bytes count the pruned cache once prefilled).
+
+Not supported: beams, videos, and the families whose descriptor refuses
 batching (``ascend_vlm.models``; ValueError with the reason when the generator is made).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -42,16 +50,20 @@ from torch import nn
 
 from ascend_vlm import trace_events
 from ascend_vlm._base_model import base_model
+from ascend_vlm._compat.attention import ATTENTION_NAME
 from ascend_vlm.batching.budgets import (
     BatchBudgets,
     BudgetError,
     RequestSize,
     StepUsage,
+    budget_utilisation,
     cached_kv_bytes,
     kv_bytes_per_token,
     projected_kv_bytes,
     refusal,
 )
+from ascend_vlm.batching.decode import decode_alone, decode_in_blocks
+from ascend_vlm.batching.kv_blocks import KVBlocks, full_attention_only
 from ascend_vlm.batching.request import (
     GenerationRequest,
     RequestHandle,
@@ -59,28 +71,12 @@ from ascend_vlm.batching.request import (
     SequenceState,
     TokenEvent,
 )
-from ascend_vlm.batching.row_cache import RowCache
 from ascend_vlm.batching.sampling import generation_rules, next_token, request_generator
+from ascend_vlm.batching.stats import RunStats
+from ascend_vlm.batching.streaming import record_token
 from ascend_vlm.models import require_feature
+from ascend_vlm.patching.attention_tap import tapped_implementation
 from ascend_vlm.patching.ledger import applied_features
-
-
-@dataclass(frozen=True)
-class RunStats:
-    """Counters since the generator was made: finished ``requests``, ``output_tokens``,
-    ``steps``, ``seconds`` spent in :meth:`BatchGenerator.submit` (encoding prompts and images)
-    and :meth:`BatchGenerator.run`, and the mean share of each
-    bounded budget used per step (``utilisation``, name -> fraction)."""
-
-    requests: int
-    output_tokens: int
-    steps: int
-    seconds: float
-    utilisation: dict[str, float]
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.output_tokens / self.seconds if self.seconds else 0.0
 
 
 class BatchGenerator:
@@ -89,15 +85,24 @@ class BatchGenerator:
 
     Budgets are :class:`~ascend_vlm.batching.budgets.BatchBudgets` fields, given as keywords
     (``max_batch_tokens``, ``max_visual_tokens_per_step``, ``max_kv_bytes``,
-    ``max_batch_size``). ``adapters``: an :class:`~ascend_vlm.adapters.AdapterSet` over
-    ``model`` (anything with ``forward(adapter_names, **inputs)``), through which every forward
-    runs with each row's :attr:`GenerationRequest.adapter` (None: the set's ``active`` one), so
-    requests for different adapters share a batch. Not thread-safe: submit, run and cancel from
-    one thread.
+    ``max_batch_size``). ``kv_block_size``: tokens per KV block (16 by default; a multiple of
+    16 up to 512 lets the NPU's page attention read them); ``prefix_cache``: reuse cached
+    prompt blocks across requests (module docstring). ``adapters``: an
+    :class:`~ascend_vlm.adapters.AdapterSet` over ``model`` (anything with
+    ``forward(adapter_names, **inputs)``), through which every forward runs with each row's
+    :attr:`GenerationRequest.adapter` (None: the set's ``active`` one), so requests for
+    different adapters share a batch. Not thread-safe: submit, run and cancel from one thread.
     """
 
     def __init__(
-        self, model: nn.Module, processor: Any, adapters: Any = None, **budgets: Any
+        self,
+        model: nn.Module,
+        processor: Any,
+        adapters: Any = None,
+        *,
+        kv_block_size: int = 16,
+        prefix_cache: bool = True,
+        **budgets: Any,
     ) -> None:
         if not isinstance(model, nn.Module) or not callable(getattr(model, "generate", None)):
             raise TypeError(
@@ -108,12 +113,33 @@ class BatchGenerator:
                 f"processor: expected a callable processor with a chat template, got "
                 f"{type(processor).__name__}"
             )
+        if (
+            isinstance(kv_block_size, bool)
+            or not isinstance(kv_block_size, int)
+            or (kv_block_size < 1)
+        ):
+            raise ValueError(f"kv_block_size: expected an int >= 1, got {kv_block_size!r}")
+        if not isinstance(prefix_cache, bool):
+            raise ValueError(f"prefix_cache: expected True or False, got {prefix_cache!r}")
         self.model = model
         self._adapters = adapters
-        self._own_caches = bool(applied_features(model, "token_pruning"))
+        self._pruning = bool(applied_features(model, "token_pruning"))
         self.processor = processor
         self.budgets = BatchBudgets(**budgets)
         self._base = base_model(model)
+        self._text_config = getattr(self._base.config, "text_config", None) or self._base.config
+        self._own_caches = self._pruning or not full_attention_only(self._text_config)
+        self._block_size = kv_block_size
+        # The decoder's attention modules (a patch gives each its own config): when all run
+        # ascend_vlm's attention, a decode step reads the KV blocks in place.
+        self._attention_modules = [
+            module
+            for module in self._base.modules()
+            if isinstance(getattr(module, "layer_idx", None), int)
+            and type(module).__name__.endswith("Attention")
+            and hasattr(module, "config")
+        ]
+        self._prefix_cache = prefix_cache and not self._own_caches
         descriptor = require_feature(self._base, "batching")
         self._image_token = getattr(self._base.config, descriptor.visual_token_ids[0])
         self._rope_index = (
@@ -130,7 +156,17 @@ class BatchGenerator:
         self._device = next(self._base.parameters()).device
         self._waiting: deque[SequenceState] = deque()
         self._running: list[SequenceState] = []
-        self._rows = RowCache()
+        self._blocks: KVBlocks | None = None
+        if not self._own_caches:
+            block_bytes = self._kv_bytes_per_token * kv_block_size
+            limit = self.budgets.max_kv_bytes
+            self._blocks = KVBlocks(
+                kv_block_size,
+                self._prefix_cache,
+                None if limit is None else max(1, limit // block_bytes),
+                self._image_token,
+                self._base.config,
+            )
         self._clock = time.perf_counter()
         # Events made by a step and not yet yielded (run() may be left between two).
         self._events: deque[TokenEvent | RequestResult] = deque()
@@ -139,6 +175,9 @@ class BatchGenerator:
         self._output_tokens = 0
         self._run_seconds = 0.0
         self._submit_seconds = 0.0
+        self._prefilled = 0
+        self._prefix_hits = 0
+        self._reused = 0
 
     # ------------------------------------------------------------------ submission
 
@@ -168,7 +207,8 @@ class BatchGenerator:
         if self._image_token is not None:
             visual = int((inputs["input_ids"] == self._image_token).sum())
         size = RequestSize(prompt_tokens, visual, prompt_tokens + request.max_new_tokens)
-        why = refusal(self.budgets, size, self._kv_bytes_per_token)
+        block = 1 if self._own_caches else self._block_size
+        why = refusal(self.budgets, size, self._kv_bytes_per_token, block)
         if why is not None:
             raise BudgetError(f"{why} (request {request.request_id!r})")
         sequence = SequenceState(
@@ -178,7 +218,10 @@ class BatchGenerator:
             submitted=self._now(),
             generator=request_generator(request),
             kv_bytes=size.longest * self._kv_bytes_per_token,
+            adapter=None if self._adapters is None else request.adapter or self._adapters.active,
         )
+        if self._blocks is not None:
+            self._blocks.key_prompt(sequence)
         self._waiting.append(sequence)
         self._submit_seconds += time.perf_counter() - start
         return RequestHandle(sequence)
@@ -240,30 +283,37 @@ class BatchGenerator:
 
     def stats(self) -> RunStats:
         """The counters now."""
-        limits = {
-            "max_batch_tokens": lambda usage: usage.batch_tokens,
-            "max_visual_tokens_per_step": lambda usage: usage.visual_tokens,
-            "max_kv_bytes": lambda usage: usage.kv_bytes,
-            "max_batch_size": lambda usage: usage.batch_size,
-        }
-        utilisation = {}
-        for name, used in limits.items():
-            limit = getattr(self.budgets, name)
-            if limit is not None and self.step_usage:
-                shares = [used(usage) / limit for usage in self.step_usage]
-                utilisation[name] = sum(shares) / len(shares)
+        utilisation = budget_utilisation(self.budgets, self.step_usage)
         return RunStats(
             requests=self._finished,
             output_tokens=self._output_tokens,
             steps=len(self.step_usage),
             seconds=self._run_seconds + self._submit_seconds,
             utilisation=utilisation,
+            prefilled_tokens=self._prefilled,
+            prefix_hits=self._prefix_hits,
+            reused_tokens=self._reused,
+            kv_bytes=self.kv_bytes(),
         )
+
+    def running_kv_tokens(self) -> list[int]:
+        """Tokens whose KV each running sequence holds now, in running order."""
+        return [
+            s.cached_tokens if self._blocks is not None else s.cache.get_seq_length()
+            for s in self._running
+        ]
+
+    def kv_bytes(self) -> int:
+        """Bytes of KV the running sequences hold now: their blocks (each counted once), or
+        their own caches."""
+        if self._blocks is None:
+            return sum(cached_kv_bytes(s.cache) for s in self._running if s.cache is not None)
+        return self._blocks.held_bytes()
 
     # ------------------------------------------------------------------ one step
 
     def _check_cache_mode(self) -> None:
-        if bool(applied_features(self.model, "token_pruning")) != self._own_caches:
+        if bool(applied_features(self.model, "token_pruning")) != self._pruning:
             raise ValueError(
                 "model: token pruning was enabled or disabled after this BatchGenerator was "
                 "made; its running sequences' caches follow the old setting: make a new one"
@@ -284,9 +334,11 @@ class BatchGenerator:
                 # The shared cache may hold part of the step: the running sequences end here.
                 for sequence in self._running:
                     events.append(self._finish(sequence, "error"))
-                self._running, self._rows = [], RowCache()
+                if self._blocks is not None:
+                    self._blocks.release(self._running)
+                self._running = []
                 raise
-        prefill_tokens = sum(sequence.size.prompt_tokens for sequence in admitted)
+        prefilled = self._prefilled
         visual = sum(sequence.size.visual_tokens for sequence in admitted)
         for index, sequence in enumerate(admitted):
             try:
@@ -298,7 +350,7 @@ class BatchGenerator:
                     self._waiting.appendleft(waiting)
                 raise
         usage = StepUsage(
-            prefill_tokens=prefill_tokens,
+            prefill_tokens=self._prefilled - prefilled,
             decode_tokens=decode_tokens,
             visual_tokens=visual,
             kv_bytes=self._projected_kv(self._running),
@@ -346,109 +398,98 @@ class BatchGenerator:
         if self._own_caches:
             return sum(sequence.kv_bytes for sequence in sequences)
         longest = [sequence.size.longest for sequence in sequences]
-        return projected_kv_bytes(longest, self._kv_bytes_per_token)
+        return projected_kv_bytes(longest, self._kv_bytes_per_token, self._block_size)
 
     def _prefill(self, sequence: SequenceState, events: Any) -> None:
         """Prefill ``sequence`` alone, as ``generate`` does (padding a batch of prompts to the
-        longest would cost more than the batching saves, and change the arithmetic), and add
-        it to the running batch unless it finished at its first token."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self._base.config)
+        longest would cost more than the batching saves, and change the arithmetic), after
+        the prefix the prefix cache holds, and add it to the running batch unless it finished
+        at its first token."""
         inputs = {key: value.to(self._device) for key, value in sequence.inputs.items()}
         extra = {"logits_to_keep": 1} if self._keeps_last_logits else {}
         sequence.admitted = self._now()
         trace_events.emit("batching_admit", self._base, request_id=sequence.request.request_id)
-        with torch.no_grad():
-            output = self._forward(
-                [sequence], **inputs, **{self._cache_keyword: cache}, use_cache=True, **extra
-            )
+        positions = None
         if self._rope_index is not None:
-            sequence.rope_delta = self._prompt_rope_delta(inputs)
+            positions, sequence.rope_delta = self._prompt_rope_index(inputs)
+        blocks = self._blocks
+        start = 0 if blocks is None else blocks.reuse(sequence)
+        try:
+            if blocks is None:
+                from transformers import DynamicCache
+
+                cache, call = DynamicCache(config=self._base.config), inputs
+            else:
+                cache, call = blocks.prefill_call(sequence, inputs, start, positions)
+            with torch.no_grad():
+                output = self._forward(
+                    [sequence], **call, **{self._cache_keyword: cache}, use_cache=True, **extra
+                )
+            if blocks is not None:
+                blocks.store(sequence, cache, start)
+        except BaseException:
+            if blocks is not None:
+                blocks.release([sequence])
+            raise
+        self._prefilled += sequence.size.prompt_tokens - start
+        self._prefix_hits += bool(start)
+        self._reused += start
         sequence.first_token = self._now()
         if self._take(sequence, output.logits[0, -1], events):
+            if blocks is not None:
+                blocks.release([sequence])
             return
-        if self._own_caches:
+        if blocks is None:
             sequence.cache = cache
             held = cached_kv_bytes(cache)
             remaining = sequence.request.max_new_tokens - 1
             sequence.kv_bytes = held + remaining * self._kv_bytes_per_token
-        else:
-            self._rows.add(cache, [sequence.size.prompt_tokens])
         self._running.append(sequence)
 
-    def _prompt_rope_delta(self, inputs: dict[str, torch.Tensor]) -> int:
-        """``rope_deltas`` of a prompt: its decode positions run ``length + delta``."""
+    def _prompt_rope_index(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """A prompt's M-RoPE position ids ``[3, 1, L]`` and ``rope_deltas``: its decode
+        positions run ``length + delta``."""
         keywords = {
             name: inputs[name]
             for name in ("mm_token_type_ids", "image_grid_thw", "attention_mask")
             if name in inputs
         }
-        _, deltas = self._rope_index(inputs["input_ids"], **keywords)
-        return int(deltas.reshape(-1)[0])
+        positions, deltas = self._rope_index(inputs["input_ids"], **keywords)
+        return positions, int(deltas.reshape(-1)[0])
 
     def _decode(self, events: Any) -> None:
-        if self._own_caches:
-            self._decode_each(events)
-            return
-        rows = self._rows
-        last = torch.tensor([[sequence.tokens[-1]] for sequence in self._running])
-        lengths = torch.tensor(rows.lengths)
-        if self._rope_index is not None:
-            deltas = torch.tensor([sequence.rope_delta for sequence in self._running])
-            positions = (lengths + deltas)[None, :, None].expand(3, -1, -1)
+        """One decode step of every running sequence: batched over KV blocks, or each in its
+        own cache (module docstring)."""
+        running, mrope = self._running, self._rope_index is not None
+        if self._blocks is None:
+            rows = [
+                decode_alone(self._forward_of([s]), s, self._cache_keyword, mrope, self._device)
+                for s in running
+            ]
         else:
-            positions = lengths[:, None]
-        width = rows.width
-        with torch.no_grad():
-            output = self._forward(
-                self._running,
-                input_ids=last.to(self._device),
-                attention_mask=rows.attention_mask(extra=1).to(self._device),
-                position_ids=positions.to(self._device),
-                cache_position=torch.tensor([width], device=self._device),
-                use_cache=True,
-                **{self._cache_keyword: rows.cache},
+            gather = any(
+                tapped_implementation(module.config) != ATTENTION_NAME
+                for module in self._attention_modules
             )
-        rows.grow()
-        done = [
-            row
-            for row, sequence in enumerate(self._running)
-            if self._take(sequence, output.logits[row, -1], events)
-        ]
+            cache = self._blocks.decode_cache(running, gather)
+            rows = decode_in_blocks(
+                self._forward_of(running), running, cache, self._cache_keyword, mrope, self._device
+            )
+            for sequence in running:
+                sequence.cached_tokens += 1
+        done = [row for row, s in enumerate(running) if self._take(s, rows[row], events)]
         self._leave(done)
 
-    def _decode_each(self, events: Any) -> None:
-        """One decode step of every running sequence in its own cache (see the module
-        docstring)."""
-        done = []
-        for row, sequence in enumerate(self._running):
-            length = sequence.size.prompt_tokens + len(sequence.tokens) - 1
-            position = torch.tensor([[length + sequence.rope_delta]])
-            if self._rope_index is not None:
-                position = position[None].expand(3, -1, -1)
-            with torch.no_grad():
-                output = self._forward(
-                    [sequence],
-                    input_ids=torch.tensor([[sequence.tokens[-1]]], device=self._device),
-                    attention_mask=torch.ones(1, length + 1, dtype=torch.long, device=self._device),
-                    position_ids=position.to(self._device),
-                    cache_position=torch.tensor([length], device=self._device),
-                    use_cache=True,
-                    **{self._cache_keyword: sequence.cache},
-                )
-            if self._take(sequence, output.logits[0, -1], events):
-                done.append(row)
-        self._leave(done)
+    def _forward_of(self, sequences: list[SequenceState]) -> Callable[..., Any]:
+        """The model's forward over ``sequences`` as a function of the inputs (`_forward`)."""
+        return functools.partial(self._forward, sequences)
 
     def _forward(self, sequences: list[SequenceState], **inputs: Any) -> Any:
         """The model's forward over ``sequences`` (one batch row each), through each one's
         adapter when the generator has ``adapters``."""
         if self._adapters is None:
             return self.model(**inputs)
-        active = self._adapters.active
-        names = [sequence.request.adapter or active for sequence in sequences]
-        return self._adapters.forward(names, **inputs)
+        return self._adapters.forward([sequence.adapter for sequence in sequences], **inputs)
 
     def _take(self, sequence: SequenceState, logits: torch.Tensor, events: Any) -> bool:
         """Choose and record the sequence's next token; True when the sequence finished (its
@@ -456,29 +497,8 @@ class BatchGenerator:
         penalty, minimum length) see the prompt and the tokens so far, as in ``generate``."""
         logits = self._rules.apply(sequence.inputs["input_ids"][0], sequence.tokens, logits)
         token = next_token(logits, sequence.request, sequence.generator)
-        sequence.tokens.append(token)
-        text = self.processor.tokenizer.decode(sequence.tokens, skip_special_tokens=True)
-        stops = [text.find(stop) for stop in sequence.request.stop if stop in text]
-        reason = None
-        if stops:
-            text, reason = text[: min(stops)], "stop"
-        elif token in self._eos:
-            reason = "eos"
-        elif len(sequence.tokens) >= sequence.request.max_new_tokens:
-            reason = "length"
-        sequence.text = text
-        if reason is None:
-            # Hold back an unfinished character (a multi-token one decodes to U+FFFD until its
-            # last token) and what could still become a stop string.
-            ready = len(text.rstrip("\ufffd"))
-            ready -= max((len(stop) - 1 for stop in sequence.request.stop), default=0)
-            ready = max(ready, sequence.emitted)
-        else:
-            ready = len(text)
-        events.append(
-            TokenEvent(sequence.request.request_id, token, text[sequence.emitted : ready])
-        )
-        sequence.emitted = ready
+        event, reason = record_token(sequence, token, self.processor.tokenizer, self._eos)
+        events.append(event)
         if reason is None:
             return False
         events.append(self._finish(sequence, reason))
@@ -487,9 +507,9 @@ class BatchGenerator:
     def _leave(self, rows: list[int]) -> None:
         if not rows:
             return
-        if not self._own_caches:
-            self._rows.remove(rows)
         leaving = set(rows)
+        if self._blocks is not None:
+            self._blocks.release([s for row, s in enumerate(self._running) if row in leaving])
         self._running = [s for row, s in enumerate(self._running) if row not in leaving]
 
     def _finish(self, sequence: SequenceState, reason: str) -> RequestResult:

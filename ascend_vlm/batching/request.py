@@ -146,9 +146,19 @@ class SequenceState:
     emitted: int = 0  # characters of text already streamed
     cancelled: bool = False
     finish_reason: str | None = None
-    # Its own cache and the KV bytes it will reach, when sequences cannot share one (pruning).
+    # Its own cache and the KV bytes it will reach, when its KV is not in blocks (pruning,
+    # families with other than full-attention layers).
     cache: Any = None
     kv_bytes: int = 0
+    # Its KV blocks in order, and the tokens they hold (batching.kv_blocks).
+    blocks: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    # What its prompt's prefix-cache keys hash beside the tokens (batching.prefix_keys).
+    image_digest: bytes = b""
+    first_image: int | None = None
+    # The LoRA adapter every forward of it runs with, fixed at submission (None: no adapter
+    # set); its KV depends on it, so its prefix-cache keys hash it too.
+    adapter: str | None = None
 
 
 class RequestHandle:

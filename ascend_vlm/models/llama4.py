@@ -80,7 +80,8 @@ DESCRIPTORS = {
                 f"{_CHUNKED_CACHE}, which cannot be cropped back once their window is full"
             ),
             batching=Refused(
-                f"{_CHUNKED_CACHE}, which BatchGenerator's shared row cache does not hold"
+                f"{_CHUNKED_CACHE}, which BatchGenerator's KV blocks do not hold (its "
+                "per-sequence fallback is not yet tested on this family)"
             ),
             quantization=SUPPORTED,
             adapters=SUPPORTED,

@@ -73,8 +73,8 @@ def sized_image_features(layout: str) -> FeatureSupport:
 _ANYRES_FEATURES = sized_image_features(_ANYRES)
 # Gemma 3 and Gemma 4 refuse batching for this reason.
 SLIDING_CACHES_UNBATCHED = (
-    "its layers alternate sliding-window caches, which BatchGenerator's shared row cache does "
-    "not hold"
+    "its layers alternate sliding-window caches, which BatchGenerator's KV blocks do not hold; "
+    "its per-sequence fallback for such layers is not yet tested on this family"
 )
 _BIDIRECTIONAL_PREFIX = "its image and prefix tokens attend bidirectionally"
 _GEMMA3_PRUNING = (

@@ -78,7 +78,8 @@ FEATURES = replace(
         f"{_RECURRENT}, which transformers cannot crop unless past recording was on"
     ),
     batching=Refused(
-        f"BatchGenerator's RowCache joins and trims rows by padding KV cache columns; {_RECURRENT}"
+        f"BatchGenerator pages KV in blocks of token slots; {_RECURRENT} (its per-sequence "
+        "fallback is not yet tested on this family)"
     ),
     attention_overlay=Refused(
         "the overlay averages attention probabilities over decoder layers; three in four of "

@@ -9,7 +9,8 @@ Each op's interface is declared once in ``op_plugins/<name>/spec.json``.
 Beside the ops, plain functions composed of them give the semantics model code expects:
 ``rms_norm_promoting`` (transformers' RMSNorm output dtypes), ``rotary_embedding_pair_vision``
 (packed vision RoPE in fp32), ``rotary_embedding_pair_complex`` (Llama 4's complex RoPE),
-``packed_attention`` (varlen attention in transformers' layout) and ``swiglu_projections`` (a
+``packed_attention`` (varlen attention in transformers' layout), ``paged_attention`` (a decode
+step over KV kept in blocks) and ``swiglu_projections`` (a
 gated MLP's core on top of its projections); and ``attention_probabilities``, the weights an
 attention call applies, for the few query rows a caller needs (fused kernels never materialise
 them). Beside ``weight_quant_matmul`` (weight-only quantized linear), ``dequantize_weight`` is
@@ -22,6 +23,12 @@ from ascend_vlm.ops.causal_conv1d import causal_conv1d
 from ascend_vlm.ops.chunk_gated_delta_rule import chunk_gated_delta_rule
 from ascend_vlm.ops.fused_attention import fused_attention
 from ascend_vlm.ops.moe_experts import moe_experts
+from ascend_vlm.ops.paged_attention import (
+    PAGED_KV_KWARG,
+    PagedKV,
+    gather_blocks,
+    paged_attention,
+)
 from ascend_vlm.ops.recurrent_gated_delta_rule import recurrent_gated_delta_rule
 from ascend_vlm.ops.rms_norm import rms_norm, rms_norm_promoting
 from ascend_vlm.ops.rotary_embedding import (
@@ -57,14 +64,18 @@ OPS = (
 
 __all__ = [
     "OPS",
+    "PAGED_KV_KWARG",
+    "PagedKV",
     "attention_probabilities",
     "causal_conv1d",
     "chunk_gated_delta_rule",
     "dequantize_weight",
     "fused_attention",
+    "gather_blocks",
     "moe_experts",
     "npu_int4_kernel_takes",
     "packed_attention",
+    "paged_attention",
     "prepack_int4_for_npu",
     "recurrent_gated_delta_rule",
     "rms_norm",

@@ -97,6 +97,15 @@ MOE_PERMUTE_MAX_TOP_K = 512  # A2/A3: topK <= 512
 MOE_PERMUTE_MAX_INDEX = 16777215  # indices' element count and values stay below it
 
 # --- npu_weight_quant_batchmatmul -------------------------------------------------------------
+# --- npu_fused_infer_attention_score, paged decode (Q_S = 1, block_table given, DOCS) ---------
+PAGED_ATTENTION_DTYPES = (torch.float16, torch.bfloat16)  # query, key, value (int8 unused here)
+PAGED_ATTENTION_MAX_BLOCK_SIZE = 512  # block_size non-zero, <= 512
+PAGED_ATTENTION_BLOCK_ALIGN = 16  # block_size a multiple of 16 for float16/bfloat16 KV
+PAGED_ATTENTION_MAX_HEADS = 256  # Q_S = 1: N <= 256, D <= 512, B <= 65536
+PAGED_ATTENTION_MAX_HEAD_DIM = 512
+PAGED_ATTENTION_MAX_BATCH = 65536
+PAGED_ATTENTION_MAX_GROUP = 64  # num_heads / num_key_value_heads <= 64
+
 WEIGHT_QUANT_X_DTYPES = (torch.float16, torch.bfloat16)
 WEIGHT_QUANT_MAX_DIM = 65535  # K and N
 WEIGHT_QUANT_GROUP_STEP = 32  # per-group: a multiple of 32 in [32, K - 1]
@@ -379,6 +388,39 @@ def _dims(low_high: tuple[int, int]) -> str:
     return f"{low_high[0]}-{low_high[1]} dims"
 
 
+def paged_attention_refusal(
+    dtype: torch.dtype, batch: int, heads: int, kv_heads: int, head_dim: int, block_size: int
+) -> KernelRefusal | None:
+    """npu_fused_infer_attention_score on a paged decode call (one query token per row, KV in
+    blocks of ``block_size`` read through ``block_table``), or None when it takes it (DOCS
+    npu_fused_infer_attention_score, "当Q_S等于1时" and "page attention场景")."""
+    source = f"{DOCS} npu_fused_infer_attention_score"
+    refusal = _dtype_refusal("query", dtype, PAGED_ATTENTION_DTYPES, source)
+    if refusal is not None:
+        return refusal
+    if not 1 <= batch <= PAGED_ATTENTION_MAX_BATCH:
+        return KernelRefusal("query", f"B in [1, {PAGED_ATTENTION_MAX_BATCH}]", batch, source)
+    if not 1 <= heads <= PAGED_ATTENTION_MAX_HEADS:
+        expected = f"an int in [1, {PAGED_ATTENTION_MAX_HEADS}] (query heads)"
+        return KernelRefusal("num_heads", expected, heads, source)
+    if kv_heads < 1 or heads % kv_heads or heads // kv_heads > PAGED_ATTENTION_MAX_GROUP:
+        expected = f"a head count dividing num_heads={heads}, ratio <= {PAGED_ATTENTION_MAX_GROUP}"
+        return KernelRefusal("num_key_value_heads", expected, kv_heads, source)
+    if not 1 <= head_dim <= PAGED_ATTENTION_MAX_HEAD_DIM:
+        expected = f"head dim D in [1, {PAGED_ATTENTION_MAX_HEAD_DIM}]"
+        return KernelRefusal("query", expected, head_dim, source)
+    if (
+        not 0 < block_size <= PAGED_ATTENTION_MAX_BLOCK_SIZE
+        or block_size % PAGED_ATTENTION_BLOCK_ALIGN
+    ):
+        expected = (
+            f"a multiple of {PAGED_ATTENTION_BLOCK_ALIGN} in "
+            f"[{PAGED_ATTENTION_BLOCK_ALIGN}, {PAGED_ATTENTION_MAX_BLOCK_SIZE}]"
+        )
+        return KernelRefusal("block_size", expected, block_size, source)
+    return None
+
+
 KERNEL_LIMITS = (
     KernelLimits(
         "npu_fusion_attention (BSH/SBH/BSND/BNSD)",
@@ -395,6 +437,16 @@ KERNEL_LIMITS = (
         "(maxSq, maxSkv) only, no fully masked row (sparse_mode 3: Sq <= Skv per segment)",
         "unpadded; segments with rows that see no key, and the rest: reference",
         f"{DOCS} npu_fusion_attention; {FA_ACLNN}",
+    ),
+    KernelLimits(
+        "npu_fused_infer_attention_score (page-attention decode)",
+        f"fp16/bf16; one query token per row, BNSD; KV blocks (blocknum, KV_N, blocksize, D); "
+        f"block_size a multiple of {PAGED_ATTENTION_BLOCK_ALIGN} up to "
+        f"{PAGED_ATTENTION_MAX_BLOCK_SIZE}; N <= {PAGED_ATTENTION_MAX_HEADS}, N/KV_N <= "
+        f"{PAGED_ATTENTION_MAX_GROUP}; D <= {PAGED_ATTENTION_MAX_HEAD_DIM}; B <= "
+        f"{PAGED_ATTENTION_MAX_BATCH}; int32 block_table and actual_seq_lengths_kv required",
+        "reference (gather the blocks, then fused attention)",
+        f"{DOCS} npu_fused_infer_attention_score",
     ),
     KernelLimits(
         "npu_rotary_mul",

@@ -14,6 +14,7 @@ from ascend_vlm._compat.attention import (
     output_collector,
     register_attention_function,
 )
+from ascend_vlm.ops import PAGED_KV_KWARG
 
 _CU_Q, _CU_K = VARLEN_KWARGS
 _MAX_Q, _MAX_K = VARLEN_BOUND_KWARGS
@@ -43,6 +44,10 @@ def ascend_attention_forward(
       call with more keys than queries and no mask is a prefill into an empty StaticCache (the
       mask function relies on SDPA's top-left alignment): only the first Sq keys are used.
 
+    * paged: a :class:`~ascend_vlm.ops.PagedKV` under ``paged_kv`` (a decode step of
+      ``ascend_vlm.batching`` over KV kept in blocks) -> ``ops.paged_attention`` over the
+      layer's blocks; ``key`` / ``value`` and the mask are then unused.
+
     Sliding windows, attention chunks (Llama 4) and packed-sequence boundaries arrive encoded in
     the mask; the varlen path raises ValueError for ``dropout > 0``, a ``sliding_window`` and a
     chunked-attention layer (it can honour none of them).
@@ -60,6 +65,11 @@ def ascend_attention_forward(
         )
     if kwargs.get("s_aux") is not None:
         raise ValueError(f"s_aux: {ATTENTION_NAME!r} attention has no attention sinks")
+    paged = kwargs.get(PAGED_KV_KWARG)
+    if paged is not None and not _attention_weights_requested(kwargs):
+        # A decode step over KV kept in blocks: the cache wrote this step's keys into the
+        # blocks and handed on only the new ones, so the blocks are read here instead.
+        return paged.attend(module.layer_idx, query, scaling).transpose(1, 2).contiguous(), None
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     if attention_mask is None and kwargs.get(_CU_Q) is None:

@@ -214,7 +214,7 @@ class Engine:
                 stream.put(event.text)  # "" too: a token came, its text is held back
             usage = self.generator.step_usage
             if usage:
-                self.running_rows, self.kv_bytes = usage[-1].batch_size, usage[-1].kv_bytes
+                self.running_rows, self.kv_bytes = usage[-1].batch_size, self.generator.kv_bytes()
                 # A server runs for ever: keep only the last step's usage.
                 del usage[:-1]
             return

@@ -100,7 +100,7 @@ class ServingMetrics:
         for name, what, read in (
             ("ascend_vlm_queue_depth", "Requests accepted and not running yet", queue_depth),
             ("ascend_vlm_running_rows", "Sequences in the running batch", running_rows),
-            ("ascend_vlm_kv_bytes", "KV bytes the running batch reaches", kv_bytes),
+            ("ascend_vlm_kv_bytes", "KV bytes the running sequences hold", kv_bytes),
         ):
             Gauge(name, what, registry=registry).set_function(read)
         registry.register(_VisionCacheCounters(vision_cache))

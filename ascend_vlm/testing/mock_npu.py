@@ -1,7 +1,8 @@
 """A strict stand-in for ``torch_npu`` so the NPU code path runs on CPU tensors.
 
 ``install_mock_npu()`` puts a module named ``torch_npu`` into ``sys.modules`` (with the stand-in
-kernels of :mod:`ascend_vlm.testing.mock_ops`: ``npu_fusion_attention``, ``npu_rms_norm``,
+kernels of :mod:`ascend_vlm.testing.mock_ops`: ``npu_fusion_attention``,
+``npu_fused_infer_attention_score`` (page-attention decode), ``npu_rms_norm``,
 ``npu_rotary_mul``, ``npu_swiglu``, ``npu_weight_quant_batchmatmul``,
 ``npu_convert_weight_to_int4pack``, ``npu_grouped_matmul``, ``npu_moe_token_permute``,
 ``npu_moe_token_unpermute``, ``npu_chunk_gated_delta_rule``, ``npu_recurrent_gated_delta_rule``,

@@ -47,3 +47,19 @@ def test_a_request_naming_an_adapter_needs_a_generator_with_adapters(model_and_p
         generator.submit(GenerationRequest.from_prompt("hi", adapter="first"))
     with pytest.raises(ValueError, match=r"^adapter: expected None or an adapter name"):
         GenerationRequest.from_prompt("hi", adapter="")
+
+
+def test_the_prefix_cache_shares_blocks_within_one_adapter_only(served, model_and_processor):
+    _, processor = model_and_processor
+    question = "name every shape you can see in the picture, its colour and where it lies"
+    generator = BatchGenerator(served.model, processor, adapters=served)
+    generator.generate_many(
+        [GenerationRequest.from_prompt(question, max_new_tokens=2, adapter="first")]
+    )
+    assert generator.stats().prefix_hits == 0
+    for name, hits in (("second", 0), ("first", 1)):
+        request = GenerationRequest.from_prompt(question, max_new_tokens=4, adapter=name)
+        [result] = generator.generate_many([request])
+        expected = generate_with_adapter(served, processor, request.messages, name, 4)
+        assert list(result.tokens) == expected, name
+        assert generator.stats().prefix_hits == hits, name  # another adapter's KV is not reused

@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from chat_vlms import generate_alone
 from PIL import Image
 
 from ascend_vlm.batching import (
@@ -49,19 +50,6 @@ def _mixed_requests() -> list[GenerationRequest]:
     ]
 
 
-def _generate_alone(model, processor, request: GenerationRequest, **settings) -> list[int]:
-    prompt = processor.apply_chat_template(
-        list(request.messages), tokenize=False, add_generation_prompt=True
-    )
-    images = request.images()
-    inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
-    with torch.no_grad():
-        output = model.generate(
-            **inputs, max_new_tokens=request.max_new_tokens, do_sample=False, **settings
-        )
-    return output[0, inputs["input_ids"].shape[1] :].tolist()
-
-
 @pytest.mark.parametrize("family", list(MODELS))
 def test_greedy_outputs_equal_one_request_generate_in_mixed_batches(request, family):
     model, processor = request.getfixturevalue(MODELS[family])
@@ -70,7 +58,7 @@ def test_greedy_outputs_equal_one_request_generate_in_mixed_batches(request, fam
     results = generator.generate_many(requests)
     assert [r.request_id for r in results] == [q.request_id for q in requests]
     for result, query in zip(results, requests, strict=True):
-        assert list(result.tokens) == _generate_alone(model, processor, query), query.request_id
+        assert list(result.tokens) == generate_alone(model, processor, query), query.request_id
     # sequences joined and left a running batch
     assert max(usage.batch_size for usage in generator.step_usage) == 3
     assert any(u.prefill_tokens and u.decode_tokens for u in generator.step_usage)
@@ -85,7 +73,7 @@ def test_a_patched_model_on_the_mock_npu_matches_generate(model_and_processor, m
     requests = _mixed_requests()[:4]
     results = BatchGenerator(model, processor, max_batch_size=4).generate_many(requests)
     for result, query in zip(results, requests, strict=True):
-        assert list(result.tokens) == _generate_alone(model, processor, query)
+        assert list(result.tokens) == generate_alone(model, processor, query)
 
 
 def test_a_vision_cache_serves_repeated_images_exactly(model_and_processor):
@@ -107,7 +95,7 @@ def test_a_vision_cache_serves_repeated_images_exactly(model_and_processor):
     finally:
         disable_vision_cache(model)
     for result, query in zip(results, requests, strict=True):
-        assert list(result.tokens) == _generate_alone(model, processor, query)
+        assert list(result.tokens) == generate_alone(model, processor, query)
 
 
 def test_a_pruned_model_matches_its_generate_and_counts_its_smaller_caches(
@@ -122,7 +110,7 @@ def test_a_pruned_model_matches_its_generate_and_counts_its_smaller_caches(
     generator = BatchGenerator(model, processor, max_batch_size=3)
     results = generator.generate_many(requests)
     for result, query in zip(results, requests, strict=True):
-        assert list(result.tokens) == _generate_alone(model, processor, query), query.request_id
+        assert list(result.tokens) == generate_alone(model, processor, query), query.request_id
     assert max(usage.batch_size for usage in generator.step_usage) == 3
     # the three-image request alone: its pruned cache is smaller than the unpruned projection
     alone = BatchGenerator(model, processor)
@@ -184,12 +172,12 @@ def test_generation_config_rules_apply_as_in_generate(model_and_processor):
     model = copy.deepcopy(base)
     model.generation_config.repetition_penalty = 1.3
     model.generation_config.min_new_tokens = 5
-    first = _generate_alone(base, processor, _mixed_requests()[0])
+    first = generate_alone(base, processor, _mixed_requests()[0])
     model.generation_config.eos_token_id = [first[0], first[1]]  # would end at token 1 or 2
     requests = _mixed_requests()
     results = BatchGenerator(model, processor, max_batch_size=3).generate_many(requests)
     for result, query in zip(results, requests, strict=True):
-        assert list(result.tokens) == _generate_alone(model, processor, query), query.request_id
+        assert list(result.tokens) == generate_alone(model, processor, query), query.request_id
     assert any(r.finish_reason == "eos" for r in results)
     assert all(
         len(r.tokens) >= min(5, q.max_new_tokens) for r, q in zip(results, requests, strict=True)
@@ -242,7 +230,7 @@ def test_random_workloads_never_exceed_a_budget(model_and_processor, seed):
         assert usage.kv_bytes <= budgets["max_kv_bytes"]
         assert usage.batch_size <= budgets["max_batch_size"]
     for result, query in zip(results[:3], requests[:3], strict=True):
-        assert list(result.tokens) == _generate_alone(model, processor, query)
+        assert list(result.tokens) == generate_alone(model, processor, query)
 
 
 def test_requests_larger_than_a_budget_are_refused_at_submission(model_and_processor):
@@ -307,7 +295,7 @@ def test_cancelling_frees_the_row_and_leaves_the_others_exact(model_and_processo
     sizes = [usage.batch_size for usage in generator.step_usage]
     assert sizes[0] == 3 and len(sizes) < 19  # the 20-token request left early
     for handle, query in zip(handles[:2], requests[:2], strict=True):
-        assert list(results[handle.request_id].tokens) == _generate_alone(model, processor, query)
+        assert list(results[handle.request_id].tokens) == generate_alone(model, processor, query)
 
 
 def test_events_survive_leaving_run_and_ids_stay_unique(model_and_processor):

@@ -11,6 +11,7 @@ conservative; what the mock does not model raises ``NotImplementedError`` naming
 """
 
 from ascend_vlm.testing.mock_ops.fused_causal_conv1d import npu_fused_causal_conv1d
+from ascend_vlm.testing.mock_ops.fused_infer_attention import npu_fused_infer_attention_score
 from ascend_vlm.testing.mock_ops.fusion_attention import npu_fusion_attention
 from ascend_vlm.testing.mock_ops.gated_delta_rule import (
     npu_chunk_gated_delta_rule,
@@ -36,6 +37,7 @@ MOCK_OPS = {
         npu_chunk_gated_delta_rule,
         npu_convert_weight_to_int4pack,
         npu_fused_causal_conv1d,
+        npu_fused_infer_attention_score,
         npu_fusion_attention,
         npu_grouped_matmul,
         npu_moe_token_permute,
@@ -53,6 +55,7 @@ __all__ = [
     "npu_chunk_gated_delta_rule",
     "npu_convert_weight_to_int4pack",
     "npu_fused_causal_conv1d",
+    "npu_fused_infer_attention_score",
     "npu_fusion_attention",
     "npu_grouped_matmul",
     "npu_moe_token_permute",
