@@ -6,8 +6,11 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import MODEL_NAME, chat_messages, generate_alone
+from chat_vlms import generate_alone
 from PIL import Image
+from served_vlm import MODEL_NAME, chat_messages
+
+from ascend_vlm.batching import GenerationRequest
 
 CLIENTS = 32
 NEW_TOKENS = 6
@@ -33,7 +36,12 @@ def test_concurrent_streams_each_equal_generate_alone(tiny_server, model_and_pro
     questions = _questions()
     expected = [
         processor.tokenizer.decode(
-            generate_alone(model, processor, text, images, NEW_TOKENS), skip_special_tokens=True
+            generate_alone(
+                model,
+                processor,
+                GenerationRequest.from_prompt(text, list(images), max_new_tokens=NEW_TOKENS),
+            ),
+            skip_special_tokens=True,
         )
         for text, images in questions
     ]

@@ -8,7 +8,7 @@ import json
 import time
 
 import requests
-from conftest import MODEL_NAME, chat_messages, running_server
+from served_vlm import MODEL_NAME, chat_messages, running_server
 
 from ascend_vlm.serving.limits import ServingLimits
 

@@ -9,8 +9,11 @@ import json
 import openai
 import pytest
 import requests
-from conftest import MODEL_NAME, chat_messages, data_url, generate_alone
+from chat_vlms import generate_alone
 from PIL import Image
+from served_vlm import MODEL_NAME, chat_messages, data_url
+
+from ascend_vlm.batching import GenerationRequest
 
 METRIC_NAMES = (
     "ascend_vlm_requests_total",
@@ -39,7 +42,9 @@ def _post(server, body: dict, **options) -> requests.Response:
 
 def test_a_greedy_answer_equals_generate_with_its_usage(tiny_server, model_and_processor):
     model, processor = model_and_processor
-    expected = generate_alone(model, processor, "hello there", max_new_tokens=6)
+    expected = generate_alone(
+        model, processor, GenerationRequest.from_prompt("hello there", max_new_tokens=6)
+    )
     answer = tiny_server.client().chat.completions.create(
         model=MODEL_NAME, messages=chat_messages("hello there"), max_tokens=6, temperature=0
     )
@@ -59,7 +64,9 @@ def test_a_greedy_answer_equals_generate_with_its_usage(tiny_server, model_and_p
 def test_an_image_as_a_data_url_counts_its_visual_tokens(tiny_server, model_and_processor):
     model, processor = model_and_processor
     image = Image.new("RGB", (64, 64), "red")
-    expected = generate_alone(model, processor, "what colour?", (image,), max_new_tokens=5)
+    expected = generate_alone(
+        model, processor, GenerationRequest.from_prompt("what colour?", [image], max_new_tokens=5)
+    )
     answer = tiny_server.client().chat.completions.create(
         model=MODEL_NAME, messages=chat_messages("what colour?", (image,)), max_tokens=5,
         temperature=0,
@@ -73,7 +80,9 @@ def test_an_image_as_a_data_url_counts_its_visual_tokens(tiny_server, model_and_
 
 def test_a_stream_sends_deltas_a_usage_chunk_and_done(tiny_server, model_and_processor):
     model, processor = model_and_processor
-    expected = generate_alone(model, processor, "count", max_new_tokens=7)
+    expected = generate_alone(
+        model, processor, GenerationRequest.from_prompt("count", max_new_tokens=7)
+    )
     stream = tiny_server.client().chat.completions.create(
         model=MODEL_NAME, messages=chat_messages("count"), max_tokens=7, temperature=0,
         stream=True, stream_options={"include_usage": True},
@@ -147,7 +156,7 @@ def test_the_client_raises_openais_errors(tiny_server):
 
 
 def test_limits_answer_400_or_413_naming_the_limit(model_and_processor):
-    from conftest import running_server
+    from served_vlm import running_server
 
     from ascend_vlm.serving.limits import ServingLimits
 
@@ -175,7 +184,7 @@ def test_limits_answer_400_or_413_naming_the_limit(model_and_processor):
 
 
 def test_an_api_key_guards_everything_but_health(model_and_processor):
-    from conftest import API_KEY, running_server
+    from served_vlm import API_KEY, running_server
 
     model, processor = model_and_processor
     with running_server(model, processor, api_key=API_KEY) as server:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from conftest import MODEL_NAME, running_server
 from hypothesis import HealthCheck, given, settings
+from served_vlm import MODEL_NAME, running_server
 
 from ascend_vlm.serving.limits import ServingLimits
 

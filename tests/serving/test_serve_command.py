@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import chat_messages
+from served_vlm import chat_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from adapters.random_adapters import generate_with_adapter, random_adapter_set
-from conftest import MODEL_NAME, chat_messages, running_server
 from PIL import Image
+from served_vlm import MODEL_NAME, chat_messages, running_server
 
 from ascend_vlm.adapters import BASE_ADAPTER
 from ascend_vlm.serving.conversion import ServedModels
