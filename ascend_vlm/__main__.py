@@ -208,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ascend_vlm.commands import explain, generate_batch
     from ascend_vlm.evaluation.cli import EvalCommand
     from ascend_vlm.finetune import reference_model
+    from ascend_vlm.verification import cli as verify_command
 
     parser = CommandParser(prog=_program_name())
     parser.add_argument("--version", action="version", version=f"ascend_vlm {__version__}")
@@ -242,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     reference_model.add_command(commands)
     generate_batch.add_command(commands)
     explain.add_command(commands)
+    verify_command.add_command(commands)
     return parser
 
 
