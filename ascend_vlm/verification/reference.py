@@ -25,9 +25,9 @@ from ascend_vlm.patching import applied_features
 REFERENCE_DTYPES = (torch.float32, torch.float64)
 
 
-def _stock_instance(base: nn.Module) -> nn.Module:
-    """A freshly built stock instance of ``base``'s class from a copy of its config (eager
-    attention), on the CPU in eval mode; ValueError naming ``model`` when it cannot be built."""
+def require_transformers_model(base: nn.Module) -> None:
+    """ValueError naming ``model`` unless ``base`` is a transformers PreTrainedModel with a
+    config, which the stock reference is built from."""
     from transformers import PreTrainedModel
 
     if not isinstance(base, PreTrainedModel) or getattr(base, "config", None) is None:
@@ -35,6 +35,12 @@ def _stock_instance(base: nn.Module) -> nn.Module:
             f"model: expected a transformers PreTrainedModel (optionally PEFT-wrapped) to build "
             f"the stock reference from, got {type(base).__name__}"
         )
+
+
+def _stock_instance(base: nn.Module) -> nn.Module:
+    """A freshly built stock instance of ``base``'s class from a copy of its config (eager
+    attention), on the CPU in eval mode; ValueError naming ``model`` when it cannot be built."""
+    require_transformers_model(base)
     config = copy.deepcopy(base.config)
     config._attn_implementation = "eager"
     try:

@@ -35,6 +35,7 @@ from ascend_vlm.verification.reference import (
     check_reference,
     floor_model,
     reference_model,
+    require_transformers_model,
 )
 from ascend_vlm.verification.report import ModuleError, VerifyReport, capture_label
 
@@ -143,6 +144,7 @@ def verify(
     with other weights or carrying an ascend_vlm feature, bad settings.
     """
     base = base_model(model)
+    require_transformers_model(base)
     batches = _checked_inputs(inputs)
     _check_settings(k, slack, reference_dtype, base)
     dtype = dtype or _floating_dtype(base)
