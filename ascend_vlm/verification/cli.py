@@ -87,9 +87,15 @@ def _check_device(args: argparse.Namespace) -> torch.device:
 def _dataset(args: argparse.Namespace) -> Any:
     from ascend_vlm.data.vqa import BadRecordError
     from ascend_vlm.evaluation import datasets
+    from ascend_vlm.evaluation.checkpoints import REFERENCE
 
     if args.data == SHAPES_VQA:
-        return datasets.shapes_vqa(args.limit)
+        if args.model != REFERENCE:
+            return datasets.shapes_vqa(args.limit)
+        # The reference checkpoint is trained (and held out) at its recipe's image size.
+        from ascend_vlm.finetune.reference_model import RECIPE
+
+        return datasets.shapes_vqa(args.limit, image_size=RECIPE.image_size)
     if not Path(args.data).is_file():
         args.parser.error(f"--data: expected a JSONL file or {SHAPES_VQA}, got {args.data}")
     try:
