@@ -11,7 +11,7 @@ from ascend_vlm.observability.pictures import agg_figure, matplotlib_package, sa
 from ascend_vlm.verification.capture_points import OP_KINDS
 from ascend_vlm.verification.report import VerifyReport
 
-_INCHES = (10.0, 4.5)
+_INCHES = (11.0, 4.5)
 # Plotted in place of a zero error, which a log axis cannot show.
 _LOG_FLOOR = 1e-9
 
@@ -29,19 +29,19 @@ def save_error_plot(report: VerifyReport, path: str | os.PathLike[str]) -> Path:
     axes.plot(
         depth,
         [max(m.floor_relative_l2, _LOG_FLOOR) for m in report.modules],
-        color="grey",
+        color="black",
         linewidth=1,
         label=f"noise floor (stock, {report.dtype}, CPU)",
     )
     axes.plot(
         depth,
         [max(m.threshold, _LOG_FLOOR) for m in report.modules],
-        color="grey",
+        color="firebrick",
         linestyle="--",
         linewidth=1,
         label=f"flag line: {report.k:g} x floor + {report.slack:g}",
     )
-    colours = mpl.colormaps["tab10"]
+    colours = mpl.colormaps["tab20"]
     for index, kind in enumerate(OP_KINDS):
         points = [m for m in report.modules if m.kind == kind]
         if points:
@@ -49,7 +49,7 @@ def save_error_plot(report: VerifyReport, path: str | os.PathLike[str]) -> Path:
                 [m.depth for m in points],
                 [max(m.relative_l2, _LOG_FLOOR) for m in points],
                 s=14,
-                color=colours(index % 10),
+                color=colours(2 * index % 20),
                 label=kind,
             )
     first = report.first_flagged
@@ -66,8 +66,8 @@ def save_error_plot(report: VerifyReport, path: str | os.PathLike[str]) -> Path:
     axes.set_ylabel("relative L2 vs the reference")
     state = "patched" if report.patched else "stock"
     axes.set_title(
-        f"{report.model_type}: {state} {report.dtype} on {report.device} vs "
-        f"{report.reference_dtype} reference"
+        f"{report.model_type}: {state} {report.dtype} on {report.device} "
+        f"({report.backend} kernels) vs the {report.reference_dtype} reference"
     )
-    axes.legend(fontsize="small", ncols=2)
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_png(figure, path)

@@ -51,7 +51,8 @@ class ModuleError:
 
 @dataclass
 class VerifyReport:
-    """What `ascend_vlm.verify` found: the settings, one :class:`ModuleError` per capture in
+    """What `ascend_vlm.verify` found: the settings (``backend``: the kernel backend the ops
+    ran, `kernel_backend.active_backend`), one :class:`ModuleError` per capture in
     execution order, the first flagged one (None when none is), the captures the reference made
     that the model did not (``not_captured``: a module another feature replaced) and the host's
     peak memory rise over the run (None where not measurable)."""
@@ -59,6 +60,7 @@ class VerifyReport:
     model_type: str
     patched: bool
     device: str
+    backend: str
     dtype: str
     reference_dtype: str
     k: float
@@ -83,6 +85,7 @@ class VerifyReport:
             "model_type": self.model_type,
             "patched": self.patched,
             "device": self.device,
+            "backend": self.backend,
             "dtype": self.dtype,
             "reference_dtype": self.reference_dtype,
             "k": self.k,
@@ -123,8 +126,8 @@ class VerifyReport:
         state = "patched" if self.patched else "stock"
         lines = [
             f"ascend_vlm.verify report for model_type={self.model_type!r}: {state} model in "
-            f"{self.dtype} on {self.device} vs the {self.reference_dtype} reference on the CPU, "
-            f"{self.inputs} input(s)",
+            f"{self.dtype} on {self.device} ({self.backend} kernels) vs the "
+            f"{self.reference_dtype} reference on the CPU, {self.inputs} input(s)",
             self.verdict(),
         ]
         header = ("depth", "module", "kind", "rel L2", "floor", "x floor", "max abs", "cosine", "")

@@ -26,6 +26,7 @@ from torch import nn
 
 from ascend_vlm._base_model import base_model
 from ascend_vlm.evaluation.memory import PeakRSS
+from ascend_vlm.kernel_backend import active_backend
 from ascend_vlm.patching import is_patched
 from ascend_vlm.verification.capture import CaptureKey, capturing
 from ascend_vlm.verification.capture_points import CapturePoint, capture_points
@@ -184,6 +185,7 @@ def verify(
         model_type=base.config.model_type,
         patched=is_patched(base),
         device=str(device),
+        backend=active_backend(),
         dtype=str(dtype).removeprefix("torch."),
         reference_dtype=str(reference_dtype).removeprefix("torch."),
         k=float(k),
