@@ -1,0 +1,204 @@
+"""Replay repros: a module (or a fused op) saved from a patched bf16 model on the mock NPU, read
+back with ``weights_only=True`` and re-run against the float64 reference, for every module
+kind the library patches (norm, rope application, text and vision attention, MLP, MoE, linear
+attention) and a stock module, with the errors checked against a direct computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ascend_vlm
+from ascend_vlm import ops
+from ascend_vlm.kernel_backend import using_backend
+from ascend_vlm.models.tiny import build_model, make_inputs
+from ascend_vlm.verification.replay import (
+    FORMAT,
+    OpRecorder,
+    load_repro,
+    replay,
+    replay_command,
+    save_repro,
+)
+
+pytestmark = pytest.mark.usefixtures("single_threaded_torch")
+
+# (family, module name, kind, whether patch swaps something inside it)
+MODULES = [
+    ("qwen2_vl", "model.language_model.layers.0.input_layernorm", "norm", True),
+    ("qwen2_vl", "model.language_model.layers.0.self_attn", "attention", True),
+    ("qwen2_vl", "model.visual.blocks.0.attn", "vision-attention", True),
+    ("qwen2_vl", "model.language_model.layers.0.mlp", "mlp", True),
+    ("qwen2_vl", "model.language_model.layers.1", "decoder-layer", True),
+    ("qwen2_vl", "model.visual.merger", "projector", False),
+    ("qwen3_5", "model.language_model.layers.0.linear_attn", "linear-attention", True),
+    ("qwen3_5", "model.language_model.layers.2.self_attn", "attention", True),
+    ("qwen3_vl_moe", "model.language_model.layers.1.mlp", "moe", True),
+    ("qwen3_vl_moe", "model.language_model.layers.0.self_attn.q_norm", "norm", True),
+]
+
+
+def _first_tensor(output):
+    while isinstance(output, tuple | list):
+        output = output[0]
+    return output
+
+
+def _float64(value):
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.is_floating_point() else value
+    if isinstance(value, tuple | list):
+        return type(value)(_float64(v) for v in value)
+    return value
+
+
+def _patched_call(family: str, name: str):
+    """The patched bf16 model's module ``name`` and the (args, kwargs) of its first call on
+    text with one image, made on the mock NPU."""
+    model = build_model(family)
+    ascend_vlm.patch(model)
+    model.to(torch.bfloat16)
+    module = model.get_submodule(name)
+    calls = []
+    handle = module.register_forward_pre_hook(
+        lambda _, args, kwargs: calls.append((args, kwargs)) if not calls else None,
+        with_kwargs=True,
+    )
+    with torch.no_grad():
+        model(**make_inputs(family, model, n_images=1), use_cache=False)
+    handle.remove()
+    return module, *calls[0]
+
+
+def _direct_rel_l2(family: str, name: str, module, args, kwargs) -> float:
+    """The module's bf16 output on the mock against the stock fp64 module of the same (bf16)
+    weights, with sdpa attention (which takes the masks the patched model makes) and eager
+    experts, computed here."""
+    stock = build_model(family, attn_implementation="sdpa").to(torch.bfloat16)
+    if hasattr(stock.config, "_experts_implementation"):
+        stock.set_experts_implementation("eager")  # grouped_mm takes no float64
+    reference = stock.get_submodule(name).double()
+    with torch.no_grad():
+        got = _first_tensor(module(*args, **kwargs)).double()
+        with using_backend("cpu"):
+            expected = _first_tensor(
+                reference(*_float64(args), **{k: _float64(v) for k, v in kwargs.items()})
+            )
+    return float((got - expected).norm() / expected.norm())
+
+
+@pytest.mark.parametrize(("family", "name", "kind", "patched"), MODULES)
+def test_a_module_repro_round_trips_with_the_direct_error(
+    mock_npu, tmp_path, family, name, kind, patched
+):
+    module, args, kwargs = _patched_call(family, name)
+    path = save_repro(
+        module, args, kwargs, tmp_path / "repro.pt",
+        kind=kind, dtype=torch.bfloat16, device=mock_npu.device, module_name=name,
+    )  # fmt: skip
+    saved = torch.load(path, weights_only=True)
+    assert saved["format"] == FORMAT and saved["kind"] == kind and saved["dtype"] == "bfloat16"
+    assert saved["command"] == "python -m ascend_vlm verify --replay repro.pt"
+
+    result = replay(path)
+
+    assert result.errors.rel_l2 == pytest.approx(
+        _direct_rel_l2(family, name, module, args, kwargs), rel=1e-6
+    )
+    assert 0 < result.errors.rel_l2 < 2e-2  # bf16 rounding, no fault
+    assert result.errors.cosine > 0.999
+    assert bool(result.op_errors) == patched
+    assert all(e.op.startswith("ascend_vlm::") and e.errors.rel_l2 < 1e-2 for e in result.op_errors)
+    assert result.module_name == name and result.backend == "mock"
+
+
+def test_a_faulty_norm_kernel_shows_in_the_module_and_in_its_op(mock_npu, tmp_path, monkeypatch):
+    name = "model.language_model.layers.0.input_layernorm"
+    module, args, kwargs = _patched_call("qwen2_vl", name)
+    path = save_repro(
+        module, args, kwargs, tmp_path / "norm.pt",
+        kind="norm", dtype="bfloat16", device="cpu", module_name=name,
+    )  # fmt: skip
+    healthy = replay(path)
+    kernel = mock_npu.torch_npu.npu_rms_norm
+
+    def scaled_gamma(input, gamma, epsilon=1e-6):
+        return kernel(input, gamma * 1.25, epsilon)
+
+    monkeypatch.setattr(mock_npu.torch_npu, "npu_rms_norm", scaled_gamma)
+    faulty = replay(path)
+
+    assert healthy.errors.rel_l2 < 1e-2
+    # y * 1.25 against y: relative error 0.25, up to bf16 rounding
+    assert faulty.errors.rel_l2 == pytest.approx(0.25, abs=1e-2)
+    (op_error,) = faulty.op_errors
+    assert op_error.op == "ascend_vlm::rms_norm"
+    assert op_error.errors.rel_l2 == pytest.approx(0.25, abs=1e-2)
+    assert "rms_norm" in faulty.table() and "0.25" not in healthy.table()
+
+
+def test_a_rope_application_replays_as_its_op(mock_npu, tmp_path, monkeypatch):
+    name = "model.language_model.layers.0.self_attn"
+    module, args, kwargs = _patched_call("qwen2_vl", name)
+    with torch.no_grad(), OpRecorder() as recorder:
+        module(*args, **kwargs)
+    (op, op_args, op_kwargs, _), *_ = [c for c in recorder.calls if "rotary" in c[0].name()]
+    path = save_repro(
+        op.name(), op_args, op_kwargs, tmp_path / "rope.pt",
+        kind="rope", dtype=torch.bfloat16, device="cpu", module_name=f"{name}.rope",
+    )  # fmt: skip
+
+    result = replay(path)
+
+    with torch.no_grad():
+        q, k = ops.rotary_embedding_pair(*op_args, **op_kwargs)
+        with using_backend("cpu"):
+            q64, k64 = ops.rotary_embedding_pair(*_float64(op_args), **op_kwargs)
+    got = torch.cat([q.flatten(), k.flatten()]).double()
+    expected = torch.cat([q64.flatten(), k64.flatten()])
+    direct = float((got - expected).norm() / expected.norm())
+    assert result.target == "op:rotary_embedding_pair"
+    assert result.errors.rel_l2 == pytest.approx(direct, rel=1e-6)
+    assert [e.op for e in result.op_errors] == ["ascend_vlm::rotary_embedding_pair"]
+
+    kernel = mock_npu.torch_npu.npu_rotary_mul
+    monkeypatch.setattr(
+        mock_npu.torch_npu,
+        "npu_rotary_mul",
+        lambda x, r1, r2, *a, **kw: kernel(x, r1, -r2, *a, **kw),
+    )
+    assert replay(path).errors.rel_l2 > 0.1  # sin's sign flipped
+
+
+def test_replay_names_a_corrupt_or_foreign_file(tmp_path):
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a torch file")
+    foreign = tmp_path / "weights.pt"
+    torch.save({"weight": torch.ones(2)}, foreign)
+    pickled = tmp_path / "pickled.pt"
+    torch.save(torch.nn.Linear(2, 2), pickled)
+
+    for path, says in [
+        (corrupt, "unreadable"),
+        (foreign, "a dict without that format"),
+        (pickled, "unreadable"),
+    ]:
+        with pytest.raises(ValueError, match=str(path)) as error:
+            replay(path)
+        assert says in str(error.value)
+        with pytest.raises(ValueError, match=str(path)):
+            load_repro(path)
+
+
+def test_save_repro_refuses_a_call_continuing_a_cached_sequence(tmp_path):
+    norm = build_model("qwen2_vl").model.language_model.norm
+    hidden = torch.randn(1, 1, norm.weight.shape[0])
+    with pytest.raises(ValueError, match="cache_position"):
+        save_repro(
+            norm, (hidden,), {"cache_position": torch.tensor([7])}, tmp_path / "x.pt",
+            kind="norm", dtype="float32", device="cpu", module_name="norm",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="kind"):
+        save_repro(norm, (hidden,), {}, tmp_path / "x.pt", kind="", dtype="float32",
+                   device="cpu", module_name="norm")  # fmt: skip
+    assert replay_command(tmp_path / "x.pt") == "python -m ascend_vlm verify --replay x.pt"
