@@ -36,15 +36,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascend_vlm._compat.module_state import (
+    CONFIG_IMPLEMENTATIONS,
+    MODULE_MACHINERY,
+    OwnState,
+    config_implementations,
+    own_state,
+    restore_own_state,
+    set_config_implementations,
+)
+
 # Packages whose classes and functions a repro may name; anything else is refused on load.
 IMPORT_ROOTS = ("ascend_vlm", "torch", "transformers")
-_MODULE_MACHINERY = frozenset(vars(nn.Module()))
-# The implementations a config names that ``to_dict`` leaves out, and what the stock
-# (reference) rebuild names instead: sdpa takes both boolean and additive masks.
-STOCK_IMPLEMENTATIONS = {
-    "_attn_implementation_internal": "sdpa",
-    "_experts_implementation_internal": "eager",
-}
+# What the stock (reference) rebuild's configs name instead of the implementations saved: sdpa
+# attention takes both the boolean and the additive masks a model makes, eager experts float64.
+STOCK_IMPLEMENTATIONS = dict(zip(CONFIG_IMPLEMENTATIONS, ("sdpa", "eager"), strict=True))
 # Instance attributes a patched module gets that only describe it (its repr).
 _DESCRIPTIVE = frozenset({"extra_repr"})
 
@@ -152,11 +158,7 @@ class Encoder:
             "t": "config",
             "class": import_path(type(value)),
             "values": self.encode(value.to_dict(), where),
-            "implementations": {
-                name: getattr(value, name)
-                for name in STOCK_IMPLEMENTATIONS
-                if isinstance(getattr(value, name, None), str)
-            },
+            "implementations": config_implementations(value),
         }
 
     def _encode_named(self, value: Any, where: str) -> dict[str, Any]:
@@ -182,7 +184,7 @@ class Encoder:
         attributes: dict[str, Any] = {}
         rebound: dict[str, Any] = {}
         for name, value in vars(module).items():
-            if name in _MODULE_MACHINERY or name in _DESCRIPTIVE:
+            if name in MODULE_MACHINERY or name in _DESCRIPTIVE:
                 continue
             shadows_method = callable(getattr(cls, name, None)) and callable(value)
             try:
@@ -191,26 +193,25 @@ class Encoder:
                 )
             except Unencodable:
                 self.omitted.append(f"{where}.{name}" if where else name)
+        state = own_state(module)
         return {
             "t": "module",
             **_class_reference(cls),
             "training": module.training,
             "attributes": attributes,
             "rebound": rebound,
-            "parameters": {
-                name: None if p is None else p.detach().to("cpu", copy=True)
-                for name, p in module._parameters.items()
-            },
-            "buffers": {
-                name: None if b is None else b.detach().to("cpu", copy=True)
-                for name, b in module._buffers.items()
-            },
-            "non_persistent": sorted(module._non_persistent_buffers_set),
+            "parameters": {name: _copy(p) for name, p in state.parameters.items()},
+            "buffers": {name: _copy(b) for name, b in state.buffers.items()},
+            "non_persistent": sorted(state.non_persistent),
             "children": {
                 name: None if child is None else self.encode(child, f"{where}.{name}".lstrip("."))
-                for name, child in module._modules.items()
+                for name, child in state.children.items()
             },
         }
+
+
+def _copy(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach().to("cpu", copy=True)
 
 
 def _class_reference(cls: type) -> dict[str, str]:
@@ -272,12 +273,9 @@ class Decoder:
         cls = _checked_class(data["class"], (PreTrainedConfig, GenerationConfig))
         config = cls.from_dict(self.decode(data["values"]))
         if isinstance(config, PreTrainedConfig):
-            for name, implementation in data["implementations"].items():
-                # the private attributes, as ascend_vlm._compat.attention sets them: the public
-                # setters check and propagate to sub-configs, which must keep their own
-                setattr(
-                    config, name, STOCK_IMPLEMENTATIONS[name] if self._stock else implementation
-                )
+            saved = data["implementations"]
+            stock = {name: STOCK_IMPLEMENTATIONS[name] for name in saved}
+            set_config_implementations(config, stock if self._stock else saved)
         self._objects[data["id"]] = config
         return config
 
@@ -294,13 +292,17 @@ class Decoder:
         module.training = data["training"]
         for name, value in data["attributes"].items():
             object.__setattr__(module, name, self.decode(value))
-        for name, tensor in data["parameters"].items():
-            module._parameters[name] = None if tensor is None else nn.Parameter(tensor, False)
-        for name, tensor in data["buffers"].items():
-            module._buffers[name] = tensor
-        module._non_persistent_buffers_set.update(data["non_persistent"])
-        for name, child in data["children"].items():
-            module._modules[name] = None if child is None else self.decode(child)
+        parameters = {
+            name: None if tensor is None else nn.Parameter(tensor, requires_grad=False)
+            for name, tensor in data["parameters"].items()
+        }
+        children = {
+            name: None if child is None else self.decode(child)
+            for name, child in data["children"].items()
+        }
+        restore_own_state(
+            module, OwnState(parameters, data["buffers"], set(data["non_persistent"]), children)
+        )
         if not self._stock:
             for name, value in data["rebound"].items():
                 object.__setattr__(module, name, self.decode(value))

@@ -202,3 +202,11 @@ def test_save_repro_refuses_a_call_continuing_a_cached_sequence(tmp_path):
         save_repro(norm, (hidden,), {}, tmp_path / "x.pt", kind="", dtype="float32",
                    device="cpu", module_name="norm")  # fmt: skip
     assert replay_command(tmp_path / "x.pt") == "python -m ascend_vlm verify --replay x.pt"
+
+
+def test_the_module_state_probe_holds():
+    from ascend_vlm._compat.module_state import MODULE_STATE_PROBES
+
+    assert [(probe.name, probe.check()) for probe in MODULE_STATE_PROBES] == [
+        ("module-state", None)
+    ]
