@@ -3,7 +3,7 @@ reads back: tensors, str, int, float, bool, None, and lists and dicts of them. N
 pickled; a class or function is stored by its import path and rebuilt only from
 :data:`IMPORT_ROOTS`.
 
-Encoding (:func:`encode`): every container becomes a dict tagged by ``"t"``:
+Encoding (:meth:`Encoder.encode`): every container becomes a dict tagged by ``"t"``:
 
 * ``list`` / ``tuple`` / ``set`` / ``dict`` (its items as ``[key, value]`` pairs);
 * ``dtype`` / ``device``: their names;
@@ -12,7 +12,7 @@ Encoding (:func:`encode`): every container becomes a dict tagged by ``"t"``:
 * ``module``: an ``nn.Module`` by class path, its instance attributes, parameters, buffers
   (persistent or not), children and its training flag. Instance attributes that shadow a
   method of the class (``forward`` and ``extra_repr`` rebound by ``ascend_vlm.patch``) are
-  kept apart under ``"rebound"``: :func:`decode` restores them unless asked for the stock
+  kept apart under ``"rebound"``: :meth:`Decoder.decode` restores them unless asked for the stock
   module. A module is rebuilt with ``cls.__new__`` and ``nn.Module.__init__``; its own
   ``__init__`` never runs, so no constructor arguments are needed;
 * ``partial``, ``rebound`` (a patched forward rebuilt from its recipe, see
@@ -20,7 +20,7 @@ Encoding (:func:`encode`): every container becomes a dict tagged by ``"t"``:
   ``dataclass`` (by class path and fields);
 * ``ref``: an object already encoded (shared configs, a forward's own module).
 
-An attribute :func:`encode` cannot express (e.g. an instance of a class defined inside a
+An attribute :meth:`Encoder.encode` cannot express (e.g. an instance of a class defined inside a
 function) is left out of its module and named in the ``omitted`` list the caller gets back.
 """
 
@@ -133,7 +133,11 @@ class Encoder:
         if isinstance(value, nn.Module | functools.partial) or _is_config(value):
             self._seen[id(value)] = len(self._seen)
             self._keep_alive.append(value)  # ids stay unique while the pass runs
-            return {"id": self._seen[id(value)], **self._encode_object(value, where)}
+            try:
+                return {"id": self._seen[id(value)], **self._encode_object(value, where)}
+            except Unencodable:
+                del self._seen[id(value)]  # nothing may refer to what is left out
+                raise
         return self._encode_named(value, where)
 
     def _encode_object(self, value: Any, where: str) -> dict[str, Any]:

@@ -25,23 +25,36 @@ pytestmark = pytest.mark.usefixtures("single_threaded_torch")
 
 # (family, module name, kind, whether patch swaps something inside it)
 MODULES = [
-    ("qwen2_vl", "model.language_model.layers.0.input_layernorm", "norm", True),
+    *[
+        (family, name, kind, True)
+        for family in ("qwen2_vl", "qwen3_5", "qwen3_vl_moe")
+        for name, kind in [
+            ("model.language_model.layers.0.input_layernorm", "norm"),
+            ("model.language_model.layers.0.mlp", "mlp"),
+            ("model.visual.blocks.0.attn", "vision-attention"),
+            ("model.visual.blocks.0", "vision-block"),
+        ]
+    ],
     ("qwen2_vl", "model.language_model.layers.0.self_attn", "attention", True),
-    ("qwen2_vl", "model.visual.blocks.0.attn", "vision-attention", True),
-    ("qwen2_vl", "model.language_model.layers.0.mlp", "mlp", True),
     ("qwen2_vl", "model.language_model.layers.1", "decoder-layer", True),
     ("qwen2_vl", "model.visual.merger", "projector", False),
     ("qwen3_5", "model.language_model.layers.0.linear_attn", "linear-attention", True),
     ("qwen3_5", "model.language_model.layers.2.self_attn", "attention", True),
-    ("qwen3_vl_moe", "model.language_model.layers.1.mlp", "moe", True),
+    ("qwen3_5", "model.language_model.layers.2", "decoder-layer", True),
+    ("qwen3_vl_moe", "model.language_model.layers.0.self_attn", "attention", True),
     ("qwen3_vl_moe", "model.language_model.layers.0.self_attn.q_norm", "norm", True),
+    ("qwen3_vl_moe", "model.language_model.layers.1.mlp", "moe", True),
+    ("qwen3_vl_moe", "model.language_model.layers.1.mlp.gate", "router", False),
 ]
 
 
-def _first_tensor(output):
-    while isinstance(output, tuple | list):
-        output = output[0]
-    return output
+def _floating(output) -> torch.Tensor:
+    """Every floating tensor of a (nested tuple) output, flattened into one float64 vector."""
+    if isinstance(output, tuple | list):
+        return torch.cat([_floating(item) for item in output])
+    if isinstance(output, torch.Tensor) and output.is_floating_point():
+        return output.double().flatten()
+    return torch.zeros(0, dtype=torch.float64)
 
 
 def _float64(value):
@@ -79,9 +92,9 @@ def _direct_rel_l2(family: str, name: str, module, args, kwargs) -> float:
         stock.set_experts_implementation("eager")  # grouped_mm takes no float64
     reference = stock.get_submodule(name).double()
     with torch.no_grad():
-        got = _first_tensor(module(*args, **kwargs)).double()
+        got = _floating(module(*args, **kwargs))
         with using_backend("cpu"):
-            expected = _first_tensor(
+            expected = _floating(
                 reference(*_float64(args), **{k: _float64(v) for k, v in kwargs.items()})
             )
     return float((got - expected).norm() / expected.norm())
@@ -137,9 +150,17 @@ def test_a_faulty_norm_kernel_shows_in_the_module_and_in_its_op(mock_npu, tmp_pa
     assert "rms_norm" in faulty.table() and "0.25" not in healthy.table()
 
 
-def test_a_rope_application_replays_as_its_op(mock_npu, tmp_path, monkeypatch):
-    name = "model.language_model.layers.0.self_attn"
-    module, args, kwargs = _patched_call("qwen2_vl", name)
+@pytest.mark.parametrize(
+    ("family", "name"),
+    [
+        ("qwen2_vl", "model.language_model.layers.0.self_attn"),
+        ("qwen3_5", "model.language_model.layers.2.self_attn"),
+        ("qwen3_vl_moe", "model.language_model.layers.0.self_attn"),
+        ("qwen3_vl_moe", "model.visual.blocks.0.attn"),
+    ],
+)
+def test_a_rope_application_replays_as_its_op(mock_npu, tmp_path, monkeypatch, family, name):
+    module, args, kwargs = _patched_call(family, name)
     with torch.no_grad(), OpRecorder() as recorder:
         module(*args, **kwargs)
     (op, op_args, op_kwargs, _), *_ = [c for c in recorder.calls if "rotary" in c[0].name()]
