@@ -2,11 +2,12 @@
 self-contained repro file, and re-run on the device against a float64 CPU reference.
 
 A repro is a ``.pt`` file that ``torch.load(path, weights_only=True)`` reads: a dict of
-tensors and plain data (``FORMAT``, ``VERSION``, the ``command`` that replays it, the
-module's name and kind, the dtype and device it ran in, the target and the call's
-arguments), with the module written by :mod:`ascend_vlm.verification.repro_codec` (class
-paths, attributes, weights; never pickled code). It is what a user sends to a kernel team:
-``python -m ascend_vlm verify --replay FILE.pt``.
+tensors and plain data (``FORMAT``, ``VERSION``, ``about``: a sentence saying what it holds
+and how to run it, the ``command`` that replays it, the module's name and kind, the dtype
+and device it ran in, the target and the call's arguments), with the module written by
+:mod:`ascend_vlm.verification.repro_codec` (class paths, attributes, weights; never pickled
+code). It is what a user sends to a kernel team: ``python -m ascend_vlm verify --replay
+FILE.pt``.
 
 Targets:
 
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ascend_vlm._version import __version__
 from ascend_vlm.kernel_backend import active_backend, using_backend
 from ascend_vlm.verification.repro_codec import Decoder, Encoder, Unencodable
 
@@ -152,9 +154,17 @@ def save_repro(
     except Unencodable as error:
         raise ValueError(f"module, args, kwargs: {error}") from error
     notes += [f"attribute {name} is not saved (no plain-data form)" for name in encoder.omitted]
+    what = f"ascend_vlm::{target['op']}" if "op" in target else type(module).__name__
     repro = {
         "format": FORMAT,
         "version": VERSION,
+        "about": (
+            f"{what} at {module_name} ({kind}), one call in {_dtype_name(dtype)} on "
+            f"{torch.device(device)}, saved by ascend_vlm {__version__}. Run it with "
+            f"`{replay_command(path)}` (on a machine without an NPU, ASCEND_VLM_BACKEND=mock "
+            f"runs the NPU code path on the CPU); it reports the error against a float64 CPU "
+            f"reference and, per ascend_vlm op, against that op's own."
+        ),
         "command": replay_command(path),
         "module_name": str(module_name),
         "kind": kind,

@@ -5,6 +5,8 @@ attention) and a stock module, with the errors checked against a direct computat
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -231,3 +233,29 @@ def test_the_module_state_probe_holds():
     assert [(probe.name, probe.check()) for probe in MODULE_STATE_PROBES] == [
         ("module-state", None)
     ]
+
+
+def test_a_fault_in_a_patched_forward_travels_in_the_repro(mock_npu, tmp_path):
+    """RMSNorm with eps times 1e4 in its rebound forward: the module is far off, while the op
+    it calls computes exactly what it is asked (so the fault is not the kernel's)."""
+    from ascend_vlm.patching.adapters import rms_norm_forward
+
+    name = "model.language_model.layers.0.input_layernorm"
+    module, args, kwargs = _patched_call("qwen2_vl", name)
+    stock = module.forward
+    eps = stock.args[1]
+    module.forward = functools.partial(rms_norm_forward, module, eps * 1e4, *stock.args[2:])
+    path = save_repro(
+        module, args, kwargs, tmp_path / "eps.pt",
+        kind="norm", dtype="bfloat16", device="cpu", module_name=name,
+    )  # fmt: skip
+    about = torch.load(path, weights_only=True)["about"]
+    assert "Qwen2VLRMSNorm" in about and "--replay eps.pt" in about
+
+    result = replay(path)
+
+    direct = _direct_rel_l2("qwen2_vl", name, module, args, kwargs)
+    assert result.errors.rel_l2 == pytest.approx(direct, rel=1e-6)
+    assert result.errors.rel_l2 > 0.05
+    (op_error,) = result.op_errors
+    assert op_error.errors.rel_l2 < 1e-2
