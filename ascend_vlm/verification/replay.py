@@ -160,7 +160,7 @@ def save_repro(
         "version": VERSION,
         "about": (
             f"{what} at {module_name} ({kind}), one call in {_dtype_name(dtype)} on "
-            f"{torch.device(device)}, saved by ascend_vlm {__version__}. Run it with "
+            f"{device}, saved by ascend_vlm {__version__}. Run it with "
             f"`{replay_command(path)}` (on a machine without an NPU, ASCEND_VLM_BACKEND=mock "
             f"runs the NPU code path on the CPU); it reports the error against a float64 CPU "
             f"reference and, per ascend_vlm op, against that op's own."
@@ -169,7 +169,7 @@ def save_repro(
         "module_name": str(module_name),
         "kind": kind,
         "dtype": _dtype_name(dtype),
-        "device": str(torch.device(device)),
+        "device": str(device),
         "backend": active_backend(),
         "target": target,
         "inputs": encoded_inputs,
@@ -251,15 +251,26 @@ def load_repro(path: str | Path) -> dict[str, Any]:
 
 
 def replay(path: str | Path, *, device: torch.device | str | None = None) -> ReplayResult:
-    """Re-run the repro at ``path`` on ``device`` (None: the device it was saved from) in the
-    saved dtype, against the float64 CPU reference (module docstring). ValueError naming the
-    file for a file that is not a repro or cannot be rebuilt here."""
+    """Re-run the repro at ``path`` on ``device`` in the saved dtype, against the float64 CPU
+    reference (module docstring). ``device`` None: the device it was saved from, or the CPU
+    for one saved on an NPU when the kernel backend here is not "npu" (the mock runs the NPU
+    code path on CPU tensors; noted in the result). ValueError naming the file for a file that
+    is not a repro or cannot be rebuilt here."""
     repro = load_repro(path)
-    where = torch.device(repro["device"] if device is None else device)
-    if where.type == "npu" and not hasattr(torch, "npu"):
+    notes = list(repro.get("notes", ()))
+    # Device names stay strings until used: torch parses "npu" only once torch_npu is imported.
+    saved = repro["device"]
+    where = saved if device is None else str(device)
+    if device is None and saved.startswith("npu") and active_backend() != "npu":
+        where = "cpu"
+        notes.append(
+            f"saved on {saved}, replayed on the CPU under the {active_backend()!r} backend"
+        )
+    if where.startswith("npu") and active_backend() != "npu":
         raise ValueError(
-            f"{path}: device {str(where)!r} is not available here (no torch_npu); pass "
-            f"device='cpu' with ASCEND_VLM_BACKEND=mock to run the NPU code path on the CPU"
+            f"{path}: device {where!r} is not usable here (kernel backend "
+            f"{active_backend()!r}); pass device='cpu', with ASCEND_VLM_BACKEND=mock to run the "
+            f"NPU code path on the CPU"
         )
     try:
         inputs = Decoder().decode(repro["inputs"])
@@ -277,16 +288,16 @@ def replay(path: str | Path, *, device: torch.device | str | None = None) -> Rep
         kind=repro["kind"],
         target=target,
         dtype=repro["dtype"],
-        device=str(where),
+        device=where,
         backend=active_backend(),
         errors=errors,
         op_errors=tuple(op_errors),
-        notes=tuple(repro.get("notes", ())),
+        notes=tuple(notes),
         command=repro["command"],
     )
 
 
-def _replay_op(name: str, inputs: dict, device: torch.device) -> tuple[Errors, list[OpError]]:
+def _replay_op(name: str, inputs: dict, device: str) -> tuple[Errors, list[OpError]]:
     op = getattr(torch.ops.ascend_vlm, name).default
     args, kwargs = _moved(inputs, device)
     with torch.no_grad():
@@ -296,9 +307,7 @@ def _replay_op(name: str, inputs: dict, device: torch.device) -> tuple[Errors, l
     return errors, [OpError(f"ascend_vlm::{name}", 0, errors)]
 
 
-def _replay_module(
-    encoded: dict, inputs: dict, device: torch.device
-) -> tuple[Errors, list[OpError]]:
+def _replay_module(encoded: dict, inputs: dict, device: str) -> tuple[Errors, list[OpError]]:
     from ascend_vlm.patching.attention import register_attention
 
     register_attention()  # a patched module's configs name our attention function
@@ -345,7 +354,7 @@ class OpRecorder(TorchFunctionMode):
 
 
 def _moved(
-    inputs: dict, device: torch.device | None, dtype: torch.dtype | None = None
+    inputs: dict, device: torch.device | str | None, dtype: torch.dtype | None = None
 ) -> tuple[tuple, dict]:
     """Copies of ``inputs["args"]`` and ``inputs["kwargs"]`` with every tensor on ``device``
     (None: where it is) and, given ``dtype``, every floating tensor in it."""

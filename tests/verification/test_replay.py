@@ -6,6 +6,7 @@ attention) and a stock module, with the errors checked against a direct computat
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -259,3 +260,21 @@ def test_a_fault_in_a_patched_forward_travels_in_the_repro(mock_npu, tmp_path):
     assert result.errors.rel_l2 > 0.05
     (op_error,) = result.op_errors
     assert op_error.errors.rel_l2 < 1e-2
+
+
+def test_a_repro_saved_on_an_npu_replays_on_the_cpu_under_the_mock(mock_npu, tmp_path):
+    norm = build_model("qwen2_vl").model.language_model.norm
+    hidden = torch.randn(1, 3, norm.weight.shape[0])
+    path = save_repro(
+        norm, (hidden,), {}, tmp_path / "npu.pt",
+        kind="norm", dtype="float32", device="npu:0", module_name="model.norm",
+    )  # fmt: skip
+
+    result = replay(path)
+
+    assert result.device == "cpu" and result.backend == "mock"
+    assert "saved on npu:0, replayed on the CPU under the 'mock' backend" in result.notes
+    assert result.errors.rel_l2 < 1e-6  # a stock fp32 norm against float64
+    assert json.loads(json.dumps(result.to_json()))["errors"] == vars(result.errors)
+    with pytest.raises(ValueError, match=f"{path}: device 'npu:0' is not usable here"):
+        replay(path, device="npu:0")
