@@ -62,19 +62,22 @@ class Errors:
 
 @dataclass(frozen=True)
 class OpError:
-    """One ``ascend_vlm::`` op call (``call``: its index among the module's op calls) against
-    that op's float64 reference on the same inputs."""
+    """One ``ascend_vlm::`` op call (``call``: its index among the op calls; ``module``: the
+    submodule that made it, "" for the replayed module itself) against that op's float64
+    reference on the same inputs."""
 
     op: str
     call: int
+    module: str
     errors: Errors
 
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """What :func:`replay` measured: the target's output on ``device`` in ``dtype`` (under the
-    kernel ``backend``) against the float64 CPU reference, and for a module the per-op errors.
-    ``notes`` say what the repro left out (attributes, an empty cache)."""
+    """What :func:`replay` measured: the output of ``target`` ("module <class>" or "op
+    ascend_vlm::<name>") on ``device`` in ``dtype`` (under the kernel ``backend``) against the
+    float64 CPU reference, and the errors of each op call (for a module, every op its forward
+    calls). ``notes`` say what the repro left out (attributes, a cache) and where it ran."""
 
     path: str
     module_name: str
@@ -93,13 +96,16 @@ class ReplayResult:
         return asdict(self)
 
     def table(self) -> str:
-        """A readable table: the target's errors, then one row per op call."""
+        """A readable table: the target's output errors, then one row per op call."""
         header = (
-            f"replay of {self.module_name} ({self.kind}, {self.target} {self.target_name}) in "
-            f"{self.dtype} on {self.device} [backend {self.backend}] vs float64 CPU reference"
+            f"replay of {self.module_name} ({self.kind}: {self.target}) in {self.dtype} on "
+            f"{self.device} [backend {self.backend}] against the float64 CPU reference"
         )
-        rows = [(self.target_name, self.errors)]
-        rows += [(f"  {e.op} #{e.call}", e.errors) for e in self.op_errors]
+        rows = [("output", self.errors)]
+        rows += [
+            (f"  #{e.call} {e.op}" + (f" in {e.module}" if e.module else ""), e.errors)
+            for e in self.op_errors
+        ]
         width = max(len(name) for name, _ in rows)
         lines = [header, f"{'':<{width}}  {'rel L2':>10}  {'max abs':>10}  {'cosine':>10}"]
         lines += [
@@ -109,10 +115,6 @@ class ReplayResult:
         lines += [f"note: {note}" for note in self.notes]
         lines.append(f"command: {self.command}")
         return "\n".join(lines)
-
-    @property
-    def target_name(self) -> str:
-        return "module" if self.target == "module" else f"ascend_vlm::{self.target.split(':')[-1]}"
 
 
 def save_repro(
@@ -275,11 +277,12 @@ def replay(path: str | Path, *, device: torch.device | str | None = None) -> Rep
     try:
         inputs = Decoder().decode(repro["inputs"])
         if "op" in repro["target"]:
-            target = f"op:{repro['target']['op']}"
+            target = f"op ascend_vlm::{repro['target']['op']}"
             errors, op_errors = _replay_op(repro["target"]["op"], inputs, where)
         else:
-            target = "module"
-            errors, op_errors = _replay_module(repro["target"]["module"], inputs, where)
+            encoded = repro["target"]["module"]
+            target = f"module {encoded.get('class', encoded.get('class_of', '?')).split(':')[-1]}"
+            errors, op_errors = _replay_module(encoded, inputs, where)
     except (ValueError, KeyError, AttributeError, ImportError) as error:
         raise ValueError(f"{path}: cannot replay this repro here ({error})") from error
     return ReplayResult(
@@ -304,7 +307,7 @@ def _replay_op(name: str, inputs: dict, device: str) -> tuple[Errors, list[OpErr
         got = op(*args, **kwargs)
         expected = _op_reference(op, inputs["args"], inputs["kwargs"])
     errors = output_errors(got, expected)
-    return errors, [OpError(f"ascend_vlm::{name}", 0, errors)]
+    return errors, [OpError(f"ascend_vlm::{name}", 0, "", errors)]
 
 
 def _replay_module(encoded: dict, inputs: dict, device: str) -> tuple[Errors, list[OpError]]:
@@ -316,13 +319,18 @@ def _replay_module(encoded: dict, inputs: dict, device: str) -> tuple[Errors, li
     args, kwargs = _moved(inputs, device)
     args64, kwargs64 = _moved(inputs, torch.device("cpu"), torch.float64)
     with torch.no_grad():
-        with OpRecorder() as recorder:
+        with OpRecorder(module) as recorder:
             got = module(*args, **kwargs)
         with using_backend("cpu"):
             expected = reference(*args64, **kwargs64)
         op_errors = [
-            OpError(op.name(), index, output_errors(outputs, _op_reference(op, a, k)))
-            for index, (op, a, k, outputs) in enumerate(recorder.calls)
+            OpError(
+                call.op.name(),
+                index,
+                call.module,
+                output_errors(call.outputs, _op_reference(call.op, call.args, call.kwargs)),
+            )
+            for index, call in enumerate(recorder.calls)
         ]
     return output_errors(got, expected), op_errors
 
@@ -334,22 +342,60 @@ def _op_reference(op: Any, args: tuple, kwargs: dict) -> Any:
         return op(*args64, **kwargs64)
 
 
-class OpRecorder(TorchFunctionMode):
-    """Records each ``ascend_vlm::`` op called inside it: ``calls`` holds ``(op, args, kwargs,
-    outputs)`` with the tensor arguments copied at call time (a caller may write into them
-    afterwards, as the short-convolution cache update does)."""
+@dataclass(frozen=True)
+class RecordedOp:
+    """One ``ascend_vlm::`` op call: the op, the submodule that made it (dotted name inside the
+    recorded module, "" for the module itself or when none is watched), copies of its
+    arguments taken at call time and of its outputs."""
 
-    def __init__(self) -> None:
+    op: Any
+    module: str
+    args: tuple
+    kwargs: dict
+    outputs: Any
+
+
+class OpRecorder(TorchFunctionMode):
+    """Records each ``ascend_vlm::`` op called inside it in ``calls`` (:class:`RecordedOp`),
+    with the submodule of ``module`` (when given) running at the time. Arguments are copied
+    at call time: a caller may write into them afterwards, as the short-convolution cache
+    update does."""
+
+    def __init__(self, module: nn.Module | None = None) -> None:
         super().__init__()
-        self.calls: list[tuple[Any, tuple, dict, Any]] = []
+        self.calls: list[RecordedOp] = []
+        self._module = module
+        self._running: list[str] = [""]
+        self._hooks: list[Any] = []
+
+    def __enter__(self) -> OpRecorder:
+        for name, submodule in self._module.named_modules() if self._module else ():
+            self._hooks.append(
+                submodule.register_forward_pre_hook(lambda *_, n=name: self._running.append(n))
+            )
+            self._hooks.append(submodule.register_forward_hook(self._returned))
+        return super().__enter__()
+
+    def _returned(self, *_: object) -> None:
+        # a forward hook's result replaces the output unless None
+        self._running.pop()
+
+    def __exit__(self, *exc_info: object) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        super().__exit__(*exc_info)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if getattr(func, "namespace", None) != "ascend_vlm":
             return func(*args, **kwargs)
-        copied = _moved({"args": args, "kwargs": kwargs}, None)
+        copied_args, copied_kwargs = _moved({"args": args, "kwargs": kwargs}, None)
         outputs = func(*args, **kwargs)
-        self.calls.append((func, *copied, _moved({"args": (outputs,), "kwargs": {}}, None)[0][0]))
+        copied_outputs = _moved({"args": (outputs,), "kwargs": {}}, None)[0][0]
+        self.calls.append(
+            RecordedOp(func, self._running[-1], copied_args, copied_kwargs, copied_outputs)
+        )
         return outputs
 
 

@@ -126,6 +126,11 @@ def test_a_module_repro_round_trips_with_the_direct_error(
     assert bool(result.op_errors) == patched
     assert all(e.op.startswith("ascend_vlm::") and e.errors.rel_l2 < 1e-2 for e in result.op_errors)
     assert result.module_name == name and result.backend == "mock"
+    assert result.target == f"module {type(module).__name__}" and name in result.table()
+    # each op call is put down to the submodule that made it
+    assert {e.module for e in result.op_errors} <= {n for n, _ in module.named_modules()}
+    if kind == "decoder-layer":
+        assert {"input_layernorm", "mlp"} <= {e.module for e in result.op_errors}
 
 
 def test_a_faulty_norm_kernel_shows_in_the_module_and_in_its_op(mock_npu, tmp_path, monkeypatch):
@@ -166,9 +171,10 @@ def test_a_rope_application_replays_as_its_op(mock_npu, tmp_path, monkeypatch, f
     module, args, kwargs = _patched_call(family, name)
     with torch.no_grad(), OpRecorder() as recorder:
         module(*args, **kwargs)
-    (op, op_args, op_kwargs, _), *_ = [c for c in recorder.calls if "rotary" in c[0].name()]
+    rope, *_ = [call for call in recorder.calls if "rotary" in call.op.name()]
+    op_args, op_kwargs = rope.args, rope.kwargs
     path = save_repro(
-        op.name(), op_args, op_kwargs, tmp_path / "rope.pt",
+        rope.op.name(), op_args, op_kwargs, tmp_path / "rope.pt",
         kind="rope", dtype=torch.bfloat16, device="cpu", module_name=f"{name}.rope",
     )  # fmt: skip
 
@@ -181,7 +187,7 @@ def test_a_rope_application_replays_as_its_op(mock_npu, tmp_path, monkeypatch, f
     got = torch.cat([q.flatten(), k.flatten()]).double()
     expected = torch.cat([q64.flatten(), k64.flatten()])
     direct = float((got - expected).norm() / expected.norm())
-    assert result.target == "op:rotary_embedding_pair"
+    assert result.target == "op ascend_vlm::rotary_embedding_pair"
     assert result.errors.rel_l2 == pytest.approx(direct, rel=1e-6)
     assert [e.op for e in result.op_errors] == ["ascend_vlm::rotary_embedding_pair"]
 
@@ -259,7 +265,7 @@ def test_a_fault_in_a_patched_forward_travels_in_the_repro(mock_npu, tmp_path):
     assert result.errors.rel_l2 == pytest.approx(direct, rel=1e-6)
     assert result.errors.rel_l2 > 0.05
     (op_error,) = result.op_errors
-    assert op_error.errors.rel_l2 < 1e-2
+    assert op_error.errors.rel_l2 < 1e-2 and op_error.module == ""
 
 
 def test_a_repro_saved_on_an_npu_replays_on_the_cpu_under_the_mock(mock_npu, tmp_path):
