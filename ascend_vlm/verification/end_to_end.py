@@ -20,7 +20,7 @@ reference, its 95% interval, McNemar's p).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -127,21 +127,21 @@ def compare_end_to_end(
         for index in range(len(samples)):
             sample = samples[index]
             inputs, answer = _prompt(processor, sample, pad_id, index)
-            compared.append(
-                _compare_sample(model, reference, processor, inputs, index, answer, max_new_tokens)
-            )
+            comparison = _compare_sample(model, reference, processor, inputs, max_new_tokens)
+            compared.append(replace(comparison, index=index, answer=answer))
     return _report(compared)
 
 
 def _prompt(
     processor: Any, sample: VQASample | Mapping[str, torch.Tensor], pad_id: int, index: int
 ) -> tuple[dict[str, torch.Tensor], str | None]:
-    """The batch-of-one model inputs of ``sample`` and its gold answer (None without one)."""
+    """The batch-of-one model inputs of ``sample`` (its tensors but ``labels``) and its gold
+    answer (None without one)."""
     if isinstance(sample, VQASample):
         batch = collate([encode_sample(processor, sample, with_answer=False)], pad_id)
         del batch["labels"]
         return batch, sample.answer
-    inputs = {k: v for k, v in sample.items() if isinstance(v, torch.Tensor)}
+    inputs = {k: v for k, v in sample.items() if isinstance(v, torch.Tensor) and k != "labels"}
     if "input_ids" not in inputs or inputs["input_ids"].dim() != 2 or len(inputs["input_ids"]) != 1:
         raise ValueError(
             f"samples[{index}]: expected a VQASample or model inputs with input_ids of shape "
@@ -160,10 +160,9 @@ def _compare_sample(
     reference: torch.nn.Module,
     processor: Any,
     inputs: dict[str, torch.Tensor],
-    index: int,
-    answer: str | None,
     max_new_tokens: int,
 ) -> SampleComparison:
+    """The comparison of one prompt (as sample 0, without a gold answer)."""
     log_p_model = _next_token_log_probs(model, inputs)
     log_p_reference = _next_token_log_probs(reference, inputs)
     kl = (log_p_reference.exp() * (log_p_reference - log_p_model)).sum(-1)
@@ -173,7 +172,7 @@ def _compare_sample(
     reference_tokens = _greedy(reference, inputs, max_new_tokens, pad_id)
     divergence = _first_difference(model_tokens, reference_tokens)
     return SampleComparison(
-        index=index,
+        index=0,
         positions=len(kl),
         top1_agreeing=agreeing,
         mean_kl=float(kl.mean()),
@@ -187,7 +186,7 @@ def _compare_sample(
         else _token_text(processor, reference_tokens, divergence),
         model_answer=processor.decode(model_tokens, skip_special_tokens=True),
         reference_answer=processor.decode(reference_tokens, skip_special_tokens=True),
-        answer=answer,
+        answer=None,
     )
 
 
