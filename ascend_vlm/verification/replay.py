@@ -14,6 +14,9 @@ Targets:
 * a module (``save_repro(module, ...)``): rebuilt twice from the file, once as it ran
   (patched forwards included), moved to the device, and once stock (what ``ascend_vlm.patch``
   rebound left out, attention through transformers' ``"sdpa"``), in float64 on the CPU;
+* a function (an importable one, or a ``functools.partial`` of one, such as the RoPE drop-in
+  ``patch`` resolves an attention's rotary function to): the function on the device, and the
+  same function in float64 on the CPU with the ops' reference kernels;
 * a fused op (``save_repro("rms_norm", ...)``, any name of ``ascend_vlm.ops.OPS``): the op on
   the device, and the op's own reference in float64 on the CPU.
 
@@ -27,7 +30,7 @@ is refused, since replay runs one call on its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -74,8 +77,8 @@ class OpError:
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """What :func:`replay` measured: the output of ``target`` ("module <class>" or "op
-    ascend_vlm::<name>") on ``device`` in ``dtype`` (under the kernel ``backend``) against the
+    """What :func:`replay` measured: the output of ``target`` ("module <class>", "function
+    <name>" or "op ascend_vlm::<name>") on ``device`` in ``dtype`` (under the kernel ``backend``) against the
     float64 CPU reference, and the errors of each op call (for a module, every op its forward
     calls). ``notes`` say what the repro left out (attributes, a cache) and where it ran."""
 
@@ -118,7 +121,7 @@ class ReplayResult:
 
 
 def save_repro(
-    module: nn.Module | str,
+    module: nn.Module | Callable | str,
     args: tuple | list,
     kwargs: dict[str, Any],
     path: str | Path,
@@ -130,8 +133,9 @@ def save_repro(
 ) -> Path:
     """Write the repro of one call ``module(*args, **kwargs)`` to ``path`` and return it.
 
-    ``module``: the module as it ran (patched or not), or the name of a fused op of
-    ``ascend_vlm.ops.OPS`` whose arguments ``args`` / ``kwargs`` are. ``kind``: the op kind
+    ``module``: the module as it ran (patched or not), a function (importable, or a partial of
+    one), or the name of a fused op of ``ascend_vlm.ops.OPS``, whose arguments ``args`` /
+    ``kwargs`` are. ``kind``: the op kind
     the caller flagged (e.g. "norm", "attention"); ``dtype`` / ``device``: what it ran in and
     on; ``module_name``: its dotted name in the model. Raises ValueError naming the argument
     for a bad one, an input with no plain-data form, or a call continuing a cached sequence
@@ -190,19 +194,24 @@ def _dtype_name(dtype: torch.dtype | str) -> str:
     return name
 
 
-def _encode_target(module: nn.Module | str, encoder: Encoder) -> dict[str, Any]:
+def _encode_target(module: nn.Module | Callable | str, encoder: Encoder) -> dict[str, Any]:
+    """The repro's ``target``: ``{"op": name}``, ``{"module": ...}`` or ``{"function": ...}``."""
     from ascend_vlm.ops import OPS
 
     if isinstance(module, str):
         name = module.removeprefix("ascend_vlm::")
         if name not in OPS:
-            raise ValueError(f"module: expected an nn.Module or one of {OPS}, got {module!r}")
+            raise ValueError(
+                f"module: expected an nn.Module, a function or one of {OPS}, got {module!r}"
+            )
         return {"op": name}
-    if not isinstance(module, nn.Module):
-        raise ValueError(
-            f"module: expected an nn.Module or an op name, got {type(module).__name__}"
-        )
-    return {"module": encoder.encode(module, "")}
+    if isinstance(module, nn.Module):
+        return {"module": encoder.encode(module, "")}
+    if callable(module):
+        return {"function": encoder.encode(module, "function")}
+    raise ValueError(
+        f"module: expected an nn.Module, a function or an op name, got {type(module).__name__}"
+    )
 
 
 def _without_cache(value: Any, notes: list[str]) -> Any:
@@ -276,13 +285,8 @@ def replay(path: str | Path, *, device: torch.device | str | None = None) -> Rep
         )
     try:
         inputs = Decoder().decode(repro["inputs"])
-        if "op" in repro["target"]:
-            target = f"op ascend_vlm::{repro['target']['op']}"
-            errors, op_errors = _replay_op(repro["target"]["op"], inputs, where)
-        else:
-            encoded = repro["target"]["module"]
-            target = f"module {encoded.get('class', encoded.get('class_of', '?')).split(':')[-1]}"
-            errors, op_errors = _replay_module(encoded, inputs, where)
+        target, run, reference, watched = _rebuilt(repro["target"], where)
+        errors, op_errors = _compare(run, reference, watched, inputs, where)
     except (ValueError, KeyError, AttributeError, ImportError) as error:
         raise ValueError(f"{path}: cannot replay this repro here ({error})") from error
     return ReplayResult(
@@ -300,27 +304,35 @@ def replay(path: str | Path, *, device: torch.device | str | None = None) -> Rep
     )
 
 
-def _replay_op(name: str, inputs: dict, device: str) -> tuple[Errors, list[OpError]]:
-    op = getattr(torch.ops.ascend_vlm, name).default
-    args, kwargs = _moved(inputs, device)
-    with torch.no_grad():
-        got = op(*args, **kwargs)
-        expected = _op_reference(op, inputs["args"], inputs["kwargs"])
-    errors = output_errors(got, expected)
-    return errors, [OpError(f"ascend_vlm::{name}", 0, "", errors)]
-
-
-def _replay_module(encoded: dict, inputs: dict, device: str) -> tuple[Errors, list[OpError]]:
+def _rebuilt(target: dict, device: str) -> tuple[str, Callable, Callable, nn.Module | None]:
+    """(what the target is, it as it ran on ``device``, its float64 CPU reference, the module
+    whose submodules the op rows name or None) of a repro's ``target``."""
+    if "op" in target:
+        op = getattr(torch.ops.ascend_vlm, target["op"]).default
+        return f"op ascend_vlm::{target['op']}", op, op, None
+    if "function" in target:
+        function = Decoder().decode(target["function"])
+        name = getattr(function, "func", function)
+        return f"function {getattr(name, '__qualname__', name)}", function, function, None
     from ascend_vlm.patching.attention import register_attention
 
     register_attention()  # a patched module's configs name our attention function
+    encoded = target["module"]
     module = Decoder().decode(encoded).to(device)
     reference = Decoder(stock=True).decode(encoded).to("cpu", torch.float64)
+    return f"module {type(module).__name__}", module, reference, module
+
+
+def _compare(
+    run: Callable, reference: Callable, watched: nn.Module | None, inputs: dict, device: str
+) -> tuple[Errors, list[OpError]]:
+    """``run`` on ``inputs`` on ``device`` against ``reference`` on them in float64 on the CPU
+    (with the ops' reference kernels), and each op call ``run`` makes against its reference."""
     args, kwargs = _moved(inputs, device)
-    args64, kwargs64 = _moved(inputs, torch.device("cpu"), torch.float64)
+    args64, kwargs64 = _moved(inputs, "cpu", torch.float64)
     with torch.no_grad():
-        with OpRecorder(module) as recorder:
-            got = module(*args, **kwargs)
+        with OpRecorder(watched) as recorder:
+            got = run(*args, **kwargs)
         with using_backend("cpu"):
             expected = reference(*args64, **kwargs64)
         op_errors = [
@@ -337,7 +349,7 @@ def _replay_module(encoded: dict, inputs: dict, device: str) -> tuple[Errors, li
 
 def _op_reference(op: Any, args: tuple, kwargs: dict) -> Any:
     """``op`` on ``args`` / ``kwargs`` upcast to float64 on the CPU, through its reference."""
-    args64, kwargs64 = _moved({"args": args, "kwargs": kwargs}, torch.device("cpu"), torch.float64)
+    args64, kwargs64 = _moved({"args": args, "kwargs": kwargs}, "cpu", torch.float64)
     with using_backend("cpu"):
         return op(*args64, **kwargs64)
 

@@ -284,3 +284,33 @@ def test_a_repro_saved_on_an_npu_replays_on_the_cpu_under_the_mock(mock_npu, tmp
     assert json.loads(json.dumps(result.to_json()))["errors"] == vars(result.errors)
     with pytest.raises(ValueError, match=f"{path}: device 'npu:0' is not usable here"):
         replay(path, device="npu:0")
+
+
+def test_a_rope_drop_in_replays_as_a_function(mock_npu, tmp_path):
+    """The function ``patch`` resolves a Qwen2-VL attention's ``apply_rotary_pos_emb`` to, saved
+    with its arguments: it runs the op on the mock in bf16, against transformers' own function
+    in float64 here."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from ascend_vlm.patching.adapters import rope_adapter
+
+    drop_in = rope_adapter("text")
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 5, 8, generator=generator).bfloat16() for _ in range(2))
+    angles = torch.randn(1, 5, 4, generator=generator).repeat(1, 1, 2)
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    path = save_repro(
+        drop_in, (q, k, cos, sin), {}, tmp_path / "rope.pt",
+        kind="rope", dtype="bfloat16", device="cpu", module_name="layers.0.self_attn.rope",
+    )  # fmt: skip
+
+    result = replay(path)
+
+    with torch.no_grad():
+        got = _floating(drop_in(q, k, cos, sin))
+        expected = _floating(apply_rotary_pos_emb(*_float64((q, k, cos, sin))))
+    assert result.target == "function _rope_text" and result.errors.rel_l2 > 0
+    assert result.errors.rel_l2 == pytest.approx(
+        float((got - expected).norm() / expected.norm()), rel=1e-6
+    )
+    assert [e.op for e in result.op_errors] == ["ascend_vlm::rotary_embedding_pair"]
