@@ -30,6 +30,7 @@ is refused, since replay runs one call on its own.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -135,9 +136,9 @@ def save_repro(
 
     ``module``: the module as it ran (patched or not), a function (importable, or a partial of
     one), or the name of a fused op of ``ascend_vlm.ops.OPS``, whose arguments ``args`` /
-    ``kwargs`` are. ``kind``: the op kind
-    the caller flagged (e.g. "norm", "attention"); ``dtype`` / ``device``: what it ran in and
-    on; ``module_name``: its dotted name in the model. Raises ValueError naming the argument
+    ``kwargs`` are. ``kind``: the op kind the caller flagged (e.g. "norm", "attention");
+    ``dtype`` / ``device``: what it ran in and on; ``module_name``: its dotted name in the
+    model. Raises ValueError naming the argument
     for a bad one, an input with no plain-data form, or a call continuing a cached sequence
     (a cache passed with a prefill call is dropped: the call computes the same without it).
     """
@@ -160,7 +161,7 @@ def save_repro(
     except Unencodable as error:
         raise ValueError(f"module, args, kwargs: {error}") from error
     notes += [f"attribute {name} is not saved (no plain-data form)" for name in encoder.omitted]
-    what = f"ascend_vlm::{target['op']}" if "op" in target else type(module).__name__
+    what = f"ascend_vlm::{target['op']}" if "op" in target else _label(module)
     repro = {
         "format": FORMAT,
         "version": VERSION,
@@ -192,6 +193,14 @@ def _dtype_name(dtype: torch.dtype | str) -> str:
     if not isinstance(getattr(torch, name, None), torch.dtype):
         raise ValueError(f"dtype: expected a torch dtype or its name, got {dtype!r}")
     return name
+
+
+def _label(target: Callable) -> str:
+    """A module's class name, or a function's (a partial's function's) qualified name."""
+    if isinstance(target, nn.Module):
+        return type(target).__name__
+    function = target.func if isinstance(target, functools.partial) else target
+    return getattr(function, "__qualname__", type(function).__name__)
 
 
 def _encode_target(module: nn.Module | Callable | str, encoder: Encoder) -> dict[str, Any]:
@@ -312,15 +321,14 @@ def _rebuilt(target: dict, device: str) -> tuple[str, Callable, Callable, nn.Mod
         return f"op ascend_vlm::{target['op']}", op, op, None
     if "function" in target:
         function = Decoder().decode(target["function"])
-        name = getattr(function, "func", function)
-        return f"function {getattr(name, '__qualname__', name)}", function, function, None
+        return f"function {_label(function)}", function, function, None
     from ascend_vlm.patching.attention import register_attention
 
     register_attention()  # a patched module's configs name our attention function
     encoded = target["module"]
     module = Decoder().decode(encoded).to(device)
     reference = Decoder(stock=True).decode(encoded).to("cpu", torch.float64)
-    return f"module {type(module).__name__}", module, reference, module
+    return f"module {_label(module)}", module, reference, module
 
 
 def _compare(
