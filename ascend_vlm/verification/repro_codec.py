@@ -108,7 +108,7 @@ class Encoder:
         if value is None or type(value) in (bool, int, float, str):
             return value
         if isinstance(value, torch.Tensor):
-            return value.detach().to("cpu", copy=True)
+            return _copy(value)
         if isinstance(value, torch.dtype):
             return {"t": "dtype", "name": str(value).removeprefix("torch.")}
         if isinstance(value, torch.device):
@@ -193,10 +193,10 @@ class Encoder:
             shadows_method = callable(getattr(cls, name, None)) and callable(value)
             try:
                 (rebound if shadows_method else attributes)[name] = self.encode(
-                    value, f"{where}.{name}"
+                    value, f"{where}.{name}".lstrip(".")
                 )
             except Unencodable:
-                self.omitted.append(f"{where}.{name}" if where else name)
+                self.omitted.append(f"{where}.{name}".lstrip("."))
         state = own_state(module)
         return {
             "t": "module",
@@ -215,6 +215,7 @@ class Encoder:
 
 
 def _copy(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A CPU copy of ``tensor``, detached (None stays None)."""
     return None if tensor is None else tensor.detach().to("cpu", copy=True)
 
 

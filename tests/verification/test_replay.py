@@ -314,3 +314,20 @@ def test_a_rope_drop_in_replays_as_a_function(mock_npu, tmp_path):
         float((got - expected).norm() / expected.norm()), rel=1e-6
     )
     assert [e.op for e in result.op_errors] == ["ascend_vlm::rotary_embedding_pair"]
+
+
+def test_what_has_no_plain_data_form_is_noted_or_refused(tmp_path):
+    norm = build_model("qwen2_vl").model.language_model.norm
+    norm.callback = lambda hidden: hidden  # a function with no import path
+    hidden = torch.randn(1, 3, norm.weight.shape[0])
+    path = save_repro(
+        norm, (hidden,), {}, tmp_path / "norm.pt",
+        kind="norm", dtype="float32", device="cpu", module_name="model.norm",
+    )  # fmt: skip
+
+    assert "attribute callback is not saved (no plain-data form)" in replay(path).notes
+    with pytest.raises(ValueError, match=r"inputs\.kwargs\.extra: no plain-data form for object"):
+        save_repro(
+            norm, (hidden,), {"extra": object()}, tmp_path / "bad.pt",
+            kind="norm", dtype="float32", device="cpu", module_name="model.norm",
+        )  # fmt: skip
