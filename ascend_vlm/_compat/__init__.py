@@ -19,6 +19,8 @@ it does not hold, or None. Each probe says when it can go (:mod:`.probe`).
 * :mod:`.torch_internals`: torch's mode stacks, fake tensors, version counter, int8 matmul.
 * :mod:`.peft_layers`: switching a PEFT layer's active adapter.
 * :mod:`.quantizer`: the quantizer hooks and weight-loading ops quantizing while loading uses.
+* :mod:`.module_state`: a module's own tensors and children, a config's implementations
+  (rebuilding a module for a replay repro).
 
 The probes that read the family specs of :mod:`ascend_vlm.models` (classes, attributes,
 attention routing, RoPE, vision towers, sub-configs) and ``patch``'s version gate, which runs

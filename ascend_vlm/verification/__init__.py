@@ -12,6 +12,10 @@ One module per concern:
 * `errors`: relative L2, max abs and cosine, as sums over inputs;
 * `verifier`: the three runs per input and the comparison (`verify`);
 * `report`: `VerifyReport` (table, JSON); `plot`: the error-vs-depth picture;
+* `end_to_end`: top-1 agreement, KL of the next-token distributions, the first differing greedy
+  token and the paired accuracy of the model against the reference;
+* `replay` (with `repro_codec`): a flagged module's (or fused op's) call saved as a
+  self-contained ``.pt`` repro and re-run against float64;
 * `cli`: ``python -m ascend_vlm verify``.
 """
 
