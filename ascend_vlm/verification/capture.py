@@ -34,6 +34,9 @@ from ascend_vlm.verification.capture_points import CapturePoint
 
 CaptureKey = tuple[str, int]
 Sink = Callable[[CaptureKey, tuple[torch.Tensor, ...]], None]
+# on_call(key, target, args, kwargs): the module or rotary function a capture came from, and
+# the arguments of that call.
+CallSink = Callable[[CaptureKey, Callable, tuple, dict], None]
 
 
 def output_tensors(output: Any, *, every: bool = False) -> tuple[torch.Tensor, ...]:
@@ -60,35 +63,52 @@ def _resolved_function(forward: object, function_name: str) -> Callable | None:
 
 class Capture:
     """Ledger feature: each of ``points`` of ``model`` hands what it computes to ``sink`` (see
-    the module docstring); call indices restart at every `reset`."""
+    the module docstring) and, with ``on_call``, the call it came from to ``on_call`` (a repro
+    of one call is made from it); call indices restart at every `reset`."""
 
     name = "verify_capture"
 
-    def __init__(self, model: nn.Module, points: list[CapturePoint], sink: Sink) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        points: list[CapturePoint],
+        sink: Sink,
+        on_call: CallSink | None = None,
+    ) -> None:
         self.base = base_model(model)
         self.points = list(points)
         self.sink = sink
+        self.on_call = on_call
         self.calls: dict[str, int] = {}
 
     def reset(self) -> None:
         """Count calls from 0 again (before each input)."""
         self.calls.clear()
 
-    def _record(self, point: CapturePoint, tensors: tuple[torch.Tensor, ...]) -> None:
+    def _record(
+        self,
+        point: CapturePoint,
+        tensors: tuple[torch.Tensor, ...],
+        call: tuple[Callable, tuple, dict],
+    ) -> None:
         if not tensors:
             return
-        call = self.calls.get(point.name, 0)
-        self.calls[point.name] = call + 1
-        self.sink((point.name, call), tensors)
+        index = self.calls.get(point.name, 0)
+        self.calls[point.name] = index + 1
+        self.sink((point.name, index), tensors)
+        if self.on_call is not None:
+            self.on_call((point.name, index), *call)
 
-    def _hook(self, point: CapturePoint, module: nn.Module, args: Any, output: Any) -> None:
-        self._record(point, output_tensors(output))
+    def _hook(
+        self, point: CapturePoint, module: nn.Module, args: tuple, kwargs: dict, output: Any
+    ) -> None:
+        self._record(point, output_tensors(output), (module, args, kwargs))
 
     def _recorder(self, point: CapturePoint, function: Callable) -> Callable:
         @functools.wraps(function)
         def recording(*args: Any, **kwargs: Any) -> Any:
             output = function(*args, **kwargs)
-            self._record(point, output_tensors(output, every=True))
+            self._record(point, output_tensors(output, every=True), (function, args, kwargs))
             return output
 
         return recording
@@ -116,7 +136,7 @@ class Capture:
             module = modules[point.module]
             if point.rope_function is None:
                 hook = functools.partial(self._hook, point)
-                edits.add_hook(module.register_forward_hook(hook))
+                edits.add_hook(module.register_forward_hook(hook, with_kwargs=True))
                 continue
             forward = self._rope_forward(point, module)
             if forward is not None:
@@ -124,10 +144,12 @@ class Capture:
 
 
 @contextlib.contextmanager
-def capturing(model: nn.Module, points: list[CapturePoint], sink: Sink) -> Iterator[Capture]:
+def capturing(
+    model: nn.Module, points: list[CapturePoint], sink: Sink, on_call: CallSink | None = None
+) -> Iterator[Capture]:
     """``with capturing(model, points, sink) as capture:`` a :class:`Capture` applied for the
     block."""
-    capture = Capture(model, points, sink)
+    capture = Capture(model, points, sink, on_call)
     apply_feature(capture.base, capture)
     try:
         yield capture

@@ -4,8 +4,14 @@ Loads ``--model`` twice: the reference (stock, fp32 on the CPU, or fp64 with
 ``--reference-dtype fp64``) and the model under test in ``--dtype``, patched unless
 ``--no-patch``, on ``--device``; encodes the first ``--limit`` questions of ``--data`` (a
 JSONL/LLaVA file whose records all have images, or ShapesVQA's held-out split) as the
-evaluation does; runs :func:`ascend_vlm.verify` on them and prints the report, the verdict and
-the host's peak memory rise. ``--json`` writes the report, ``--plot`` the error-vs-depth PNG.
+evaluation does; runs :func:`ascend_vlm.verify` on them and prints the report (module by
+module, then end to end: top-1 agreement, KL, the first differing greedy token among
+``--max-new-tokens`` and the paired accuracy), the verdict and the host's peak memory rise.
+``--json`` writes the report, ``--plot`` the error-vs-depth PNG, ``--replay DIR`` the repro of
+the first flagged module's call (a ``.pt`` file to send to a kernel team).
+
+``--replay FILE.pt`` (without ``--model``) re-runs one repro on ``--device`` (default: where it
+was saved) against float64 and prints its table.
 
 Exit status: 0 when no module is flagged, 1 when one is, 2 (argparse's ``error:`` line naming
 the option) on a user's mistake.
@@ -14,10 +20,13 @@ the option) on a user's mistake.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ascend_vlm.verification.end_to_end import DEFAULT_MAX_NEW_TOKENS
 
 SHAPES_VQA = "shapes-vqa"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -34,9 +43,7 @@ def add_command(commands: Any) -> None:
         description=__doc__.split("\n\n", 1)[1],
     )
     parser.add_argument(
-        "--model",
-        required=True,
-        help="local checkpoint folder, Hugging Face Hub id, or 'reference'",
+        "--model", help="local checkpoint folder, Hugging Face Hub id, or 'reference'"
     )
     parser.add_argument(
         "--data",
@@ -55,10 +62,24 @@ def add_command(commands: Any) -> None:
         help="patch the model under test with ascend_vlm.patch (default: patched)",
     )
     parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="questions to run")
-    parser.add_argument("--device", choices=("cpu", "npu"), default="cpu", help="model's device")
+    parser.add_argument(
+        "--device", choices=("cpu", "npu"), help="model's device (default: cpu; a repro's own)"
+    )
     parser.add_argument("--k", type=float, default=4.0, help="flag errors over k x the floor")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the report as JSON")
     parser.add_argument("--plot", type=Path, metavar="OUT.png", help="draw error vs depth")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help="greedy tokens compared end to end",
+    )
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        metavar="DIR|FILE.pt",
+        help="write the first flagged module's repro into DIR; or re-run the repro FILE.pt",
+    )
     parser.add_argument("--force", action="store_true", help="let --json/--plot replace OUT")
     parser.set_defaults(handler=run_command, parser=parser)
 
@@ -82,6 +103,23 @@ def _check_device(args: argparse.Namespace) -> torch.device:
             f"{active_backend()!r} kernel backend; use --device cpu"
         )
     return torch.device("npu:0" if args.device == "npu" else "cpu")
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """Re-run the repro ``--replay FILE.pt`` and print (and with ``--json`` write) its table."""
+    from ascend_vlm.verification.replay import replay
+
+    device = None if args.device is None else _check_device(args)
+    try:
+        result = replay(args.replay, device=device)
+    except (ValueError, FileNotFoundError) as error:
+        # One error line: torch's reasons for an unreadable file run over several.
+        args.parser.error(f"--replay: {' '.join(str(error).split())}")
+    print(result.table(), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 def _dataset(args: argparse.Namespace) -> Any:
@@ -128,11 +166,20 @@ def run_command(args: argparse.Namespace) -> int:
     from ascend_vlm.verification.verifier import verify
 
     parser = args.parser
-    if args.limit < 1:
-        parser.error(f"--limit: expected an int >= 1, got {args.limit}")
+    _check_outputs(args)
+    if args.replay is not None and args.replay.suffix == ".pt":
+        if args.model is not None:
+            parser.error("--replay: a FILE.pt re-runs one repro; give it without --model")
+        return _replay(args)
+    if args.model is None:
+        parser.error("--model: expected a checkpoint folder, Hub id or 'reference', got none")
+    for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            parser.error(f"{flag}: expected an int >= 1, got {value}")
     if not args.k > 0:
         parser.error(f"--k: expected a number > 0, got {args.k}")
-    _check_outputs(args)
+    if args.replay is not None and args.replay.exists() and not args.replay.is_dir():
+        parser.error(f"--replay: expected a folder for the repro or a FILE.pt, got {args.replay}")
     device = _check_device(args)
     try:
         path = checkpoint_folder(args.model, "--model")
@@ -154,6 +201,10 @@ def run_command(args: argparse.Namespace) -> int:
             reference=reference,
             reference_dtype=REFERENCE_DTYPES[args.reference_dtype],
             k=args.k,
+            processor=processor,
+            samples=[dataset[index] for index in range(len(dataset))],
+            max_new_tokens=args.max_new_tokens,
+            replay_dir=args.replay,
         )
     except ValueError as error:
         parser.error(str(error))
@@ -169,4 +220,8 @@ def run_command(args: argparse.Namespace) -> int:
         from ascend_vlm.verification.plot import save_error_plot
 
         print(f"wrote {save_error_plot(report, args.plot)}")
+    if report.repro is not None:
+        from ascend_vlm.verification.replay import replay_command
+
+        print(f"replay it with: {replay_command(report.repro)} (from {Path(report.repro).parent})")
     return 1 if report.first_flagged is not None else 0

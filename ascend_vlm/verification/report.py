@@ -8,6 +8,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ascend_vlm.verification.end_to_end import EndToEndReport
+
 
 def capture_label(name: str, call: int) -> str:
     """How a capture is named to a reader: the point's name, with its call index after the
@@ -54,8 +56,10 @@ class VerifyReport:
     """What `ascend_vlm.verify` found: the settings (``backend``: the kernel backend the ops
     ran, `kernel_backend.active_backend`), one :class:`ModuleError` per capture in
     execution order, the first flagged one (None when none is), the captures the reference made
-    that the model did not (``not_captured``: a module another feature replaced) and the host's
-    peak memory rise over the run (None where not measurable)."""
+    that the model did not (``not_captured``: a module another feature replaced), the host's
+    peak memory rise over the run (None where not measurable), the end-to-end comparison (None
+    unless asked for) and the path of the flagged module's repro (None unless asked for, or
+    ``repro_problem`` saying why it could not be written)."""
 
     model_type: str
     patched: bool
@@ -69,6 +73,9 @@ class VerifyReport:
     modules: list[ModuleError]
     not_captured: list[str] = field(default_factory=list)
     peak_host_bytes: int | None = None
+    end_to_end: EndToEndReport | None = None
+    repro: str | None = None
+    repro_problem: str | None = None
 
     @property
     def first_flagged(self) -> ModuleError | None:
@@ -95,6 +102,9 @@ class VerifyReport:
             "flagged": len(self.flagged),
             "not_captured": self.not_captured,
             "peak_host_bytes": self.peak_host_bytes,
+            "end_to_end": None if self.end_to_end is None else self.end_to_end.to_json(),
+            "repro": self.repro,
+            "repro_problem": self.repro_problem,
             "modules": [
                 {**asdict(module), "ratio": module.ratio, "flagged": module.flagged}
                 for module in self.modules
@@ -152,4 +162,10 @@ class VerifyReport:
                 lines.append("  ".join("-" * w for w in widths).rstrip())
         if self.not_captured:
             lines.append(f"not captured in the model: {', '.join(self.not_captured)}")
+        if self.end_to_end is not None:
+            lines += ["", self.end_to_end.table()]
+        if self.repro is not None:
+            lines.append(f"repro of the first flagged module: {self.repro}")
+        if self.repro_problem is not None:
+            lines.append(f"no repro of the first flagged module: {self.repro_problem}")
         return "\n".join(lines)

@@ -18,6 +18,7 @@ report names the first flagged one in execution order and the kind of op there.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,12 +26,15 @@ import torch
 from torch import nn
 
 from ascend_vlm._base_model import base_model
+from ascend_vlm.data.vqa import VQASample
 from ascend_vlm.evaluation.memory import PeakRSS
 from ascend_vlm.kernel_backend import active_backend
 from ascend_vlm.patching import is_patched
 from ascend_vlm.verification.capture import CaptureKey, capturing
 from ascend_vlm.verification.capture_points import CapturePoint, capture_points
+from ascend_vlm.verification.end_to_end import DEFAULT_MAX_NEW_TOKENS, compare_end_to_end
 from ascend_vlm.verification.errors import ErrorSums, error_sums
+from ascend_vlm.verification.flagged_repro import save_flagged_repro
 from ascend_vlm.verification.reference import (
     REFERENCE_DTYPES,
     check_reference,
@@ -67,7 +71,9 @@ def _checked_inputs(inputs: Any) -> list[Mapping[str, Any]]:
     return list(batches)
 
 
-def _on(device: torch.device | str, dtype: torch.dtype, batch: Mapping[str, Any]) -> dict[str, Any]:
+def model_inputs(
+    device: torch.device | str, dtype: torch.dtype, batch: Mapping[str, Any]
+) -> dict[str, Any]:
     """``batch`` on ``device``, its floating tensors (pixels) in ``dtype``, the run's dtype."""
     return {
         key: value.to(device, dtype if value.is_floating_point() else value.dtype)
@@ -120,6 +126,37 @@ def _run(model: nn.Module, points: list[CapturePoint], sink, batch: dict) -> Non
         model(**batch)
 
 
+def _three_runs(
+    models: tuple[nn.Module, nn.Module, nn.Module],
+    points: list[CapturePoint],
+    batches: list[Mapping[str, Any]],
+    dtypes: tuple[torch.dtype, torch.dtype],
+) -> tuple[list[CaptureKey], _Comparison, _Comparison]:
+    """Per input: the reference's captures kept, the floor's and the model's reduced against
+    them (module docstring). ``models``: (reference, floor, model under test); ``dtypes``: the
+    reference's and the test dtype. Returns the capture keys in execution order, the model's
+    comparison and the floor's."""
+    reference, floor, model = models
+    reference_dtype, dtype = dtypes
+    device = next(model.parameters()).device
+    test, noise = _Comparison(), _Comparison()
+    order: dict[CaptureKey, None] = {}
+    for batch in batches:
+        kept: dict[CaptureKey, tuple[torch.Tensor, ...]] = {}
+
+        def keep(key: CaptureKey, tensors: tuple[torch.Tensor, ...], kept=kept) -> None:
+            kept[key] = tuple(t.detach().clone() for t in tensors)
+            order.setdefault(key)
+
+        _run(reference, points, keep, model_inputs("cpu", reference_dtype, batch))
+        for comparison, runner, where in ((noise, floor, "cpu"), (test, model, device)):
+            comparison.reference = kept
+            _run(runner, points, comparison.compare, model_inputs(where, dtype, batch))
+            comparison.settle()
+            comparison.reference = {}
+    return list(order), test, noise
+
+
 def verify(
     model: nn.Module,
     inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]],
@@ -129,6 +166,10 @@ def verify(
     reference_dtype: torch.dtype = torch.float32,
     k: float = 4.0,
     slack: float = 1e-4,
+    processor: Any = None,
+    samples: Sequence[VQASample] | None = None,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    replay_dir: str | os.PathLike | None = None,
 ) -> VerifyReport:
     """Compare what ``model`` computes at every capture point with its stock reference, against
     the noise floor of ``dtype`` (module docstring); returns the :class:`VerifyReport`.
@@ -139,6 +180,13 @@ def verify(
     (moved to the CPU and cast to ``reference_dtype`` in place), or None to build one from
     ``model``'s weights. ``dtype``: the test dtype of the noise floor (default: ``model``'s).
     ``k`` and ``slack``: a module is flagged when its relative L2 > k * floor + slack.
+
+    With ``processor``, the report's ``end_to_end`` compares the model with the reference end
+    to end (`end_to_end.compare_end_to_end`: top-1 agreement, KL, the first differing greedy
+    token among ``max_new_tokens``) on ``samples`` (VQA samples: with the paired accuracy) or,
+    without them, on ``inputs`` (batches of one). With ``replay_dir``, a flagged module's call
+    on the first input is saved there as a repro (`replay`; the report's ``repro``, or
+    ``repro_problem`` when its inputs have no plain-data form).
 
     ValueError naming the argument for: inputs without images, a model the reference cannot be
     built for (not a transformers model, quantized or otherwise non-stock weights), a reference
@@ -157,31 +205,18 @@ def verify(
             reference = check_reference(base_model(reference), base, reference_dtype)
         floor = floor_model(base, dtype)
         points = capture_points(floor)
-        test, noise = _Comparison(), _Comparison()
-        order: dict[CaptureKey, None] = {}
-        for batch in batches:
-            kept: dict[CaptureKey, tuple[torch.Tensor, ...]] = {}
-
-            def keep(key: CaptureKey, tensors: tuple[torch.Tensor, ...], kept=kept) -> None:
-                kept[key] = tuple(t.detach().clone() for t in tensors)
-                order.setdefault(key)
-
-            _run(reference, points, keep, _on("cpu", reference_dtype, batch))
-            for comparison, runner, where in ((noise, floor, "cpu"), (test, model, device)):
-                comparison.reference = kept
-                _run(runner, points, comparison.compare, _on(where, dtype, batch))
-                comparison.settle()
-                comparison.reference = {}
-            del kept
-        del floor, reference
+        runs = (reference, floor, base)
+        order, test, noise = _three_runs(runs, points, batches, (reference_dtype, dtype))
+        del floor, runs
+        end_to_end = None
+        if processor is not None:
+            compared = batches if samples is None else samples
+            end_to_end = compare_end_to_end(
+                base, reference, processor, compared, max_new_tokens=max_new_tokens
+            )
+        del reference
     kinds = {point.name: point.kind for point in points}
-    modules = [
-        _module_error(
-            depth, key, kinds[key[0]], test.sums[key], noise.sums.get(key, ErrorSums()), k, slack
-        )
-        for depth, key in enumerate(key for key in order if key in test.sums)
-    ]
-    return VerifyReport(
+    report = VerifyReport(
         model_type=base.config.model_type,
         patched=is_patched(base),
         device=str(device),
@@ -191,10 +226,28 @@ def verify(
         k=float(k),
         slack=float(slack),
         inputs=len(batches),
-        modules=modules,
+        modules=[
+            _module_error(depth, key, kinds[key[0]], test.sums[key], noise.sums.get(key), k, slack)
+            for depth, key in enumerate(key for key in order if key in test.sums)
+        ],
         not_captured=[capture_label(*key) for key in order if key not in test.sums],
         peak_host_bytes=memory.peak_bytes,
+        end_to_end=end_to_end,
     )
+    if replay_dir is not None and report.first_flagged is not None:
+        try:
+            report.repro = str(
+                save_flagged_repro(
+                    base,
+                    report.first_flagged,
+                    model_inputs(device, dtype, batches[0]),
+                    replay_dir,
+                    dtype,
+                )
+            )
+        except ValueError as error:
+            report.repro_problem = str(error)
+    return report
 
 
 def _module_error(
@@ -202,10 +255,12 @@ def _module_error(
     key: CaptureKey,
     kind: str,
     test: ErrorSums,
-    floor: ErrorSums,
+    floor: ErrorSums | None,
     k: float,
     slack: float,
 ) -> ModuleError:
+    """The row of one capture; a capture the floor did not make has a zero floor."""
+    floor = floor or ErrorSums()
     return ModuleError(
         depth=depth,
         name=key[0],

@@ -124,3 +124,21 @@ def test_the_generic_path_is_verified_with_its_points_and_rope() -> None:
     assert report.first_flagged is None, str(report)
     assert report.model_type == "aya_vision" and not report.not_captured
     assert any(m.kind == "rope" for m in report.modules)
+
+
+@pytest.mark.mock_npu
+def test_a_flagged_rope_is_saved_as_its_rotary_function_and_replays_the_fault(tmp_path) -> None:
+    from ascend_vlm.testing import faults
+    from ascend_vlm.verification.replay import replay
+
+    model = build_model("qwen2_vl")
+    inputs = make_inputs("qwen2_vl", model, n_images=1)
+    model.to(torch.bfloat16)
+    ascend_vlm.patch(model)
+    with faults.rope_sin_flipped():
+        report = ascend_vlm.verify(model, inputs, replay_dir=tmp_path)
+        faulty = replay(report.repro)
+    assert report.first_flagged.name == "model.visual.blocks.0.attn.rope"
+    assert report.repro == str(tmp_path / "model.visual.blocks.0.attn.rope.pt")
+    assert faulty.target == "function _rope_vision" and faulty.kind == "rope"
+    assert faulty.errors.rel_l2 > 100 * replay(report.repro).errors.rel_l2
