@@ -235,19 +235,25 @@ def verify(
         end_to_end=end_to_end,
     )
     if replay_dir is not None and report.first_flagged is not None:
-        try:
-            report.repro = str(
-                save_flagged_repro(
-                    base,
-                    report.first_flagged,
-                    model_inputs(device, dtype, batches[0]),
-                    replay_dir,
-                    dtype,
-                )
-            )
-        except ValueError as error:
-            report.repro_problem = str(error)
+        _save_repro(report, base, model_inputs(device, dtype, batches[0]), replay_dir, dtype)
     return report
+
+
+def _save_repro(
+    report: VerifyReport,
+    model: nn.Module,
+    batch: dict[str, Any],
+    directory: str | os.PathLike,
+    dtype: torch.dtype,
+) -> None:
+    """Set ``report.repro`` to the repro of its first flagged call on ``batch``, or
+    ``report.repro_problem`` to why it cannot be written."""
+    try:
+        path = save_flagged_repro(model, report.first_flagged, batch, directory, dtype)
+    except ValueError as error:
+        report.repro_problem = str(error)
+    else:
+        report.repro = str(path)
 
 
 def _module_error(
