@@ -4,7 +4,9 @@ Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules
 :mod:`runtime`, :mod:`distributed`, :mod:`kernel_backend` (which implementation the ops run),
 :mod:`pruning` (visual-token pruning and KV-cache compression at prefill),
 :mod:`quantization` and :func:`quantize` (weight-only W8/W4 linear layers), :mod:`batching`
-(:class:`BatchGenerator`: continuous batching under budgets), :mod:`observability` and
+(:class:`BatchGenerator`: continuous batching under budgets), :func:`verify` and
+:class:`VerifyReport` (where a model drifts from its stock reference, module by module),
+:mod:`observability` and
 :func:`trace` (stage timelines, attention maps, anomalous-token reports), :mod:`adapters`
 and :class:`AdapterSet` (many LoRA adapters over one base, new visual tokens), :mod:`reuse`
 (:class:`ChatSession`: multi-turn chat keeping its KV cache; :class:`VisionCache`: vision
@@ -45,6 +47,7 @@ __all__ = [
     "PatchError",
     "PatchReport",
     "QwenVLPixels",
+    "VerifyReport",
     "VisionCache",
     "adapters",
     "batching",
@@ -61,6 +64,7 @@ __all__ = [
     "testing",
     "trace",
     "unpatch",
+    "verify",
     "vision_input",
 ]
 
@@ -87,6 +91,8 @@ _LAZY_ATTRIBUTES = {
     "VisionCache": "ascend_vlm.reuse",
     "trace": "ascend_vlm.observability",
     "QwenVLPixels": "ascend_vlm.vision_input",
+    "verify": "ascend_vlm.verification",
+    "VerifyReport": "ascend_vlm.verification",
 }
 
 if TYPE_CHECKING:
@@ -108,6 +114,7 @@ if TYPE_CHECKING:
     from ascend_vlm.patching import PatchReport, patch, unpatch
     from ascend_vlm.quantization import quantize
     from ascend_vlm.reuse import ChatSession, VisionCache
+    from ascend_vlm.verification import VerifyReport, verify
     from ascend_vlm.vision_input import QwenVLPixels
 
 

@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ascend_vlm.evaluation.cli import EvalCommand
     from ascend_vlm.finetune import reference_model
     from ascend_vlm.serving import cli as serving
+    from ascend_vlm.verification import cli as verify_command
 
     parser = CommandParser(prog=_program_name())
     parser.add_argument("--version", action="version", version=f"ascend_vlm {__version__}")
@@ -245,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate_batch.add_command(commands)
     explain.add_command(commands)
     serving.add_command(commands)
+    verify_command.add_command(commands)
     return parser
 
 

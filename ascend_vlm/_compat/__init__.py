@@ -23,6 +23,8 @@ it does not hold, or None. Each probe says when it can go (:mod:`.probe`).
   such a model without DDP.
 * :mod:`.post_import`: running a function once another library's module is imported (how
   ``import ascend_vlm`` registers its attention with transformers without importing it).
+* :mod:`.module_state`: a module's own tensors and children, a config's implementations
+  (rebuilding a module for a replay repro).
 
 The probes that read the family specs of :mod:`ascend_vlm.models` (classes, attributes,
 attention routing, RoPE, vision towers, sub-configs) and ``patch``'s version gate, which runs

@@ -52,11 +52,11 @@ def save_attention_overlay(
             f"got {image.size[0]} x {image.size[1]}"
         )
     pixel_map = cell_pixel_map(cells, weights)
-    mpl = _matplotlib()
+    mpl = matplotlib_package()
 
     width, height = image.size
     extent = (0, width, height, 0)
-    figure = _figure(mpl, _OVERLAY_INCHES)
+    figure = agg_figure(mpl, _OVERLAY_INCHES)
     # The heat covers what it points at: the plain image beside it shows what is there.
     plain, axes = figure.subplots(1, 2)
     pixels = np.asarray(image.convert("RGB"))
@@ -79,7 +79,7 @@ def save_attention_overlay(
     axes.set_axis_off()
     if title:
         axes.set_title(title)
-    return _save(figure, path)
+    return save_png(figure, path)
 
 
 def save_stage_heatmap(
@@ -97,12 +97,12 @@ def save_stage_heatmap(
     Returns the Path written. Values must be >= 0 or NaN.
     """
     values = _milliseconds_array(milliseconds, len(row_labels), len(column_labels))
-    mpl = _matplotlib()
+    mpl = matplotlib_package()
 
     rows, columns = values.shape
     # Cells stay readable: about 0.6 x 0.4 inch each, within sane page limits.
     inches = (min(max(3.0 + 0.6 * columns, 6.0), 16.0), min(max(1.8 + 0.4 * rows, 3.0), 12.0))
-    figure = _figure(mpl, inches)
+    figure = agg_figure(mpl, inches)
     axes = figure.add_subplot()
     finite = values[np.isfinite(values)]
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -134,10 +134,10 @@ def save_stage_heatmap(
                 )
     if title:
         axes.set_title(title)
-    return _save(figure, path)
+    return save_png(figure, path)
 
 
-def _matplotlib():
+def matplotlib_package():
     """The matplotlib package with the submodules used here, imported on first use."""
     try:
         import matplotlib
@@ -152,7 +152,7 @@ def _matplotlib():
     return matplotlib
 
 
-def _figure(mpl, inches: tuple[float, float]):
+def agg_figure(mpl, inches: tuple[float, float]):
     """A figure drawn by the Agg canvas (no pyplot, no display), laid out to fit its labels."""
     figure = mpl.figure.Figure(figsize=inches, dpi=_DPI, layout="constrained")
     mpl.backends.backend_agg.FigureCanvasAgg(figure)
@@ -191,7 +191,8 @@ def _format_ms(value: float) -> str:
     return f"{value:.2f}"
 
 
-def _save(figure, path: str | os.PathLike[str]) -> Path:
+def save_png(figure, path: str | os.PathLike[str]) -> Path:
+    """Write ``figure`` to ``path`` as PNG; returns the path."""
     path = Path(path)
     figure.savefig(path, format="png")
     return path

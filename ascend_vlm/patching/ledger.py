@@ -47,6 +47,7 @@ FEATURE_ORDER = (
     "token_pruning",
     "attention_tap",
     "tracer",
+    "verify_capture",
     "adapter_rows",
 )
 _LEDGER_KEY = "_ascend_vlm_ledger"

@@ -13,53 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from generic_vlm import aya_inputs, aya_vision
 from torch import nn
 
 import ascend_vlm
 from ascend_vlm._compat.attention import attention_interface_problem
 from ascend_vlm.models.tiny import TINY_TEXT_CONFIG
-from ascend_vlm.models.tiny.sizes import IMAGE_TOKEN, TEXT_VOCAB
 from ascend_vlm.patching.probes import probe_norm
 
 ROOT = Path(__file__).resolve().parents[2]
 INPUT_IDS = torch.tensor([[1, 5, 9, 17, 33, 2, 7, 4], [3, 8, 12, 6, 21, 40, 11, 9]])
-
-
-def _aya_vision() -> transformers.AyaVisionForConditionalGeneration:
-    """A tiny AyaVision (SigLIP tower, Cohere2 decoder): a VLM type no family describes."""
-    torch.manual_seed(0)
-    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
-    config = transformers.AyaVisionConfig(
-        vision_config={
-            "model_type": "siglip_vision_model",
-            **vision,
-            "num_attention_heads": 4,
-            "image_size": 16,
-            "patch_size": 4,
-        },
-        text_config={
-            "model_type": "cohere2",
-            **TINY_TEXT_CONFIG,
-            "layer_types": ["sliding_attention", "full_attention"],
-            "sliding_window": 4,
-        },
-        image_token_index=IMAGE_TOKEN,
-        downsample_factor=2,
-        attn_implementation="eager",
-    )
-    return transformers.AyaVisionForConditionalGeneration(config).eval()
-
-
-def _aya_inputs() -> dict:
-    """One row: text, the 4 image tokens a 16x16 image makes, text."""
-    generator = torch.Generator().manual_seed(0)
-    text = torch.randint(3, TEXT_VOCAB, (1, 10), generator=generator)
-    input_ids = torch.cat((text[:, :3], torch.full((1, 4), IMAGE_TOKEN), text[:, 3:]), dim=1)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": torch.ones_like(input_ids),
-        "pixel_values": torch.randn(1, 3, 16, 16, generator=generator),
-    }
 
 
 def _ministral() -> transformers.MinistralForCausalLM:
@@ -86,10 +49,10 @@ def _loss_and_grads(model: nn.Module, inputs: dict) -> tuple[torch.Tensor, list]
     return loss.detach(), grads
 
 
-@pytest.mark.parametrize("build", [_aya_vision, _ministral], ids=["aya_vision", "ministral"])
+@pytest.mark.parametrize("build", [aya_vision, _ministral], ids=["aya_vision", "ministral"])
 def test_unknown_type_gets_fused_attention_with_equal_logits_generate_and_gradients(build):
     model = build()
-    inputs = _aya_inputs() if build is _aya_vision else {"input_ids": INPUT_IDS}
+    inputs = aya_inputs() if build is aya_vision else {"input_ids": INPUT_IDS}
     logits = _logits(model, inputs)
     generated = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     loss, grads = _loss_and_grads(model, inputs)
@@ -105,7 +68,7 @@ def test_unknown_type_gets_fused_attention_with_equal_logits_generate_and_gradie
         patched = _logits(model, inputs)
     assert calls, "the patched model never called ops.fused_attention"
     assert report.swapped_count("attention-text") == 2
-    if build is _aya_vision:
+    if build is aya_vision:
         assert report.swapped_count("attention-vision") == 2
     torch.testing.assert_close(patched, logits, atol=1e-4, rtol=0)
     assert torch.equal(model.generate(**inputs, max_new_tokens=8, do_sample=False), generated)
@@ -133,7 +96,7 @@ def test_a_plain_decoder_gets_probe_verified_norm_mlp_and_rope_swaps():
 
 
 def test_cohere2s_layer_norm_and_interleaved_rotary_fail_their_probes_and_are_left_alone():
-    model = _aya_vision()
+    model = aya_vision()
     report = ascend_vlm.patch(model, strict=False)
     reasons = {
         (kind, module): why
