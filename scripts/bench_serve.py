@@ -255,7 +255,11 @@ def server(command: Callable[[int], list[str]], log: Path, threads: int) -> Iter
     with log.open("w") as output:
         process = subprocess.Popen(command(port), stdout=output, stderr=subprocess.STDOUT, env=env)
         try:
-            wait_until_healthy(f"http://{LOOPBACK}:{port}/health", process, timeout=600)
+            try:
+                wait_until_healthy(f"http://{LOOPBACK}:{port}/health", process, timeout=600)
+            except (RuntimeError, TimeoutError) as error:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{error}; its output ends:\n{tail}") from None
             yield f"http://{LOOPBACK}:{port}/v1"
         finally:
             process.send_signal(signal.SIGTERM)

@@ -8,6 +8,8 @@ import json
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -233,9 +235,16 @@ def test_the_server_launcher_waits_for_health_and_stops_the_server(bench, tmp_pa
 
     with bench.server(command, tmp_path / "log", 1) as url:
         assert url == f"http://127.0.0.1:{ports[0]}/v1"
+        urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/health", timeout=5).close()
+    with pytest.raises(urllib.error.URLError):  # stopped: nothing listens any more
+        urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/health", timeout=5)
     with (
-        pytest.raises(RuntimeError, match="the server exited with code 3"),
-        bench.server(lambda port: [sys.executable, "-c", "exit(3)"], tmp_path / "log", 1),
+        pytest.raises(
+            RuntimeError, match="the server exited with code 3; its output ends:\nbad flag"
+        ),
+        bench.server(
+            lambda port: [sys.executable, "-c", "print('bad flag'); exit(3)"], tmp_path / "log", 1
+        ),
     ):
         pass
 
