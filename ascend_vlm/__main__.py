@@ -15,6 +15,7 @@ generate-batch: answer a JSONL file of requests with continuous batching
 (:mod:`ascend_vlm.commands.generate_batch`).
 explain: answer a question about images and write attention overlays, the stage trace and the
 anomalous-token report (:mod:`ascend_vlm.commands.explain`).
+serve: serve a VLM with the OpenAI API (:mod:`ascend_vlm.serving.cli`).
 """
 
 from __future__ import annotations
@@ -208,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ascend_vlm.commands import explain, generate_batch
     from ascend_vlm.evaluation.cli import EvalCommand
     from ascend_vlm.finetune import reference_model
+    from ascend_vlm.serving import cli as serving
 
     parser = CommandParser(prog=_program_name())
     parser.add_argument("--version", action="version", version=f"ascend_vlm {__version__}")
@@ -242,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     reference_model.add_command(commands)
     generate_batch.add_command(commands)
     explain.add_command(commands)
+    serving.add_command(commands)
     return parser
 
 

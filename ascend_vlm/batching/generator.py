@@ -89,10 +89,16 @@ class BatchGenerator:
 
     Budgets are :class:`~ascend_vlm.batching.budgets.BatchBudgets` fields, given as keywords
     (``max_batch_tokens``, ``max_visual_tokens_per_step``, ``max_kv_bytes``,
-    ``max_batch_size``). Not thread-safe: submit, run and cancel from one thread.
+    ``max_batch_size``). ``adapters``: an :class:`~ascend_vlm.adapters.AdapterSet` over
+    ``model`` (anything with ``forward(adapter_names, **inputs)``), through which every forward
+    runs with each row's :attr:`GenerationRequest.adapter` (None: the set's ``active`` one), so
+    requests for different adapters share a batch. Not thread-safe: submit, run and cancel from
+    one thread.
     """
 
-    def __init__(self, model: nn.Module, processor: Any, **budgets: Any) -> None:
+    def __init__(
+        self, model: nn.Module, processor: Any, adapters: Any = None, **budgets: Any
+    ) -> None:
         if not isinstance(model, nn.Module) or not callable(getattr(model, "generate", None)):
             raise TypeError(
                 f"model: expected a transformers model with generate(), got {type(model).__name__}"
@@ -103,6 +109,7 @@ class BatchGenerator:
                 f"{type(processor).__name__}"
             )
         self.model = model
+        self._adapters = adapters
         self._own_caches = bool(applied_features(model, "token_pruning"))
         self.processor = processor
         self.budgets = BatchBudgets(**budgets)
@@ -140,6 +147,10 @@ class BatchGenerator:
         when the request alone exceeds one, TypeError for a non-request."""
         if not isinstance(request, GenerationRequest):
             raise TypeError(f"request: expected a GenerationRequest, got {type(request).__name__}")
+        if request.adapter is not None and self._adapters is None:
+            raise ValueError(
+                f"request: adapter {request.adapter!r} needs a BatchGenerator made with adapters"
+            )
         if any(s.request.request_id == request.request_id for s in self._pending_sequences()):
             raise ValueError(
                 f"request: request_id {request.request_id!r} is already waiting or running; "
@@ -349,7 +360,9 @@ class BatchGenerator:
         sequence.admitted = self._now()
         trace_events.emit("batching_admit", self._base, request_id=sequence.request.request_id)
         with torch.no_grad():
-            output = self.model(**inputs, **{self._cache_keyword: cache}, use_cache=True, **extra)
+            output = self._forward(
+                [sequence], **inputs, **{self._cache_keyword: cache}, use_cache=True, **extra
+            )
         if self._rope_index is not None:
             sequence.rope_delta = self._prompt_rope_delta(inputs)
         sequence.first_token = self._now()
@@ -388,7 +401,8 @@ class BatchGenerator:
             positions = lengths[:, None]
         width = rows.width
         with torch.no_grad():
-            output = self.model(
+            output = self._forward(
+                self._running,
                 input_ids=last.to(self._device),
                 attention_mask=rows.attention_mask(extra=1).to(self._device),
                 position_ids=positions.to(self._device),
@@ -414,7 +428,8 @@ class BatchGenerator:
             if self._rope_index is not None:
                 position = position[None].expand(3, -1, -1)
             with torch.no_grad():
-                output = self.model(
+                output = self._forward(
+                    [sequence],
                     input_ids=torch.tensor([[sequence.tokens[-1]]], device=self._device),
                     attention_mask=torch.ones(1, length + 1, dtype=torch.long, device=self._device),
                     position_ids=position.to(self._device),
@@ -425,6 +440,15 @@ class BatchGenerator:
             if self._take(sequence, output.logits[0, -1], events):
                 done.append(row)
         self._leave(done)
+
+    def _forward(self, sequences: list[SequenceState], **inputs: Any) -> Any:
+        """The model's forward over ``sequences`` (one batch row each), through each one's
+        adapter when the generator has ``adapters``."""
+        if self._adapters is None:
+            return self.model(**inputs)
+        active = self._adapters.active
+        names = [sequence.request.adapter or active for sequence in sequences]
+        return self._adapters.forward(names, **inputs)
 
     def _take(self, sequence: SequenceState, logits: torch.Tensor, events: Any) -> bool:
         """Choose and record the sequence's next token; True when the sequence finished (its

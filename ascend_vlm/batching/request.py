@@ -23,8 +23,9 @@ class GenerationRequest:
     Generation: greedy unless ``do_sample`` (then ``temperature``, ``top_k``, ``top_p``, drawn
     with a generator seeded by ``seed``, so a request samples the same tokens in any batch);
     at most ``max_new_tokens`` tokens, ending early at the model's end-of-sequence token or
-    when the text contains one of ``stop`` (the text is cut before it). ``request_id``
-    defaults to a fresh number.
+    when the text contains one of ``stop`` (the text is cut before it). ``adapter`` names the
+    LoRA adapter that answers (None: the generator's model as it is; a name needs a generator
+    made with ``adapters``). ``request_id`` defaults to a fresh number.
     """
 
     messages: Sequence[dict[str, Any]]
@@ -35,6 +36,7 @@ class GenerationRequest:
     top_p: float | None = None
     seed: int = 0
     stop: Sequence[str] = ()
+    adapter: str | None = None
     request_id: str = field(default_factory=lambda: f"request-{next(_IDS)}")
 
     @classmethod
@@ -59,6 +61,8 @@ class GenerationRequest:
             ("seed", isinstance(self.seed, int), "an int"),
             ("stop", not isinstance(self.stop, str) and all(isinstance(s, str) and s for s in self.stop),
              "a sequence of non-empty strings"),
+            ("adapter", self.adapter is None or (isinstance(self.adapter, str) and self.adapter),
+             "None or an adapter name"),
             ("messages", bool(self.messages) and all(isinstance(m, dict) for m in self.messages),
              "a non-empty sequence of chat message dicts"),
         )  # fmt: skip
@@ -148,11 +152,13 @@ class SequenceState:
 
 
 class RequestHandle:
-    """A submitted request: its ``request_id`` and :meth:`cancel`."""
+    """A submitted request: its ``request_id``, its ``size`` (prompt and image tokens, as
+    encoded at submission) and :meth:`cancel`."""
 
     def __init__(self, sequence: SequenceState) -> None:
         self._sequence = sequence
         self.request_id = sequence.request.request_id
+        self.size = sequence.size
 
     def cancel(self) -> None:
         """Stop the request at the next step: it ends with ``finish_reason`` "cancelled" and

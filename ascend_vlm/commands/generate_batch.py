@@ -112,17 +112,8 @@ def read_requests(path: Path) -> list[GenerationRequest]:
     return requests
 
 
-def add_command(commands: Any) -> None:
-    """Register ``generate-batch`` on the ``python -m ascend_vlm`` sub-command parser."""
-    parser = commands.add_parser(
-        "generate-batch", help="answer a JSONL file of requests with continuous batching"
-    )
-    parser.add_argument(
-        "--model", required=True, help="local checkpoint folder or Hugging Face Hub id"
-    )
-    parser.add_argument("--requests", required=True, type=Path, help="requests, JSONL")
-    parser.add_argument("--out", required=True, type=Path, help="results, JSONL")
-    parser.add_argument("--force", action="store_true", help="replace an existing --out")
+def add_budget_arguments(parser: Any) -> None:
+    """Add the batch's budget flags (:data:`BUDGET_FLAGS`) to ``parser`` (or a group)."""
     parser.add_argument(
         "--max-batch-tokens",
         type=int,
@@ -135,6 +126,42 @@ def add_command(commands: Any) -> None:
     )
     parser.add_argument("--max-kv-mib", type=int, help="KV cache of the batch (default: none)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="sequences running at once")
+
+
+def budget_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The :class:`~ascend_vlm.batching.BatchBudgets` keywords of the budget flags in
+    ``args``; ``parser.error`` names a flag below 1."""
+    for flag in ("max_batch_tokens", "max_visual_tokens", "max_kv_mib", "max_batch_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            parser.error(f"--{flag.replace('_', '-')}: expected an int >= 1, got {value}")
+    return {
+        "max_batch_tokens": args.max_batch_tokens,
+        "max_visual_tokens_per_step": args.max_visual_tokens,
+        "max_kv_bytes": None if args.max_kv_mib is None else args.max_kv_mib * MIB,
+        "max_batch_size": args.max_batch_size,
+    }
+
+
+def budget_message(error: Exception) -> str:
+    """A :class:`~ascend_vlm.batching.BudgetError`'s message naming the budget's flag instead
+    of its field."""
+    budget, _, why = str(error).partition(": ")
+    return f"{BUDGET_FLAGS.get(budget, budget)}: {why}"
+
+
+def add_command(commands: Any) -> None:
+    """Register ``generate-batch`` on the ``python -m ascend_vlm`` sub-command parser."""
+    parser = commands.add_parser(
+        "generate-batch", help="answer a JSONL file of requests with continuous batching"
+    )
+    parser.add_argument(
+        "--model", required=True, help="local checkpoint folder or Hugging Face Hub id"
+    )
+    parser.add_argument("--requests", required=True, type=Path, help="requests, JSONL")
+    parser.add_argument("--out", required=True, type=Path, help="results, JSONL")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out")
+    add_budget_arguments(parser)
     parser.add_argument(
         "--no-patch", dest="patch", action="store_false", help="run the stock model, unpatched"
     )
@@ -155,10 +182,7 @@ def run_command(args: argparse.Namespace) -> int:
     from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
     parser = args.parser
-    for flag in ("max_batch_tokens", "max_visual_tokens", "max_kv_mib", "max_batch_size"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            parser.error(f"--{flag.replace('_', '-')}: expected an int >= 1, got {value}")
+    budgets = budget_settings(args, parser)
     if args.out.exists() and not args.force:
         parser.error(f"--out: {args.out} exists; pass --force to replace it")
     if not args.requests.is_file():
@@ -176,18 +200,10 @@ def run_command(args: argparse.Namespace) -> int:
 
         patch(model)
     try:
-        generator = BatchGenerator(
-            model,
-            processor,
-            max_batch_tokens=args.max_batch_tokens,
-            max_visual_tokens_per_step=args.max_visual_tokens,
-            max_kv_bytes=None if args.max_kv_mib is None else args.max_kv_mib * MIB,
-            max_batch_size=args.max_batch_size,
-        )
+        generator = BatchGenerator(model, processor, **budgets)
         results = generator.generate_many(requests, progress=args.progress)
     except BudgetError as error:
-        budget, _, why = str(error).partition(": ")
-        parser.error(f"{BUDGET_FLAGS.get(budget, budget)}: {why}")
+        parser.error(budget_message(error))
     lines = [
         json.dumps(
             {

@@ -16,10 +16,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ascend_vlm.adapters.adapter_set import BASE_ADAPTER, check_adapter_name
+from ascend_vlm.adapters.adapter_set import BASE_ADAPTER, AdapterSet, check_adapter_name
 
 
-def _named_path(text: str) -> tuple[str, str]:
+def named_path(text: str) -> tuple[str, str]:
     """``NAME=PATH`` as ``(NAME, PATH)``; ArgumentTypeError naming what is accepted."""
     name, separator, path = text.partition("=")
     if not separator or not path:
@@ -37,7 +37,7 @@ def add_adapter_arguments(group: Any) -> None:
     """Add ``--adapter NAME=PATH`` (repeatable, default none) and ``--use-adapter NAME``."""
     group.add_argument(
         "--adapter",
-        type=_named_path,
+        type=named_path,
         action="append",
         default=[],
         metavar="NAME=PATH",
@@ -70,6 +70,41 @@ def _chosen(args: argparse.Namespace) -> str:
     return args.use_adapter
 
 
+def load_adapter_set(
+    model: Any, processor: Any, named_paths: list[tuple[str, str]]
+) -> tuple[AdapterSet, list[str]]:
+    """An :class:`~ascend_vlm.adapters.AdapterSet` over ``model`` holding the adapters of
+    ``named_paths`` (``(NAME, PATH)`` pairs, as ``--adapter`` parses them), and the new tokens
+    an adapter folder with ``visual_tokens.json`` added to ``model`` and ``processor`` (such an
+    adapter is loaded alone). ValueError naming ``--adapter`` for a name given twice or an
+    adapter that does not load."""
+    from ascend_vlm.adapters import AdapterSet, load_visual_tokens
+    from ascend_vlm.adapters.visual_vocabulary import VISUAL_TOKENS_FILE
+
+    names = [name for name, _ in named_paths]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"--adapter: expected each NAME once, got {', '.join(repeated)} twice")
+    with_tokens = [(n, p) for n, p in named_paths if (Path(p) / VISUAL_TOKENS_FILE).is_file()]
+    if with_tokens and len(named_paths) > 1:
+        # PEFT's trainable tokens wrap the embedding and head, which the other adapters'
+        # loading (or a table they save in full) does not expect.
+        raise ValueError(
+            f"--adapter: expected an adapter with new tokens ({with_tokens[0][0]}) alone, got "
+            f"{len(named_paths)} adapters"
+        )
+    new_tokens: list[str] = []
+    adapters = AdapterSet(model)
+    for name, path in named_paths:
+        try:
+            if (name, path) in with_tokens:
+                new_tokens = list(load_visual_tokens(model, processor, path).tokens)
+            adapters.load(name, path)
+        except (ValueError, FileNotFoundError) as error:
+            raise ValueError(f"--adapter {name}={path}: {error}") from None
+    return adapters, new_tokens
+
+
 def apply_adapters(model: Any, args: argparse.Namespace, processor: Any) -> dict[str, Any]:
     """Load ``args.adapter`` over ``model`` and activate ``args.use_adapter``; the dict
     records the resident adapters, the active one and any new tokens."""
@@ -80,31 +115,8 @@ def apply_adapters(model: Any, args: argparse.Namespace, processor: Any) -> dict
                 f"{args.use_adapter!r} with none loaded"
             )
         return {"summary": "no adapter", "adapters": {}, "active": BASE_ADAPTER, "new_tokens": []}
-    from ascend_vlm.adapters import AdapterSet, load_visual_tokens
-    from ascend_vlm.adapters.visual_vocabulary import VISUAL_TOKENS_FILE
-
-    names = [name for name, _ in args.adapter]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ValueError(f"--adapter: expected each NAME once, got {', '.join(repeated)} twice")
     active = _chosen(args)
-    with_tokens = [(n, p) for n, p in args.adapter if (Path(p) / VISUAL_TOKENS_FILE).is_file()]
-    if with_tokens and len(args.adapter) > 1:
-        # PEFT's trainable tokens wrap the embedding and head, which the other adapters'
-        # loading (or a table they save in full) does not expect.
-        raise ValueError(
-            f"--adapter: expected an adapter with new tokens ({with_tokens[0][0]}) alone, got "
-            f"{len(args.adapter)} adapters"
-        )
-    new_tokens: list[str] = []
-    adapters = AdapterSet(model)
-    for name, path in args.adapter:
-        try:
-            if (name, path) in with_tokens:
-                new_tokens = list(load_visual_tokens(model, processor, path).tokens)
-            adapters.load(name, path)
-        except (ValueError, FileNotFoundError) as error:
-            raise ValueError(f"--adapter {name}={path}: {error}") from None
+    adapters, new_tokens = load_adapter_set(model, processor, args.adapter)
     adapters.activate(active)
     resident = ", ".join(adapters.names)
     tokens = f", new tokens {' '.join(new_tokens)}" if new_tokens else ""

@@ -38,3 +38,42 @@ def save_random_adapter(
             torch.nn.init.normal_(parameter, std=0.5)
     peft_model.save_pretrained(folder)
     return folder
+
+
+def random_adapter_set(base: torch.nn.Module, folder: Path, seeds: dict[str, int]):
+    """An ``AdapterSet`` over a copy of ``base`` holding one random adapter per name of
+    ``seeds`` (saved under ``folder``; the second and later at rank 8), the base active."""
+    from ascend_vlm.adapters import BASE_ADAPTER, AdapterSet
+
+    adapters = AdapterSet(copy.deepcopy(base))
+    for index, (name, seed) in enumerate(seeds.items()):
+        adapters.load(name, save_random_adapter(base, folder / name, seed, rank=8 if index else 4))
+    adapters.activate(BASE_ADAPTER)
+    return adapters
+
+
+def generate_with_adapter(adapters, processor, messages, name: str, max_new_tokens: int):
+    """Greedy ``generate`` of the chat ``messages`` (images as ``{"type": "image", "image":
+    PIL}`` parts) with adapter ``name`` of ``adapters`` active; the new token ids."""
+    from ascend_vlm.adapters import BASE_ADAPTER
+
+    prompt = processor.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=True
+    )
+    images = [
+        part["image"]
+        for message in messages
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part.get("type") == "image"
+    ]
+    inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
+    adapters.activate(name)
+    try:
+        with torch.no_grad():
+            output = adapters.model.generate(
+                **inputs, max_new_tokens=max_new_tokens, do_sample=False
+            )
+    finally:
+        adapters.activate(BASE_ADAPTER)
+    return output[0, inputs["input_ids"].shape[1] :].tolist()

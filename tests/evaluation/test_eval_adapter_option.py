@@ -14,7 +14,7 @@ import torch
 from tiny_finetune import tiny_config
 
 from ascend_vlm.__main__ import main
-from ascend_vlm.evaluation.adapter_option import _named_path
+from ascend_vlm.evaluation.adapter_option import named_path
 from ascend_vlm.evaluation.datasets import shapes_vqa
 from ascend_vlm.evaluation.runner import generate_answers
 
@@ -143,7 +143,7 @@ def _strip_token_rows(folder: Path) -> None:
 )
 def test_bad_adapter_flags_name_what_is_accepted(text, message):
     with pytest.raises(argparse.ArgumentTypeError, match=message):
-        _named_path(text)
+        named_path(text)
 
 
 def _refused(argv: list[str], capsys) -> str:

@@ -1,0 +1,187 @@
+"""From an OpenAI chat-completion request to a
+:class:`~ascend_vlm.batching.GenerationRequest`, and from the generator's results to OpenAI's
+response objects (``chat.completion`` and ``chat.completion.chunk``).
+
+Settings: ``temperature`` 0 decodes greedily, anything else samples (OpenAI's default
+temperature is 1) with ``top_p`` and ``seed`` (a fresh random seed when none is given);
+``max_completion_tokens`` (or ``max_tokens``) defaults to, and may not pass, the server's
+``--max-completion-tokens``. ``usage`` counts ``prompt_tokens`` (text and image tokens),
+``completion_tokens`` and ``total_tokens``; ``prompt_tokens_details.image_tokens`` is the image
+tokens among the prompt's, an extra field OpenAI's clients keep.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ascend_vlm.batching import GenerationRequest, RequestResult
+from ascend_vlm.serving.engine import Admitted
+from ascend_vlm.serving.errors import ApiError
+from ascend_vlm.serving.images import read_image
+from ascend_vlm.serving.limits import LIMIT_FLAGS, ServingLimits
+from ascend_vlm.serving.protocol import ChatCompletionRequest, ImagePart
+
+# The generator's finish reasons as OpenAI names them ("cancelled" and "error" never reach a
+# client as a finish reason).
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+@dataclass(frozen=True)
+class ServedModels:
+    """What ``GET /v1/models`` lists: the base model's ``name`` and the resident adapters'
+    names; ``base_adapter`` is the adapter name that means the base (None without adapters)."""
+
+    name: str
+    adapters: tuple[str, ...] = ()
+    base_adapter: str | None = None
+
+    def adapter_for(self, model: str) -> str | None:
+        """The adapter a request's ``model`` picks; ApiError 404 naming ``model`` when it is
+        not served."""
+        if model == self.name:
+            return self.base_adapter
+        if model in self.adapters:
+            return model
+        served = ", ".join([self.name, *self.adapters])
+        raise ApiError(
+            404,
+            f"model: expected one of the served models ({served}), got {model!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+    def listing(self, created: int) -> dict[str, Any]:
+        """The ``GET /v1/models`` body."""
+        cards = [{"id": self.name, "object": "model", "created": created, "owned_by": "ascend_vlm"}]
+        cards += [
+            {"id": name, "object": "model", "created": created, "owned_by": "ascend_vlm",
+             "parent": self.name}
+            for name in self.adapters
+        ]  # fmt: skip
+        return {"object": "list", "data": cards}
+
+
+def _content(content: Any, where: str, limits: ServingLimits) -> Any:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for index, part in enumerate(content):
+        if isinstance(part, ImagePart):
+            param = f"{where}.{index}.image_url.url"
+            parts.append({"type": "image", "image": read_image(part.image_url.url, param, limits)})
+        else:
+            parts.append({"type": "text", "text": part.text})
+    return parts
+
+
+def _max_new_tokens(body: ChatCompletionRequest, limits: ServingLimits) -> int:
+    name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    asked = getattr(body, name)
+    if asked is None:
+        return limits.max_completion_tokens
+    if asked > limits.max_completion_tokens:
+        raise ApiError(
+            400,
+            f"{name}: expected at most {limits.max_completion_tokens} (the server's "
+            f"{LIMIT_FLAGS['max_completion_tokens']}), got {asked}",
+            param=name,
+            code="budget_exceeded",
+        )
+    return asked
+
+
+def generation_request(
+    body: ChatCompletionRequest, adapter: str | None, limits: ServingLimits, request_id: str
+) -> GenerationRequest:
+    """The generator's request for ``body`` answered by ``adapter``; its images are read here
+    (blocking: URL fetches and decoding). ApiError 400 naming the field or limit at fault."""
+    count = sum(
+        isinstance(part, ImagePart)
+        for message in body.messages
+        if not isinstance(message.content, str)
+        for part in message.content
+    )
+    if count > limits.max_images:
+        raise ApiError(
+            400,
+            f"messages: the request has {count} images, more than {LIMIT_FLAGS['max_images']} "
+            f"({limits.max_images})",
+            param="messages",
+            code="too_many_images",
+        )
+    messages = [
+        {"role": message.role,
+         "content": _content(message.content, f"messages.{index}.content", limits)}
+        for index, message in enumerate(body.messages)
+    ]  # fmt: skip
+    temperature = 1.0 if body.temperature is None else body.temperature
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return GenerationRequest(
+        messages=messages,
+        max_new_tokens=_max_new_tokens(body, limits),
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else 1.0,
+        top_p=body.top_p,
+        seed=secrets.randbits(63) if body.seed is None else body.seed,
+        stop=stop,
+        adapter=adapter,
+        request_id=request_id,
+    )
+
+
+def usage(admitted: Admitted, completion_tokens: int) -> dict[str, Any]:
+    """OpenAI's ``usage`` object, with the image tokens among the prompt's."""
+    return {
+        "prompt_tokens": admitted.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": admitted.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0, "image_tokens": admitted.visual_tokens},
+    }
+
+
+@dataclass(frozen=True)
+class ResponseHeader:
+    """What every response object of one request repeats."""
+
+    request_id: str
+    model: str
+    created: int
+
+    @classmethod
+    def now(cls, request_id: str, model: str) -> ResponseHeader:
+        return cls(request_id, model, int(time.time()))
+
+    def fields(self, kind: str) -> dict[str, Any]:
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
+
+
+def completion(header: ResponseHeader, result: RequestResult, admitted: Admitted) -> dict:
+    """The ``chat.completion`` object of a finished request."""
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": result.text},
+        "finish_reason": FINISH_REASONS[result.finish_reason],
+        "logprobs": None,
+    }
+    return {
+        **header.fields("chat.completion"),
+        "choices": [choice],
+        "usage": usage(admitted, len(result.tokens)),
+    }
+
+
+def chunk(
+    header: ResponseHeader,
+    delta: dict[str, Any] | None,
+    finish_reason: str | None = None,
+    usage_object: dict[str, Any] | None = None,
+) -> dict:
+    """A ``chat.completion.chunk``: one choice with ``delta`` (None: no choice, the usage
+    chunk), its ``finish_reason`` and ``usage``."""
+    choices = [] if delta is None else [
+        {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+    ]  # fmt: skip
+    return {**header.fields("chat.completion.chunk"), "choices": choices, "usage": usage_object}

@@ -1,0 +1,84 @@
+"""Image sources under the server's rules: data URLs always; local files only under the named
+directory (no escape by ``..`` or symlink); http(s) URLs only when allowed, with a size cap;
+a pixel limit read from the header. Every refusal names the field and the flag."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import http.server
+import io
+import threading
+
+import pytest
+from PIL import Image
+
+from ascend_vlm.serving.errors import ApiError
+from ascend_vlm.serving.images import read_image
+from ascend_vlm.serving.limits import ServingLimits
+
+FIELD = "messages.0.content.0.image_url.url"
+
+
+def _png(size=(8, 6), colour="red") -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _refusal(url: str, limits: ServingLimits) -> str:
+    with pytest.raises(ApiError) as raised:
+        read_image(url, FIELD, limits)
+    assert raised.value.status == 400 and raised.value.param == FIELD
+    assert raised.value.message.startswith(f"{FIELD}: ")
+    return raised.value.message
+
+
+def test_data_urls_are_read_and_pixels_are_limited():
+    url = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    assert read_image(url, FIELD, ServingLimits()).size == (8, 6)
+    assert "8x6 pixels, more than --max-image-pixels (47)" in _refusal(
+        url, ServingLimits(max_image_pixels=47)
+    )
+    assert "base64" in _refusal("data:image/png;base64,***", ServingLimits())
+    assert "data:image/<type>;base64" in _refusal("data:text/plain,hello", ServingLimits())
+
+
+def test_local_files_only_under_the_named_directory(tmp_path):
+    root, outside = tmp_path / "images", tmp_path / "secret"
+    root.mkdir()
+    outside.mkdir()
+    (root / "cat.png").write_bytes(_png())
+    (outside / "key.png").write_bytes(_png())
+    (root / "link.png").symlink_to(outside / "key.png")
+    assert "--allow-local-images" in _refusal("cat.png", ServingLimits())
+    limits = ServingLimits(local_images=root)
+    assert read_image("cat.png", FIELD, limits).size == (8, 6)
+    assert read_image(f"file://{root}/cat.png", FIELD, limits).size == (8, 6)
+    for escape in ("../secret/key.png", str(outside / "key.png"), "link.png"):
+        assert "expected a file under" in _refusal(escape, limits)
+    assert "no such image file" in _refusal("dog.png", limits)
+
+
+@pytest.fixture
+def image_site(tmp_path):
+    """A loopback HTTP server of ``tmp_path``'s files."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    yield tmp_path, f"http://127.0.0.1:{site.server_address[1]}"
+    site.shutdown()
+    site.server_close()
+
+
+def test_urls_only_when_allowed_and_capped(image_site):
+    folder, url = image_site
+    (folder / "small.png").write_bytes(_png())
+    (folder / "large.png").write_bytes(_png((600, 600)) + bytes(2 << 20))
+    assert "--allow-image-urls" in _refusal(f"{url}/small.png", ServingLimits())
+    allowed = ServingLimits(allow_image_urls=True, url_max_bytes=1 << 20)
+    assert read_image(f"{url}/small.png", FIELD, allowed).size == (8, 6)
+    assert "larger than --image-url-max-mib" in _refusal(f"{url}/large.png", allowed)
+    assert "cannot fetch" in _refusal(f"{url}/missing.png", allowed)

@@ -1,0 +1,74 @@
+"""``python -m ascend_vlm serve``: bad flags exit 2 naming the flag before anything loads, and
+a served process drains at SIGTERM (new requests 503, the request in flight finishes) and
+exits 0."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+from conftest import chat_messages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--model", "/no/such/folder"], "--model: expected a local checkpoint"),
+        (["--model", "x", "--max-queue", "0"], "--max-queue: expected a number > 0, got '0'"),
+        (["--model", "x", "--max-batch-size", "0"], "--max-batch-size: expected an int >= 1"),
+        (["--model", "x", "--allow-local-images", "/no/dir"], "--allow-local-images: expected"),
+        (["--model", "x", "--adapter", "noequals"], "--adapter: expected NAME=PATH"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(command_error, argv, words):
+    assert words in command_error(["serve", *argv])
+
+
+@pytest.mark.slow
+def test_sigterm_drains_the_request_in_flight_and_exits_0(tiny_model_path):
+    command = [sys.executable, "-m", "ascend_vlm", "serve", "--model", str(tiny_model_path),
+               "--port", "0", "--no-patch", "--served-model-name", "tiny", "--drain-seconds",
+               "120", "--log-level", "warning"]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        for line in process.stdout:
+            found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)
+            if found:
+                url = found.group(1)
+                break
+        else:
+            pytest.fail("the server never said where it listens")
+        body = {"model": "tiny", "messages": chat_messages("a long answer"), "max_tokens": 64,
+                "temperature": 0, "stream": True}  # fmt: skip
+        response = requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=300)
+        lines = response.iter_lines(decode_unicode=True)
+        next(line for line in lines if line.startswith("data: "))  # the request is in flight
+        process.send_signal(signal.SIGTERM)
+        events: list[str] = []
+        reader = threading.Thread(target=lambda: events.extend(line for line in lines if line))
+        reader.start()
+        refused = requests.post(f"{url}/v1/chat/completions", timeout=60,
+                                json={"model": "tiny", "messages": chat_messages("late")})  # fmt: skip
+        health = requests.get(f"{url}/health", timeout=60)
+        reader.join(300)
+        assert process.wait(timeout=300) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+    assert health.status_code == 503
+    assert events[-1] == "data: [DONE]"
+    finish = json.loads(events[-2][6:])
+    assert finish["choices"][0]["finish_reason"] in ("length", "stop")
+    assert finish["usage"]["completion_tokens"] >= 1
