@@ -16,7 +16,7 @@ client, ``stream=True`` with a usage chunk): each client sends its next request 
 answer ends. Throughput is requests and generated tokens (the servers' usage counts) per second
 of wall time; TTFT is from sending a request to the first chunk carrying text.
 
-* ``ascend_vlm serve``: ``python -m ascend_vlm serve --model FOLDER`` plus ``--serve-arg``s.
+* ``ascend_vlm serve``: ``python -m ascend_vlm serve --model FOLDER`` plus ``--serve-args``.
 * ``transformers serve``: ``transformers serve FOLDER --continuous-batching`` (transformers 5.25
   falls back to one ``generate`` at a time for a VLM: "Only LLMs support continuous batching").
 * ``generate, sequential``: ``model.generate`` per request in this process in arrival order; a
@@ -32,15 +32,15 @@ requests of every round (linear interpolation between order statistics).
 
 Conversation: ``--conversations`` conversations of ``--turns`` turns (three images and a long
 question first, then short questions, every turn repeating the conversation so far as clients
-do), each with fresh images, alternately on the server with reuse and on a second server started
-with ``--no-reuse-arg``s; the row gives the last turn's TTFT. Without ``--no-reuse-arg`` the row
-is left out. A benchmark, not a test: numbers depend on the machine and its load.
+do), each with fresh images, alternately on a server started with ``--reuse-args`` added (the
+flags that turn its reuse on, e.g. ``--vision-cache 256``) and on one without them; the rows
+give the last turn's TTFT. Without ``--reuse-args`` they are left out. A benchmark, not a test: numbers depend on the machine and its load.
 
 Usage::
 
     python scripts/bench_serve.py [--clients 16] [--requests 32] [--rounds 3] [--layers 4]
-        [--min-new 8] [--max-new 32] [--threads N] [--model PATH] [--serve-arg ARG ...]
-        [--no-reuse-arg ARG ...] [--turns 3] [--conversations 4]
+        [--min-new 8] [--max-new 32] [--threads N] [--model PATH] [--serve-args ARGS]
+        [--reuse-args ARGS] [--turns 3] [--conversations 4]
         [--json PATH]  (PATH: the table as JSON for docs/benchmarks/, see _bench_record.py)
 """
 
@@ -451,7 +451,7 @@ def measure_throughput(args, folder: Path, logs: Path) -> list[list[str]]:
     warm_up = workload(args.clients, args.min_new, args.min_new, args.seed + 1)
     model = AutoModelForImageTextToText.from_pretrained(folder).eval()
     processor = load_processor(folder)
-    ours_at = functools.partial(ours_command, folder, args.serve_arg)
+    ours_at = functools.partial(ours_command, folder, args.serve_args)
     theirs_at = functools.partial(transformers_command, folder)
     with (
         server(ours_at, logs / "ours.log", args.threads) as ours,
@@ -477,8 +477,8 @@ def measure_throughput(args, folder: Path, logs: Path) -> list[list[str]]:
 
 def measure_conversations(args, folder: Path, logs: Path) -> list[list[str]]:
     """The conversation rows: the same server with reuse (twice, for A/A) and without."""
-    reuse_on_at = functools.partial(ours_command, folder, args.serve_arg)
-    reuse_off_at = functools.partial(ours_command, folder, [*args.serve_arg, *args.no_reuse_arg])
+    reuse_on_at = functools.partial(ours_command, folder, [*args.serve_args, *args.reuse_args])
+    reuse_off_at = functools.partial(ours_command, folder, args.serve_args)
     with (
         server(reuse_on_at, logs / "reuse_on.log", args.threads) as on,
         server(reuse_off_at, logs / "reuse_off.log", args.threads) as off,
@@ -501,17 +501,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", type=Path, help="serve this model folder instead")
     parser.add_argument(
-        "--serve-arg",
-        action="append",
-        default=[],
-        help="an extra argument of ascend_vlm serve (repeat for more)",
+        "--serve-args", type=shlex.split, default=[], help="more ascend_vlm serve flags, quoted"
     )
     parser.add_argument(
-        "--no-reuse-arg",
-        action="append",
-        default=[],
-        help="an argument of ascend_vlm serve that turns reuse off (repeat)",
-    )
+        "--reuse-args", type=shlex.split, default=[],
+        help="the ascend_vlm serve flags that turn reuse on, quoted",
+    )  # fmt: skip
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--json", type=Path, help="also write the table to this file")
@@ -533,10 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.model or build_model_folder(Path(scratch) / "model", args.layers)
         rows = measure_throughput(args, folder, Path(scratch))
-        if args.no_reuse_arg:
+        if args.reuse_args:
             rows += measure_conversations(args, folder, Path(scratch))
         else:
-            print("[bench_serve] no --no-reuse-arg: the conversation rows are left out")
+            print("[bench_serve] no --reuse-args: the conversation rows are left out")
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "|".join("---:" for _ in HEADER) + "|")
     for row in rows:

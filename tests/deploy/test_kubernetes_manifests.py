@@ -9,11 +9,14 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from ascend_vlm.__main__ import build_parser
+from ascend_vlm.serving.metrics import ServingMetrics
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 # A release kubernetes-validate bundles; 1.30 is the first with the preStop sleep action on.
 KUBERNETES_VERSION = "1.32.0"
-SERVER_DRAIN_SECONDS = 30
 
 
 def resources() -> list[tuple[str, dict]]:
@@ -36,10 +39,19 @@ def server_container() -> dict:
     return container
 
 
-def option(args: list[str], name: str) -> str:
-    """The value following ``name`` in a container's args."""
-    assert args.count(name) == 1, f"{name}: expected once in the container's args, got {args}"
-    return args[args.index(name) + 1]
+def serve_arguments():
+    """The container's command line as the server's own parser reads it."""
+    container = server_container()
+    assert container["command"] == ["python"]
+    assert container["args"][:2] == ["-m", "ascend_vlm"]
+    return build_parser().parse_args(container["args"][2:])
+
+
+def server_counters() -> set[str]:
+    """The counters the server exports at /metrics, as Prometheus names their series."""
+    metrics = ServingMetrics(lambda: 0, lambda: 0, lambda: 0, lambda: None)
+    families = text_string_to_metric_families(metrics.exposition().decode())
+    return {f"{family.name}_total" for family in families if family.type == "counter"}
 
 
 def adapter_rules() -> list[dict]:
@@ -84,21 +96,26 @@ def test_the_autoscaler_scales_the_deployment_on_the_adapters_two_metrics():
 
 
 def test_the_adapter_rules_rate_exactly_the_servers_counters():
-    server_counters = ["ascend_vlm_requests_total", "ascend_vlm_visual_tokens_total"]
     rules = adapter_rules()
     series = [re.fullmatch(r"(\w+)\{.*\}", rule["seriesQuery"]).group(1) for rule in rules]
-    assert series == server_counters
+    assert series == ["ascend_vlm_requests_total", "ascend_vlm_visual_tokens_total"]
+    assert set(series) <= server_counters()
     assert [rule["name"]["matches"] for rule in rules] == [f"^{name}$" for name in series]
     for rule in rules:
         assert "rate(<<.Series>>{<<.LabelMatchers>>}[1m])" in rule["metricsQuery"]
         assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
 
 
+def test_the_container_runs_the_serve_command_the_server_accepts():
+    arguments = serve_arguments()
+    assert arguments.parser.prog.endswith("serve")
+    (mount,) = server_container()["volumeMounts"]
+    assert arguments.model.startswith(mount["mountPath"] + "/")
+
+
 def test_the_probes_and_scrape_annotations_reach_the_servers_port_and_paths():
     container = server_container()
-    args = container["args"]
-    assert args[:3] == ["-m", "ascend_vlm", "serve"]
-    port = int(option(args, "--port"))
+    port = serve_arguments().port
     (http,) = container["ports"]
     assert http["containerPort"] == port
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
@@ -108,16 +125,13 @@ def test_the_probes_and_scrape_annotations_reach_the_servers_port_and_paths():
     assert annotations["prometheus.io/path"] == "/metrics"
 
 
-def test_the_model_volume_is_the_claim_and_the_model_path_is_under_its_mount():
+def test_the_model_volume_is_the_claim_the_container_mounts():
     pod = resource("Deployment")["spec"]["template"]["spec"]
     (volume,) = pod["volumes"]
-    assert (
-        volume["persistentVolumeClaim"]["claimName"]
-        == resource("PersistentVolumeClaim")["metadata"]["name"]
-    )
+    claim = resource("PersistentVolumeClaim")["metadata"]["name"]
+    assert volume["persistentVolumeClaim"]["claimName"] == claim
     (mount,) = server_container()["volumeMounts"]
     assert mount["name"] == volume["name"]
-    assert option(server_container()["args"], "--model").startswith(mount["mountPath"] + "/")
 
 
 def test_one_ascend_npu_is_requested_under_the_device_plugins_name():
@@ -127,6 +141,12 @@ def test_one_ascend_npu_is_requested_under_the_device_plugins_name():
 
 
 def test_the_grace_period_covers_the_prestop_sleep_and_the_servers_drain():
-    pod = resource("Deployment")["spec"]["template"]["spec"]
-    pre_stop = server_container()["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert pod["terminationGracePeriodSeconds"] > pre_stop + SERVER_DRAIN_SECONDS
+    # /health answers 503 while the server drains: readiness takes the pod out of the Service,
+    # and liveness must not restart it before the drain ends.
+    container = server_container()
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = serve_arguments().drain_seconds
+    grace = resource("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > pre_stop + drain
+    liveness = container["livenessProbe"]
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] > drain
