@@ -1,7 +1,7 @@
 """Benchmark: OpenAI-compatible VLM servers under N concurrent streaming clients, side by side:
 ``python -m ascend_vlm serve``, ``transformers serve`` and sequential ``model.generate``
 in-process, on the same model folder and machine; then a conversation's later turn with the
-server's reuse (prefix and vision caches) on and off.
+server's reuse (whichever of its caches ``--reuse-args`` turns on) on and off.
 
 The model is the benchmark Qwen2-VL of ``scripts/_bench_models.py`` (``--layers`` language
 layers of width 256, a 4-layer vision tower, the default model's tokenizer and chat template),
@@ -11,7 +11,7 @@ saved with ``save_pretrained`` into a temporary folder together with its process
 
 Workload: ``--requests`` chat requests in a fixed random order, 40% text only, 40% with one
 image, 20% with three (PNG data URLs), prompts of 2 to 40 words, greedy answers of ``--min-new``
-to ``--max-new`` tokens, sent by ``--clients`` concurrent clients (the official ``openai`` async
+to ``--max-new`` tokens (by default bench_batching.py's workload: 4 to 128), sent by ``--clients`` concurrent clients (the official ``openai`` async
 client, ``stream=True`` with a usage chunk): each client sends its next request when its last
 answer ends. Throughput is requests and generated tokens (the servers' usage counts) per second
 of wall time; TTFT is from sending a request to the first chunk carrying text.
@@ -38,9 +38,9 @@ give the last turn's TTFT. Without ``--reuse-args`` they are left out. A benchma
 
 Usage::
 
-    python scripts/bench_serve.py [--clients 16] [--requests 32] [--rounds 3] [--layers 4]
-        [--min-new 8] [--max-new 32] [--threads N] [--model PATH] [--serve-args ARGS]
-        [--reuse-args ARGS] [--turns 3] [--conversations 4]
+    python scripts/bench_serve.py [--clients 16] [--requests 32] [--rounds 3] [--layers 8]
+        [--min-new 4] [--max-new 128] [--threads N] [--model PATH] [--serve-args ARGS]
+        [--reuse-args ARGS] [--turns 3] [--conversations 6]
         [--json PATH]  (PATH: the table as JSON for docs/benchmarks/, see _bench_record.py)
 """
 
@@ -494,9 +494,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--layers", type=int, default=4, help="language-model depth")
-    parser.add_argument("--min-new", type=int, default=8)
-    parser.add_argument("--max-new", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=8, help="language-model depth")
+    parser.add_argument("--min-new", type=int, default=4)
+    parser.add_argument("--max-new", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", type=Path, help="serve this model folder instead")
@@ -508,7 +508,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the ascend_vlm serve flags that turn reuse on, quoted",
     )  # fmt: skip
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--conversations", type=int, default=6)
     parser.add_argument("--json", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     for flag in ("clients", "requests", "rounds", "layers", "min_new", "threads", "conversations"):
