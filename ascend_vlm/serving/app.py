@@ -214,29 +214,9 @@ class _Exchange:
                 self.metrics.count("cancelled")
 
 
-def build_app(
-    engine: Engine,
-    served: ServedModels,
-    limits: ServingLimits,
-    api_key: str | None = None,
-    vision_cache: Any = None,
-) -> Any:
-    """The server's ASGI app over a started ``engine``: FastAPI with the routes, inside the
-    body-size limit and, with ``api_key``, the bearer check. ``vision_cache``: the model's
-    :class:`~ascend_vlm.reuse.VisionCache`, whose hits and misses ``/metrics`` reports."""
-    metrics = ServingMetrics(
-        queue_depth=lambda: engine.queue_depth,
-        running_rows=lambda: engine.running_rows,
-        kv_bytes=lambda: engine.kv_bytes,
-        vision_cache=lambda: vision_cache,
-    )
-    created = int(time.time())
-    app = FastAPI(title="ascend_vlm", summary="OpenAI-compatible VLM server")
-    app.state.metrics = metrics
-
-    def count_refusal(path: str, status: str) -> None:
-        if path == CHAT_PATH:
-            metrics.count(status)
+def _install_error_handlers(app: FastAPI, count_refusal: Any) -> None:
+    """Answer every error with OpenAI's error object; ``count_refusal(path, status)`` counts
+    the chat requests refused before their handler ran."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -259,9 +239,95 @@ def build_app(
         body = error_body(500, f"internal error: {type(error).__name__}", code="server_error")
         return JSONResponse(body, status_code=500)
 
+
+class _ChatCompletions:
+    """The ``POST /v1/chat/completions`` handler over ``engine``."""
+
+    def __init__(
+        self, engine: Engine, served: ServedModels, limits: ServingLimits, metrics: ServingMetrics
+    ) -> None:
+        self.engine = engine
+        self.served = served
+        self.limits = limits
+        self.metrics = metrics
+
+    async def _submit(self, body: ChatCompletionRequest, request_id: str) -> RequestStream:
+        """The request handed to the engine; ApiError (counted) when it is refused."""
+        try:
+            adapter = self.served.adapter_for(body.model)
+            generation = await run_in_threadpool(
+                generation_request, body, adapter, self.limits, request_id
+            )
+            return self.engine.submit(generation, asyncio.get_running_loop())
+        except ApiError:
+            self.metrics.count("invalid")
+            raise
+        except QueueFull as error:
+            self.metrics.count("queue_full")
+            raise ApiError(429, str(error), code="queue_full") from None
+        except Draining as error:
+            self.metrics.count("unavailable")
+            raise ApiError(503, str(error), code="draining") from None
+
+    async def __call__(self, body: ChatCompletionRequest, request: Request) -> Any:
+        received = time.perf_counter()
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        stream = await self._submit(body, request_id)
+        header = ResponseHeader.now(request_id, body.model)
+        exchange = _Exchange(self.engine, self.metrics, stream, header, received)
+        try:
+            await exchange.admit(request)
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                return StreamingResponse(
+                    exchange.events(include_usage),
+                    media_type="text/event-stream",
+                    headers={"cache-control": "no-cache"},
+                )
+            return await exchange.answer(request)
+        except ApiError as error:
+            if error.status == 400:
+                self.metrics.count("invalid")
+            raise
+        except (_ClientGone, asyncio.CancelledError) as gone:
+            self.engine.cancel(request_id)
+            self.metrics.count("cancelled")
+            if isinstance(gone, asyncio.CancelledError):
+                raise
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+def build_app(
+    engine: Engine,
+    served: ServedModels,
+    limits: ServingLimits,
+    api_key: str | None = None,
+    vision_cache: Any = None,
+) -> Any:
+    """The server's ASGI app over a started ``engine``: FastAPI with the routes, inside the
+    body-size limit and, with ``api_key``, the bearer check. ``vision_cache``: the model's
+    :class:`~ascend_vlm.reuse.VisionCache`, whose hits and misses ``/metrics`` reports."""
+    metrics = ServingMetrics(
+        queue_depth=lambda: engine.queue_depth,
+        running_rows=lambda: engine.running_rows,
+        kv_bytes=lambda: engine.kv_bytes,
+        vision_cache=lambda: vision_cache,
+    )
+    created = int(time.time())
+    app = FastAPI(title="ascend_vlm", summary="OpenAI-compatible VLM server")
+
+    def count_refusal(path: str, status: str) -> None:
+        if path == CHAT_PATH:
+            metrics.count(status)
+
+    _install_error_handlers(app, count_refusal)
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 while the server admits requests, 503 while it drains."""
+        """200 while the server admits requests; 503 while it drains or once its engine
+        stopped."""
+        if not engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
         if engine.admitting:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "draining"}, status_code=503)
@@ -276,50 +342,10 @@ def build_app(
         """The metrics in Prometheus' text format."""
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @app.post(CHAT_PATH)
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        """OpenAI's chat completion: JSON, or server-sent events with ``stream: true``."""
-        received = time.perf_counter()
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        try:
-            adapter = served.adapter_for(body.model)
-            generation = await run_in_threadpool(
-                generation_request, body, adapter, limits, request_id
-            )
-            stream = engine.submit(generation, asyncio.get_running_loop())
-        except ApiError:
-            metrics.count("invalid")
-            raise
-        except QueueFull as error:
-            metrics.count("queue_full")
-            raise ApiError(429, str(error), code="queue_full") from None
-        except Draining as error:
-            metrics.count("unavailable")
-            raise ApiError(503, str(error), code="draining") from None
-        exchange = _Exchange(
-            engine, metrics, stream, ResponseHeader.now(request_id, body.model), received
-        )
-        try:
-            await exchange.admit(request)
-            if body.stream:
-                include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                return StreamingResponse(
-                    exchange.events(include_usage),
-                    media_type="text/event-stream",
-                    headers={"cache-control": "no-cache"},
-                )
-            return await exchange.answer(request)
-        except ApiError as error:
-            if error.status == 400:
-                metrics.count("invalid")
-            raise
-        except (_ClientGone, asyncio.CancelledError) as gone:
-            engine.cancel(request_id)
-            metrics.count("cancelled")
-            if isinstance(gone, asyncio.CancelledError):
-                raise
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
-
+    app.post(
+        CHAT_PATH,
+        summary="OpenAI's chat completion: JSON, or server-sent events with stream: true",
+    )(_ChatCompletions(engine, served, limits, metrics).__call__)
     guarded: Any = BodyLimit(
         app,
         limits.max_body_bytes,

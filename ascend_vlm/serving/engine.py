@@ -104,6 +104,11 @@ class Engine:
     def admitting(self) -> bool:
         return self._admitting
 
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread runs."""
+        return self._thread.is_alive()
+
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> RequestStream:
         """Queue ``request``; its stream delivers on ``loop``. Raises :class:`Draining` after
         :meth:`stop_admitting`, :class:`QueueFull` with ``max_queue`` requests outstanding."""

@@ -3,6 +3,7 @@ answers 429 with OpenAI's error object."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 
@@ -10,6 +11,9 @@ import requests
 from conftest import MODEL_NAME, chat_messages, running_server
 
 from ascend_vlm.serving.limits import ServingLimits
+
+# New tokens of the request that holds the only row: enough to outlast each test's steps.
+LONG = 512
 
 
 def _stream(server, text: str, max_tokens: int) -> requests.Response:
@@ -27,9 +31,9 @@ def _wait_for(condition, what: str) -> None:
 
 def test_a_disconnect_frees_the_row_and_a_full_queue_answers_429(model_and_processor):
     model, processor = model_and_processor
-    limits = ServingLimits(max_queue=2, max_completion_tokens=64)
+    limits = ServingLimits(max_queue=2, max_completion_tokens=LONG)
     with running_server(model, processor, limits, max_batch_size=1) as server:
-        first = _stream(server, "a long answer please", 64)
+        first = _stream(server, "a long answer please", LONG)
         lines = first.iter_lines(decode_unicode=True)
         role = next(line for line in lines if line.startswith("data: "))
         assert json.loads(role[6:])["choices"][0]["delta"]["role"] == "assistant"
@@ -58,3 +62,27 @@ def test_a_disconnect_frees_the_row_and_a_full_queue_answers_429(model_and_proce
             server.metric("ascend_vlm_generated_tokens_total")
             == finish["usage"]["completion_tokens"]
         )
+
+
+def test_a_waiting_client_that_gives_up_cancels_its_request(model_and_processor):
+    model, processor = model_and_processor
+    limits = ServingLimits(max_completion_tokens=LONG)
+    with running_server(model, processor, limits, max_batch_size=1) as server:
+        first = _stream(server, "a long answer please", LONG)
+        next(line for line in first.iter_lines(decode_unicode=True) if line)
+        # A non-streaming request waits for the only row; its client leaves meanwhile.
+        body = json.dumps({"model": MODEL_NAME, "messages": chat_messages("wait"),
+                           "max_tokens": 4})  # fmt: skip
+        waiting = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=60)
+        waiting.request("POST", "/v1/chat/completions", body,
+                        {"content-type": "application/json"})  # fmt: skip
+        _wait_for(lambda: server.engine.queue_depth == 1, "the second request was not queued")
+        waiting.close()
+        _wait_for(lambda: server.metric('ascend_vlm_requests_total{status="cancelled"}') == 1,
+                  "the waiting client's departure was not noticed")  # fmt: skip
+        first.close()
+        _wait_for(lambda: server.metric('ascend_vlm_requests_total{status="cancelled"}') == 2,
+                  "the streaming client's departure was not noticed")  # fmt: skip
+        _wait_for(lambda: server.engine.queue_depth == 0 and server.engine.running_rows == 0,
+                  "a cancelled request kept its place")  # fmt: skip
+        assert server.metric("ascend_vlm_generated_tokens_total") == 0

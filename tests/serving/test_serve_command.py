@@ -49,7 +49,7 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(tiny_model_path):
                 break
         else:
             pytest.fail("the server never said where it listens")
-        body = {"model": "tiny", "messages": chat_messages("a long answer"), "max_tokens": 64,
+        body = {"model": "tiny", "messages": chat_messages("a long answer"), "max_tokens": 160,
                 "temperature": 0, "stream": True}  # fmt: skip
         response = requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=300)
         lines = response.iter_lines(decode_unicode=True)
