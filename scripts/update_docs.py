@@ -30,6 +30,11 @@ GENERATORS = {
         str(ROOT / "scripts" / "_bench_record.py"),
         str(ROOT / "docs" / "benchmarks" / "moe.json"),
     ],
+    "bench-allreduce": [
+        sys.executable,
+        str(ROOT / "scripts" / "_bench_record.py"),
+        str(ROOT / "docs" / "benchmarks" / "allreduce.json"),
+    ],
 }
 
 
