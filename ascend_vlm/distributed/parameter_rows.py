@@ -72,7 +72,9 @@ class ParameterRows:
         chunks start in a buffer holding the selected chunks back to back in id order (see
         :meth:`packed_numel`). Segments with no selected chunk are left out.
         """
-        ends = torch.tensor([*self.first_ids[1:], self.count], dtype=chunk_ids.dtype)
+        ends = torch.tensor(
+            [*self.first_ids[1:], self.count], dtype=chunk_ids.dtype, device=chunk_ids.device
+        )
         bounds = torch.searchsorted(chunk_ids, ends).tolist()
         parts, low, offset = [], 0, 0
         for segment, high in enumerate(bounds):

@@ -37,7 +37,9 @@ def rows_reduce(reduction: BucketReduction, bucket_index: int, rows: ParameterRo
     chunks = rows.chunks(buffer)
     own_ids = rows.nonzero_mask(chunks).bool().nonzero().view(-1)
     parts = rows.split(own_ids)
-    sizes = torch.tensor([own_ids.numel(), rows.packed_numel(parts)], dtype=torch.int64)
+    sizes = torch.tensor(
+        [own_ids.numel(), rows.packed_numel(parts)], dtype=torch.int64, device=buffer.device
+    )
     gathered = [torch.empty_like(sizes) for _ in range(group.size())]
     work = dist.all_gather(gathered, sizes, group=group, async_op=True)
     state._count(bytes_sent=sizes.numel() * sizes.element_size())
@@ -75,7 +77,7 @@ def _with_sizes(
         state._count(chunks_probed=rows.count)
         reduction.send(None)
         return
-    send, receive = state._message_space(bucket_index, padded, world)
+    send, receive = state._message_space(bucket_index, padded, world, buffer.device)
     own_values = _message_values(send, own_ids.numel(), int(sizes[dist.get_rank(group), 1]), buffer)
     send[: own_ids.numel() * id_bytes].view(ROW_ID_DTYPE).copy_(own_ids)
     for segment, _, offset, local in parts:

@@ -250,7 +250,7 @@ class SparseAllReduceState:
         return space
 
     def _message_space(
-        self, bucket_index: int, nbytes: int, world: int
+        self, bucket_index: int, nbytes: int, world: int, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This bucket's row-exchange byte buffers: one message to send, ``world`` to receive,
         each at least ``nbytes`` (grown with 25% slack)."""
@@ -258,8 +258,8 @@ class SparseAllReduceState:
         if spaces is None or spaces[0].numel() < nbytes:
             capacity = nbytes + nbytes // 4
             spaces = (
-                torch.empty(capacity, dtype=torch.uint8),
-                torch.empty(world * capacity, dtype=torch.uint8),
+                torch.empty(capacity, dtype=torch.uint8, device=device),
+                torch.empty(world * capacity, dtype=torch.uint8, device=device),
             )
             self.message_spaces[bucket_index] = spaces
         return spaces
