@@ -250,19 +250,27 @@ class SparseAllReduceState:
         return space
 
     def _message_space(
-        self, bucket_index: int, nbytes: int, world: int, device: torch.device
+        self,
+        bucket_index: int,
+        send_bytes: int,
+        receive_bytes: int,
+        device: torch.device,
+        keep_bytes: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """This bucket's row-exchange byte buffers: one message to send, ``world`` to receive,
-        each at least ``nbytes`` (grown with 25% slack)."""
-        spaces = self.message_spaces.get(bucket_index)
-        if spaces is None or spaces[0].numel() < nbytes:
-            capacity = nbytes + nbytes // 4
-            spaces = (
-                torch.empty(capacity, dtype=torch.uint8, device=device),
-                torch.empty(world * capacity, dtype=torch.uint8, device=device),
-            )
-            self.message_spaces[bucket_index] = spaces
-        return spaces
+        """This bucket's row-exchange byte buffers (send, receive), each grown with 25% slack to
+        at least ``send_bytes`` / ``receive_bytes``; a grown send buffer keeps its first
+        ``keep_bytes`` (a message packed before the sizes were known)."""
+        send, receive = self.message_spaces.get(bucket_index, (None, None))
+        if send is None or send.numel() < send_bytes:
+            grown = torch.empty(send_bytes + send_bytes // 4, dtype=torch.uint8, device=device)
+            if keep_bytes:
+                grown[:keep_bytes].copy_(send[:keep_bytes])
+            send = grown
+        if receive is None or receive.numel() < receive_bytes:
+            capacity = receive_bytes + receive_bytes // 4
+            receive = torch.empty(capacity, dtype=torch.uint8, device=device)
+        self.message_spaces[bucket_index] = (send, receive)
+        return send, receive
 
     def _row_layout(
         self, bucket_index: int, shapes: Sequence[torch.Size], buffer: torch.Tensor
