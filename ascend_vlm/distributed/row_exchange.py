@@ -16,6 +16,10 @@ from ascend_vlm.distributed.parameter_rows import ParameterRows
 
 # Chunk ids travel as int32 (4 bytes a row) in front of the values, in one byte message.
 ROW_ID_DTYPE = torch.int32
+# One flat output for every rank's slot: the list form of all_gather copies each slot out of a
+# flat buffer of its own. torch 2.13 renamed all_gather_into_tensor to all_gather_single
+# (the old name warns); the getattr can go once torch >= 2.13 is required.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 # Messages are padded to a multiple of this many bytes, so that every rank's slot in the
 # receive buffer starts aligned for the int32 ids and for any float dtype.
 MESSAGE_ALIGN = 8
@@ -44,8 +48,8 @@ def rows_reduce(reduction: BucketReduction, bucket_index: int, rows: ParameterRo
     parts = rows.split(own_ids)
     numel = rows.packed_numel(parts)
     sizes = torch.tensor([own_ids.numel(), numel], dtype=torch.int64, device=buffer.device)
-    gathered = [torch.empty_like(sizes) for _ in range(group.size())]
-    work = dist.all_gather(gathered, sizes, group=group, async_op=True)
+    gathered = sizes.new_empty(group.size() * 2)
+    work = _all_gather_flat(gathered, sizes, group=group, async_op=True)
     state._count(bytes_sent=sizes.numel() * sizes.element_size())
     own = _OwnRows(own_ids, parts, numel)
     own_bytes = _message_bytes(own_ids.numel(), numel, buffer)
@@ -54,7 +58,7 @@ def rows_reduce(reduction: BucketReduction, bucket_index: int, rows: ParameterRo
         own.pack(send, chunks, buffer, group.size())
     reduction.after_round(
         work,
-        lambda: _with_sizes(reduction, bucket_index, rows, chunks, own, torch.stack(gathered)),
+        lambda: _with_sizes(reduction, bucket_index, rows, chunks, own, gathered.view(-1, 2)),
     )
 
 
@@ -131,8 +135,8 @@ def _with_sizes(
     send, receive = state._message_space(
         bucket_index, padded, world * padded, buffer.device, keep_bytes=packed_bytes
     )
+    work = _all_gather_flat(receive[: world * padded], send[:padded], group=group, async_op=True)
     messages = [receive[rank * padded : (rank + 1) * padded] for rank in range(world)]
-    work = dist.all_gather(messages, send[:padded], group=group, async_op=True)
     state._count(bytes_sent=padded)
     # While the messages travel: this rank's averaged rows go back into the bucket.
     negative_zero = own.values is not None and own.write_back(rows, chunks)
