@@ -1,35 +1,39 @@
-"""Dense all-reduce vs sparse-mask all-reduce (exact and top-k) on gloo CPU ranks.
+"""DDP step time of gradient-communication options on an embedding whose rows are touched at
+random: the default hook, ``sparse_allreduce_hook`` with its defaults, torch's fp16/bf16
+compression hooks and PowerSGD, and ``nn.Embedding(sparse=True)``.
 
-For each world size, spawns that many gloo ranks; each holds a DDP-like bucket set (64 MiB of
-fp32 by default, cut at DDP's default 25 MiB bucket cap). At each chunk density, the same
-random fraction of chunks is non-zero on every rank (so the density is also the union's),
-with different values per rank. Per repetition the methods run back to back on fresh copies,
-in an order rotated every repetition:
+Every rank holds one model per method, all starting from the same weights: a single
+``nn.Embedding`` of ``--total-mib`` fp32 (rows of ``--width``), the loss ``sum(embed(tokens) *
+w)``. Each step every rank draws its own random ``density`` of the rows (its batch's tokens,
+distinct per rank) and ``w``; every method sees the same draws. One round runs one step of
+each method, in an order rotated every round; the step (forward, backward with DDP's
+communication, SGD step) is timed on the slowest rank, and the table shows the median over
+``--rounds`` rounds after ``--warmup`` rounds. Methods:
 
-- ``dense``: what DDP's default ``allreduce_hook`` does (divide by world size, all-reduce);
-- ``dense/again``: the same once more, so its ratio shows the measurement noise;
-- ``exact``: ``sparse_allreduce_hook`` in exact mode (dense fallback cached for 16 steps);
-- ``exact/probe``: exact mode with ``dense_recheck_steps=0`` (mask exchanged every step);
-- ``topk``: top-k mode, ``topk_ratio=0.01`` after ``start_topk_iter=2`` warm-up steps;
-- ``bound``: only what exact mode cannot avoid, as if the union were known in advance: the
-  local scan of every bucket (``nonzero_mask``) and one all-reduce of a buffer of the union's
-  size; no mask round, gather, divide or scatter. ``dense / bound`` is the highest speedup any
-  exact-mode implementation can reach on this machine.
-- ``bound+copy``: ``bound`` plus the copies every packing implementation makes: gather the
-  union's chunks into the packing buffer, divide by world size, scatter the result back. Only
-  the mask round is missing, so ``dense / bound+copy`` is the ceiling for exact mode as built.
+- ``default``: DDP with no hook (its built-in all-reduce of the dense gradient);
+- ``default (A/A)``: a second, identical model; its ratio to ``default`` (column A/A) is the
+  noise of the measurement;
+- ``ours``: ``register_sparse_allreduce(model, SparseAllReduceState())``;
+- ``fp16``, ``bf16``: ``fp16_compress_hook``, ``bf16_compress_hook``;
+- ``PowerSGD r1``, ``PowerSGD r4``: ``powerSGD_hook`` of rank 1 and 4 (error feedback, warm
+  start, compressing from the second step);
+- ``sparse embedding``: ``nn.Embedding(sparse=True)`` under DDP (gloo's sparse all-reduce);
+- ``bound``: what no exact method can avoid: ``no communication`` (the same step with a hook
+  that sends nothing) plus ``send touched rows`` (every rank all-gathers its touched rows'
+  values, no ids, timed on its own).
 
-Time is the slowest rank's wall time for the whole bucket set, as median and best over the
-repetitions; ``speedup`` divides the dense time (both dense rows pooled) by the method's, and
-``bytes`` is dense payload / sent payload per rank (mask included). On a shared machine the
-best-of-n ratio is the steadier one (contention only adds time). Usage::
+``deviation`` is ``max |w - w_default| / max |w_default - w_initial|`` of the embedding after
+every step run (warm-up included): 0 for exact methods. Usage::
 
-    .venv/bin/python scripts/bench_allreduce.py [--world-sizes 2 4] [--total-mib 64] [--reps 7]
+    .venv/bin/python scripts/bench_allreduce.py [--link-rate 2gbit] [--densities 0.1 1.0]
+        [--total-mib 64] [--width 64] [--rounds 7] [--warmup 3] [--json PATH]
+
+``--link-rate`` re-runs the command inside ``scripts/emulated_link.sh`` (a network namespace
+whose loopback is shaped by ``tc``; needs root), where the ranks talk over 127.0.0.1 only.
 """
 
 import argparse
 import datetime
-import math
 import os
 import statistics
 import sys
@@ -40,186 +44,260 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as power_sgd
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench_record, run from anywhere
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
-from ascend_vlm.distributed import SparseAllReduceState
-from ascend_vlm.distributed.gradient_chunks import GradientChunks, union_rows
-from ascend_vlm.distributed.sparse_allreduce import _reduce_bucket
+from _bench_record import write_record
 
-DENSITIES = (0.01, 0.10, 0.50, 1.00)
-DDP_BUCKET_CAP_MIB = 25  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
-WARMUP_REPS = 2
+from ascend_vlm.distributed import SparseAllReduceState, register_sparse_allreduce
+
+WORLD_SIZE = 2
+STEP_METHODS = (
+    "default",
+    "default (A/A)",
+    "ours",
+    "fp16",
+    "bf16",
+    "PowerSGD r1",
+    "PowerSGD r4",
+    "sparse embedding",
+    "no communication",
+)
+TORCH_HOOKS = ("fp16", "bf16", "PowerSGD r1", "PowerSGD r4")
+SEND = "send touched rows"
+HEADER = ["density", "method", "step ms", "vs default", "A/A", "deviation"]
+LEARNING_RATE = 0.1
 # Set to the link rate inside the emulated link, so the re-run command does not re-enter it.
 LINK_RATE_ENV = "ASCEND_VLM_LINK_RATE"
 
 
-def bucket_sizes(total_mib: int) -> list[int]:
-    """fp32 element counts of DDP-style buckets: full 25 MiB buckets, then the remainder."""
-    full, rest = divmod(total_mib, DDP_BUCKET_CAP_MIB)
-    mibs = [DDP_BUCKET_CAP_MIB] * full + ([rest] if rest else [])
-    return [mib * 2**20 // 4 for mib in mibs]
+class EmbeddingLoss(nn.Module):
+    """``sum(embed(tokens) * weights)``: the gradient is ``weights`` on the tokens' rows."""
+
+    def __init__(self, rows: int, width: int, sparse: bool) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(rows, width, sparse=sparse)
+
+    def forward(self, tokens: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return (self.embed(tokens) * weights).sum()
 
 
-def chunk_sparse_buckets(
-    sizes: list[int], density: float, chunk_size: int, rank: int
-) -> list[torch.Tensor]:
-    """Same non-zero chunks on every rank (seeded alike), values differing per rank."""
-    buckets = []
-    for index, numel in enumerate(sizes):
-        num_chunks = math.ceil(numel / chunk_size)
-        chosen = torch.randperm(num_chunks, generator=torch.Generator().manual_seed(index))
-        keep = torch.zeros(num_chunks, dtype=torch.bool)
-        keep[chosen[: math.ceil(density * num_chunks)]] = True
-        values = torch.randn(numel, generator=torch.Generator().manual_seed(100 + rank))
-        buckets.append(torch.where(keep.repeat_interleave(chunk_size)[:numel], values, 0.0))
-    return buckets
+def no_communication(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """A DDP hook that sends nothing: the step's local work alone."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
-def dense_allreduce(buffer: torch.Tensor, index: int, is_last: bool) -> torch.futures.Future:
-    buffer.div_(dist.get_world_size())
-    return dist.all_reduce(buffer, async_op=True).get_future()
+def bf16_compress(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """``bf16_compress_hook`` under another name: DDP refuses that name unless NCCL or XCCL
+    runs it, but the hook itself only casts and all-reduces, which gloo does in bf16."""
+    return default_hooks.bf16_compress_hook(state, bucket)
 
 
-def union_bounds(chunk_size: int, sources: list[torch.Tensor]):
-    """The ``bound`` and ``bound+copy`` methods, with the union agreed on before timing.
-
-    The union is computed as the hook computes it (MAX over the chunk masks). Returns
-    ``({name: reduce_bucket}, bytes_ratio)``.
-    """
-    unions, spaces = [], []
-    for source in sources:
-        chunks = GradientChunks(source, chunk_size)
-        union = chunks.nonzero_mask()
-        dist.all_reduce(union, op=dist.ReduceOp.MAX)
-        row_ids, with_tail, _ = union_rows(union, chunks)
-        unions.append((row_ids, with_tail))
-        spaces.append(source.new_empty(chunks.packed_numel(row_ids, with_tail)))
-
-    def scan_and_send(buffer: torch.Tensor, index: int, is_last: bool) -> torch.futures.Future:
-        GradientChunks(buffer, chunk_size).nonzero_mask()
-        return dist.all_reduce(spaces[index], async_op=True).get_future()
-
-    def scan_copy_and_send(buffer: torch.Tensor, index: int, is_last: bool) -> torch.futures.Future:
-        chunks = GradientChunks(buffer, chunk_size)
-        chunks.nonzero_mask()
-        row_ids, with_tail = unions[index]
-        packed = chunks.gather(row_ids, with_tail, spaces[index]).div_(dist.get_world_size())
-        work = dist.all_reduce(packed, async_op=True)
-        return work.get_future().then(
-            lambda fut: chunks.scatter_(row_ids, with_tail, fut.value()[0])
-        )
-
-    dense_numel = sum(source.numel() for source in sources)
-    bytes_ratio = dense_numel / max(1, sum(space.numel() for space in spaces))
-    return {"bound": scan_and_send, "bound+copy": scan_copy_and_send}, bytes_ratio
+def build_model(method: str, initial: torch.Tensor, ours: SparseAllReduceState) -> DDP:
+    """The DDP-wrapped model of ``method`` with its hook, starting from ``initial`` weights;
+    ``ours`` is the sparse hook's state (used by the method "ours" only)."""
+    module = EmbeddingLoss(*initial.shape, sparse=method == "sparse embedding")
+    with torch.no_grad():
+        module.embed.weight.copy_(initial)
+    model = DDP(module)
+    if method == "ours":
+        register_sparse_allreduce(model, ours)
+    elif method in ("fp16", "bf16"):
+        hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": bf16_compress}
+        model.register_comm_hook(None, hook[method])
+    elif method.startswith("PowerSGD"):
+        rank = int(method.removeprefix("PowerSGD r"))
+        state = power_sgd.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
+        model.register_comm_hook(state, power_sgd.powerSGD_hook)
+    elif method == "no communication":
+        model.register_comm_hook(None, no_communication)
+    return model
 
 
-def timed(reduce_bucket, sources: list[torch.Tensor]) -> float:
-    """Slowest rank's seconds to reduce fresh copies of all buckets (copying not timed)."""
-    buffers = [source.clone() for source in sources]
-    dist.barrier()
-    started = time.perf_counter()
-    futures = [  # DDP hooks buckets in index order, the last one flagged is_last
-        reduce_bucket(buffer, index, index == len(buffers) - 1)
-        for index, buffer in enumerate(buffers)
-    ]
-    torch.futures.wait_all(futures)
-    elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+def slowest(seconds: float) -> float:
+    """The largest of every rank's ``seconds``."""
+    elapsed = torch.tensor([seconds], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return elapsed.item()
 
 
-def rank_main(rank: int, world_size: int, store: str, args: argparse.Namespace) -> None:
+def timed_step(model: DDP, optimizer: torch.optim.Optimizer, draw: tuple) -> float:
+    dist.barrier()
+    started = time.perf_counter()
+    optimizer.zero_grad()
+    model(*draw).backward()
+    optimizer.step()
+    return slowest(time.perf_counter() - started)
+
+
+def timed_send(rows: torch.Tensor) -> float:
+    dist.barrier()
+    started = time.perf_counter()
+    dist.all_gather([torch.empty_like(rows) for _ in range(WORLD_SIZE)], rows)
+    return slowest(time.perf_counter() - started)
+
+
+def run_density(rank: int, density: float, args: argparse.Namespace) -> dict[str, float] | None:
+    """One density's rounds; on rank 0, ``{method: median seconds}`` plus deviations."""
+    num_rows = args.total_mib * 2**20 // (4 * args.width)
+    touched = max(1, round(density * num_rows))
+    initial = torch.randn(num_rows, args.width, generator=torch.Generator().manual_seed(0))
+    ours_state = SparseAllReduceState()
+    models = {method: build_model(method, initial, ours_state) for method in STEP_METHODS}
+    optimizers = {
+        m: torch.optim.SGD(model.parameters(), lr=LEARNING_RATE) for m, model in models.items()
+    }
+    names = [*STEP_METHODS, SEND]
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(args.warmup + args.rounds):
+        generator = torch.Generator().manual_seed(1000 * round_index + rank)
+        tokens = torch.randperm(num_rows, generator=generator)[:touched]
+        draw = (tokens, torch.randn(touched, args.width, generator=generator))
+        shift = round_index % len(names)  # rotate so no method always runs first
+        for name in names[shift:] + names[:shift]:
+            if name == SEND:
+                elapsed = timed_send(draw[1])
+            else:
+                elapsed = timed_step(models[name], optimizers[name], draw)
+            if round_index >= args.warmup:
+                seconds[name].append(elapsed)
+    if rank != 0:
+        return None
+    medians = {name: statistics.median(samples) for name, samples in seconds.items()}
+    reference = models["default"].module.embed.weight.detach()
+    update = (reference - initial).abs().max().item()
+    deviations = {
+        name: (model.module.embed.weight.detach() - reference).abs().max().item() / update
+        for name, model in models.items()
+        if name != "no communication"
+    }
+    medians["bound"] = medians["no communication"] + medians[SEND]
+    return {"medians": medians, "deviations": deviations, "ours": ours_state.stats.summary()}
+
+
+def table_rows(density: float, result: dict) -> list[list[str]]:
+    """The table's rows for one density (see :data:`HEADER`)."""
+    medians, deviations = result["medians"], result["deviations"]
+    default = medians["default"]
+    noise = f"{default / medians['default (A/A)']:.2f}"
+    rows = []
+    for name in [*STEP_METHODS, SEND, "bound"]:
+        ratio = f"{default / medians[name]:.2f}x"
+        deviation = f"{deviations[name]:.1e}" if name in deviations else "-"
+        rows.append(
+            [f"{100 * density:g}%", name, f"{1e3 * medians[name]:.1f}", ratio, noise, deviation]
+        )
+    return rows
+
+
+def verdicts(results: dict[float, dict]) -> list[str]:
+    """The issue's targets, checked against this run, and the sparse hook's counters."""
+    lines = []
+    for density, result in results.items():
+        medians = result["medians"]
+        ours, label = medians["ours"], f"{100 * density:g}%"
+        noise = f"A/A noise {100 * abs(medians['default'] / medians['default (A/A)'] - 1):.0f}%"
+        if density < 1.0:
+            fastest_hook = min(medians[name] for name in TORCH_HOOKS)
+            lines.append(
+                f"{label}: ours / bound = {ours / medians['bound']:.2f} (target <= 1.20); fastest "
+                f"torch hook / ours = {fastest_hook / ours:.2f} (target > 1); sparse embedding / "
+                f"ours = {medians['sparse embedding'] / ours:.2f}; {noise}"
+            )
+        else:
+            lines.append(
+                f"{label}: ours / default = {ours / medians['default']:.2f} (target <= 1.05); "
+                + noise
+            )
+        lines.append(f"{label}: ours' counters: {result['ours']}")
+    return lines
+
+
+def rank_main(rank: int, store: str, args: argparse.Namespace, queue: mp.SimpleQueue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{store}",
         rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=600),
+        world_size=WORLD_SIZE,
+        timeout=datetime.timedelta(seconds=900),
     )
-    sizes = bucket_sizes(args.total_mib)
-    for density in DENSITIES:
-        sources = chunk_sparse_buckets(sizes, density, args.chunk_size, rank)
-        states = {
-            "exact": SparseAllReduceState(chunk_size=args.chunk_size),
-            "exact/probe": SparseAllReduceState(chunk_size=args.chunk_size, dense_recheck_steps=0),
-            "topk": SparseAllReduceState(
-                mode="topk", chunk_size=args.chunk_size, start_topk_iter=WARMUP_REPS
-            ),
-        }
-        methods = {"dense": dense_allreduce, "dense/again": dense_allreduce} | {
-            name: (lambda b, i, last, s=state: _reduce_bucket(s, b, i, last))
-            for name, state in states.items()
-        }
-        bounds, bound_bytes_ratio = union_bounds(args.chunk_size, sources)
-        methods |= bounds
-        other_bytes = {"dense": 1.0, "dense/again": 1.0} | dict.fromkeys(bounds, bound_bytes_ratio)
-        seconds: dict[str, list[float]] = {name: [] for name in methods}
-        for rep in range(WARMUP_REPS + args.reps):
-            if rep == WARMUP_REPS:
-                for state in states.values():
-                    state.reset_stats()
-            names = list(methods)
-            shift = rep % len(names)  # rotate the order so no method always runs first
-            for name in names[shift:] + names[:shift]:
-                elapsed = timed(methods[name], sources)
-                if rep >= WARMUP_REPS:
-                    seconds[name].append(elapsed)
-        if rank == 0:
-            dense_samples = seconds["dense"] + seconds["dense/again"]
-            dense_median, dense_best = statistics.median(dense_samples), min(dense_samples)
-            for name in methods:
-                median, best = statistics.median(seconds[name]), min(seconds[name])
-                bytes_ratio = (
-                    states[name].stats.bytes_ratio if name in states else other_bytes[name]
-                )
-                print(
-                    f"| {world_size} | {100 * density:3.0f}% | {name:<11} | {1e3 * median:6.1f} "
-                    f"| {1e3 * best:6.1f} | {dense_median / median:5.2f}x "
-                    f"| {dense_best / best:5.2f}x | {bytes_ratio:5.1f}x |",
-                    flush=True,
-                )
-    dist.destroy_process_group()
+    try:
+        for density in args.densities:
+            result = run_density(rank, density, args)
+            if rank == 0:
+                queue.put((density, result))
+    finally:
+        dist.destroy_process_group()
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--densities", type=float, nargs="+", default=[0.1, 1.0])
     parser.add_argument("--total-mib", type=int, default=64)
-    parser.add_argument("--chunk-size", type=int, default=1024)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--width", type=int, default=64, help="embedding row width (elements)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the table to this file")
     parser.add_argument(
         "--link-rate",
         help="run over an emulated link of this rate (tc units, e.g. 2gbit): the ranks talk "
         "over a loopback shaped by scripts/emulated_link.sh",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if any(not 0.0 < density <= 1.0 for density in args.densities):
+        parser.error(f"--densities: expected fractions in (0, 1], got {args.densities}")
+    if args.warmup < 2:
+        parser.error(
+            f"--warmup: expected >= 2 (PowerSGD compresses from step 2), got {args.warmup}"
+        )
+    if args.rounds < 1 or args.total_mib < 1 or args.width < 1:
+        parser.error("--rounds, --total-mib, --width: expected integers >= 1")
     if args.link_rate is not None and not args.link_rate:
         parser.error("--link-rate: expected a rate in tc units (e.g. 2gbit), got ''")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.link_rate and os.environ.get(LINK_RATE_ENV) != args.link_rate:
         # Re-run this command inside the emulated link; the variable marks the inner run.
         helper = Path(__file__).resolve().parent / "emulated_link.sh"
         os.environ[LINK_RATE_ENV] = args.link_rate
         command = [str(helper), args.link_rate, "--", sys.executable, *sys.argv]
         os.execv(command[0], command)
-    print("command:", " ".join([os.path.relpath(sys.executable), *sys.argv]))
-    link = f"emulated {args.link_rate} link (one shaped loopback)" if args.link_rate else "loopback"
+    shown_argv = sys.argv[1:] if argv is None else argv
+    print("command:", " ".join([os.path.relpath(sys.executable), sys.argv[0], *shown_argv]))
+    link = f"emulated {args.link_rate} link" if args.link_rate else "loopback (no link limit)"
     print(
-        f"torch {torch.__version__}, gloo on CPU over {link}, {os.cpu_count()} cores "
-        f"(load average {os.getloadavg()[0]:.1f} at start), "
-        f"buckets (MiB): {[n * 4 // 2**20 for n in bucket_sizes(args.total_mib)]}, "
-        f"chunk_size={args.chunk_size}, median of {args.reps} reps after {WARMUP_REPS} warm-up"
+        f"torch {torch.__version__}, {WORLD_SIZE} gloo ranks on CPU over {link}, "
+        f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at start), embedding of "
+        f"{args.total_mib} MiB fp32 in rows of {args.width}, median of {args.rounds} rounds "
+        f"after {args.warmup}"
     )
-    print("| ranks | density | method      | median ms | best ms | speedup (median) |", end="")
-    print(" speedup (best) | bytes |")
-    print("|--:|--:|:--|--:|--:|--:|--:|--:|")
+    context = mp.get_context("spawn")
+    queue = context.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
-        for world_size in args.world_sizes:
-            store = os.path.join(tmp, f"store_{world_size}")
-            mp.spawn(rank_main, args=(world_size, store, args), nprocs=world_size)
+        mp.spawn(rank_main, args=(os.path.join(tmp, "store"), args, queue), nprocs=WORLD_SIZE)
+    results = dict(queue.get() for _ in args.densities)
+    rows = [row for density, result in results.items() for row in table_rows(density, result)]
+    print("| " + " | ".join(HEADER) + " |")
+    print("|" + "|".join("---:" for _ in HEADER) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    for line in verdicts(results):
+        print(line)
+    if args.json is not None:
+        write_record(args.json, sys.argv[0], shown_argv, HEADER, rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

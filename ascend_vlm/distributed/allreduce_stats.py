@@ -8,8 +8,11 @@ from dataclasses import dataclass
 class SparseAllReduceStats:
     """Running counters of one :class:`SparseAllReduceState`, cheap enough to keep on.
 
-    ``bytes_*`` count the payload one rank hands to all-reduce (the ring or tree algorithm
-    multiplies both sides by the same factor); ``bytes_sent`` includes the chunk mask.
+    ``bytes_*`` count the payload one rank hands to its collectives: ``bytes_dense`` what the
+    default hook all-reduces, ``bytes_sent`` what this hook all-reduces or all-gathers (the
+    chunk mask or the row exchange's sizes included). ``chunks_nonzero`` counts the union of
+    the ranks' non-zero chunks; when row chunks fall back to dense it is the sum of the
+    ranks' counts (capped at the chunks probed), an upper bound of the union.
     """
 
     steps: int = 0

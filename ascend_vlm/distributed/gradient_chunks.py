@@ -115,6 +115,14 @@ class GradientChunks:
         if with_tail:
             self.tail.copy_(packed[-self.tail.numel() :])
 
+    def add_(self, row_ids: torch.Tensor, packed: torch.Tensor) -> None:
+        """Add ``packed`` (the selected full rows back to back) onto the rows ``row_ids``.
+
+        ``row_ids`` must not repeat: each selected element then gets one addition,
+        ``row + packed``, rounded once in the bucket dtype.
+        """
+        self.rows.index_add_(0, row_ids, packed.view(-1, self.chunk_size))
+
 
 def union_rows(union: torch.Tensor, chunks: GradientChunks) -> tuple[torch.Tensor, bool, int]:
     """Row ids of the full chunks set in the int8 ``union`` mask, the tail flag, and their count."""

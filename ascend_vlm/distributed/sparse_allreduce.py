@@ -1,14 +1,17 @@
 """Sparse-mask all-reduce: a DDP communication hook that only sends gradient chunks in use.
 
-Each gradient bucket is cut into fixed-size chunks. The ranks agree, through one small int8
-all-reduce, on the union of chunks that are non-zero anywhere; only those chunks travel, packed
-into one contiguous buffer. In ``"exact"`` mode the result is the same as DDP's default
+By default (``chunk_size=None``) each gradient bucket is cut along its parameters' rows (an
+embedding's token rows, a LoRA matrix's rows): every rank sends the rows it touched, ids and
+values, to the others in one all-gather and adds theirs (:mod:`.row_exchange`). With a fixed
+``chunk_size`` the bucket is cut into chunks of that many elements; the ranks agree, through
+one small int8 all-reduce, on the union of chunks non-zero anywhere, and only those travel,
+packed into one all-reduce. In ``"exact"`` mode the result is the same as DDP's default
 ``allreduce_hook``; in ``"topk"`` mode each rank keeps only its largest chunks and carries the
 rest over to the next step (error feedback, as in Deep Gradient Compression).
 
 Usage::
 
-    state = SparseAllReduceState(chunk_size=1024)
+    state = SparseAllReduceState()
     ddp_model.register_comm_hook(state, sparse_allreduce_hook)
     ...
     print(state.stats.summary())
@@ -18,8 +21,7 @@ Where VLM fine-tuning gradients are chunk-sparse (frozen weights never enter DDP
 
 - Trainable token embeddings (added special tokens, ``modules_to_save=["embed_tokens"]``):
   the embedding backward only writes the rows of tokens present in the local batch, so most
-  rows are +0.0. Choose ``chunk_size`` dividing the hidden size; a row may still straddle two
-  chunks because a parameter's offset in its bucket is not chunk-aligned. A *tied* or trained
+  rows are +0.0; the default chunks are exactly those rows. A *tied* or trained
   ``lm_head`` is dense (the softmax touches every vocabulary row).
 - Modality-specific parameters (LoRA on the vision tower, the projector/merger) on ranks whose
   micro-batch has no images: DDP (``find_unused_parameters=True``) hands their bucket slots
@@ -30,13 +32,11 @@ Where VLM fine-tuning gradients are chunk-sparse (frozen weights never enter DDP
   ``mode="topk"`` is the option that compresses them.
 """
 
-import contextlib
 import math
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -44,12 +44,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ascend_vlm.distributed.allreduce_stats import SparseAllReduceStats
+from ascend_vlm.distributed.bucket_reduction import BucketReduction, finish_rounds
 from ascend_vlm.distributed.gradient_chunks import (
     MASK_DTYPE,
     SUPPORTED_DTYPES,
     GradientChunks,
     union_rows,
 )
+from ascend_vlm.distributed.parameter_rows import ParameterRows
+from ascend_vlm.distributed.row_exchange import rows_reduce
 
 __all__ = [
     "SparseAllReduceState",
@@ -57,11 +60,9 @@ __all__ = [
     "sparse_allreduce_hook",
 ]
 
-# Both collectives use only async all_reduce, Work.wait() and Work.get_future()/.then, which HCCL
-# provides too (Ascend/pytorch torch_npu/csrc/distributed/ProcessGroupHCCL.cpp); this
-# hook has only run on gloo here, not on NPU hardware.
-
 MODES = ("exact", "topk")
+# Top-k ranks fixed-size chunks; this is their size when ``chunk_size`` is left to None.
+TOPK_CHUNK_SIZE = 1024
 
 
 def _check_fraction(name: str, value: float) -> float:
@@ -70,7 +71,9 @@ def _check_fraction(name: str, value: float) -> float:
     return float(value)
 
 
-def _check_count(name: str, value: int, minimum: int) -> int:
+def _check_count(name: str, value: int, minimum: int, none_ok: bool = False) -> int | None:
+    if none_ok and value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
     return value
@@ -80,20 +83,32 @@ class SparseAllReduceState:
     r"""Hyperparameters and per-bucket memory of :func:`sparse_allreduce_hook`.
 
     1. ``mode``: ``"exact"`` (default) sends every chunk that is non-zero on some rank, so the
-       averaged gradient equals the default hook's (bitwise for 2 ranks; for more ranks the
-       all-reduce may add in another order, a few ulp). ``"topk"`` additionally drops all but
-       the largest chunks per rank and feeds the rest back into the next step (delayed, never
-       dropped): far fewer bytes for dense gradients, a different optimisation trajectory.
+       averaged gradient equals the default hook's (bitwise for 2 ranks, NaN payloads aside;
+       for more ranks the additions may run in another order, a few ulp). ``"topk"``
+       additionally drops all but the largest chunks per rank and feeds the rest back into the
+       next step (delayed, never dropped): far fewer bytes for dense gradients, a different
+       optimisation trajectory.
 
-    2. ``chunk_size`` (elements, default 1024): the sparsity granularity. Smaller chunks find
-       finer sparsity but make the mask (1 byte per chunk) and the gather/scatter index larger.
-       Match it to the natural unit of sparsity, e.g. one embedding row (hidden size).
+    2. ``chunk_size`` (default None): the sparsity granularity. None follows the parameters'
+       shapes: one chunk per row of each matrix in the bucket (an embedding's token row;
+       rows under 256 bytes grouped), one per run of adjacent 1-D parameters
+       (:class:`~ascend_vlm.distributed.parameter_rows.ParameterRows`); each rank then sends
+       its own touched rows with their int32 ids to every other rank in one all-gather, which
+       moves each rank's rows once where an all-reduce of the union moves the union twice. An
+       int cuts the flat bucket into chunks of that many elements, agrees on their union with
+       an int8 MAX all-reduce (1 byte per chunk) and all-reduces the union: better when every
+       rank touches the same chunks and there are more than 2 ranks. Top-k mode ranks chunks
+       of ``chunk_size`` elements, :data:`TOPK_CHUNK_SIZE` if None.
 
-    3. ``density_threshold`` (``"exact"`` only, default 0.5): if more than this fraction of a
-       bucket's chunks is non-zero on some rank, the bucket is all-reduced densely instead,
-       since packing would then cost more than it saves. Each bucket that is sent sparsely
-       keeps a packing buffer across steps, sized to its largest union so far plus 25% (at
-       most the bucket): extra memory of up to ``1.25 * density_threshold`` of the bucket.
+    3. ``density_threshold`` (``"exact"`` only, default 0.5): above it a bucket is
+       all-reduced densely instead, since packing would then cost more than it saves. With an
+       int ``chunk_size``: when more than this fraction of the bucket's chunks is non-zero on
+       some rank. With row chunks: when the all-gathered messages (``world_size`` times the
+       largest rank's ids and values) would exceed this fraction of the dense ring
+       all-reduce's ``2 * bucket bytes`` (2 ranks: each touching more than about half the
+       bucket). Each bucket sent sparsely keeps its packing buffers across steps, sized to the
+       largest use so far plus 25% (the row exchange's receive buffer holds ``world_size``
+       messages).
 
     4. ``dense_recheck_steps`` (``"exact"`` only, default 16): after a dense fallback the
        bucket stays dense, without computing or exchanging a mask, for this many further steps
@@ -129,6 +144,8 @@ class SparseAllReduceState:
         "dense_until",
         "residuals",
         "packing_spaces",
+        "row_layouts",
+        "message_spaces",
         "mask_rounds",
         # Statistics.
         "stats",
@@ -140,7 +157,7 @@ class SparseAllReduceState:
         self,
         process_group: dist.ProcessGroup | None = None,
         mode: str = "exact",
-        chunk_size: int = 1024,
+        chunk_size: int | None = None,
         density_threshold: float = 0.5,
         dense_recheck_steps: int = 16,
         topk_ratio: float = 0.01,
@@ -149,7 +166,7 @@ class SparseAllReduceState:
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         self.mode = mode
-        self.chunk_size = _check_count("chunk_size", chunk_size, 1)
+        self.chunk_size = _check_count("chunk_size", chunk_size, 1, none_ok=True)
         self.density_threshold = _check_fraction("density_threshold", density_threshold)
         self.dense_recheck_steps = _check_count("dense_recheck_steps", dense_recheck_steps, 0)
         self.topk_ratio = _check_fraction("topk_ratio", topk_ratio)
@@ -168,8 +185,12 @@ class SparseAllReduceState:
         # bucket index -> flat buffer the union's chunks are packed into (exact mode), kept
         # across steps: a fresh multi-MiB allocation costs more page faults than the copy.
         self.packing_spaces: dict[int, torch.Tensor] = {}
-        # Buckets whose chunk-mask all-reduce is in flight, oldest first (at most two).
-        self.mask_rounds: deque[_BucketReduction] = deque()
+        # bucket index -> its parameters' row geometry (row chunks), rebuilt if DDP rebuckets.
+        self.row_layouts: dict[int, ParameterRows] = {}
+        # bucket index -> (send, receive) byte buffers of the row exchange, kept as above.
+        self.message_spaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Buckets whose first round (mask or sizes) is in flight, oldest first (at most two).
+        self.mask_rounds: deque[BucketReduction] = deque()
         self.stats = SparseAllReduceStats()
         self.stats_lock = threading.Lock()
 
@@ -178,6 +199,8 @@ class SparseAllReduceState:
         unpicklable = (
             "process_group",
             "packing_spaces",
+            "row_layouts",
+            "message_spaces",
             "mask_rounds",
             "stats_lock",
             "__weakref__",
@@ -190,6 +213,8 @@ class SparseAllReduceState:
             setattr(self, slot, value)
         self.process_group = None
         self.packing_spaces = {}
+        self.row_layouts = {}
+        self.message_spaces = {}
         self.mask_rounds = deque()
         self.stats_lock = threading.Lock()
 
@@ -224,6 +249,63 @@ class SparseAllReduceState:
             self.packing_spaces[bucket_index] = space
         return space
 
+    def _message_space(
+        self,
+        bucket_index: int,
+        send_bytes: int,
+        receive_bytes: int,
+        device: torch.device,
+        keep_bytes: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This bucket's row-exchange byte buffers (send, receive), each grown with 25% slack to
+        at least ``send_bytes`` / ``receive_bytes``; a grown send buffer keeps its first
+        ``keep_bytes`` (a message packed before the sizes were known)."""
+        send, receive = self.message_spaces.get(bucket_index, (None, None))
+        if send is None or send.numel() < send_bytes:
+            grown = torch.empty(send_bytes + send_bytes // 4, dtype=torch.uint8, device=device)
+            if keep_bytes:
+                grown[:keep_bytes].copy_(send[:keep_bytes])
+            send = grown
+        if receive is None or receive.numel() < receive_bytes:
+            capacity = receive_bytes + receive_bytes // 4
+            receive = torch.empty(capacity, dtype=torch.uint8, device=device)
+        self.message_spaces[bucket_index] = (send, receive)
+        return send, receive
+
+    def _row_layout(
+        self, bucket_index: int, shapes: Sequence[torch.Size], buffer: torch.Tensor
+    ) -> ParameterRows:
+        """This bucket's :class:`ParameterRows`, rebuilt when its parameters change."""
+        layout = self.row_layouts.get(bucket_index)
+        if layout is None or not layout.matches(shapes, buffer.numel()):
+            layout = ParameterRows(shapes, buffer.element_size())
+            if layout.numel != buffer.numel():
+                raise ValueError(
+                    f"bucket: expected {layout.numel} elements from its parameters' shapes "
+                    f"{[tuple(shape) for shape in shapes]}, got a buffer of {buffer.numel()}"
+                )
+            self.row_layouts[bucket_index] = layout
+        return layout
+
+    def _stays_dense(self, bucket_index: int, numel: int) -> bool:
+        """Whether this bucket fell back to dense within the last ``dense_recheck_steps`` steps
+        (counted as a dense fallback); a bucket whose size changed is probed again."""
+        numel_dense_until = self.dense_until.get(bucket_index)
+        if numel_dense_until is None:
+            return False
+        cached_numel, until = numel_dense_until
+        if cached_numel == numel and self.iter < until:
+            self._count(dense_fallbacks=1)
+            return True
+        del self.dense_until[bucket_index]
+        return False
+
+    def _fall_back_dense(self, bucket_index: int, numel: int) -> None:
+        """Count a dense fallback and keep the bucket dense for ``dense_recheck_steps`` steps."""
+        self._count(dense_fallbacks=1)
+        if self.dense_recheck_steps:
+            self.dense_until[bucket_index] = (numel, self.iter + 1 + self.dense_recheck_steps)
+
     def _record_completion(self, started: float) -> None:
         self._count(seconds=time.perf_counter() - started)
 
@@ -234,124 +316,18 @@ class SparseAllReduceState:
             self._count(steps=1)
 
 
-class _BucketReduction:
-    """One bucket's way through the hook; :attr:`result` is the future handed to DDP.
-
-    ``result`` resolves to the bucket buffer once its all-reduce is done, or to the error of
-    whichever step failed. Every collective is issued on the hook's thread, in hook order, so
-    their order is the same on every rank with any backend.
-    """
-
-    __slots__ = ("buffer", "continue_with", "mask", "mask_work", "result", "started", "state")
-
-    def __init__(self, state: SparseAllReduceState, buffer: torch.Tensor) -> None:
-        # A weak reference: completions run on backend threads, and a callback holding the last
-        # reference to the state (and so to its process group) would destroy the group on that
-        # group's own worker thread, which aborts the process.
-        self.state = weakref.proxy(state)
-        self.buffer = buffer
-        self.started = time.perf_counter()
-        self.mask: torch.Tensor | None = None
-        self.mask_work: dist.Work | None = None
-        self.continue_with: Callable[[torch.Tensor], None] | None = None
-        # UNVERIFIED on NPU: a manual Future over device tensors needs the device list for
-        # stream synchronisation (documented for CUDA; torch_npu registers the same guard).
-        devices = None if buffer.device.type == "cpu" else [buffer.device]
-        self.result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
-
-    def after_mask(self, mask: torch.Tensor, continue_with: Callable[[torch.Tensor], None]) -> None:
-        """Start the MAX all-reduce of ``mask``; :meth:`finish_mask_round` continues it later.
-
-        The round is queued on the state: the next bucket's hook (or this one's, if last) waits
-        for it and calls ``continue_with(union)``, so the mask travels while that next bucket's
-        gradients are computed and its chunks scanned.
-        """
-        self.mask, self.continue_with = mask, continue_with
-        self.mask_work = dist.all_reduce(
-            mask, op=dist.ReduceOp.MAX, group=self.state._group(), async_op=True
-        )
-        self.state.mask_rounds.append(self)
-
-    def finish_mask_round(self) -> None:
-        """Wait for the mask round started by :meth:`after_mask`, then continue with the union.
-
-        Drops its references to the round first: a finished ``Work`` kept alive by this object
-        (itself referenced from the data all-reduce's callback) would outlive its process group.
-        """
-        work, mask, continue_with = self.mask_work, self.mask, self.continue_with
-        self.mask_work = self.mask = self.continue_with = None
-        work.wait()
-        continue_with(mask)
-
-    def send(
-        self,
-        tensor: torch.Tensor | None,
-        unpack: Callable[[torch.Tensor], None] | None = None,
-    ) -> None:
-        """Average ``tensor`` over ranks as the default hook does, then ``unpack(averaged)``.
-
-        Divides by world size first (the default hook's order, which avoids fp16 overflow) and
-        sums with an async all-reduce. ``None``: nothing to send anywhere; the bucket resolves
-        unchanged.
-        """
-        if tensor is None:
-            self._resolve()
-            return
-        tensor.div_(self.state._group().size())
-        self.state._count(bytes_sent=tensor.numel() * tensor.element_size())
-        work = dist.all_reduce(tensor, group=self.state._group(), async_op=True)
-
-        def finish(averaged: torch.Tensor) -> None:
-            if unpack is not None:
-                unpack(averaged)
-            self._resolve()
-
-        work.get_future().then(lambda fut: self.guarded(lambda: finish(fut.value()[0])))
-
-    def guarded(self, step: Callable[[], None]) -> None:
-        """Run ``step``; an exception resolves :attr:`result` with it instead of propagating."""
-        try:
-            step()
-        except Exception as error:
-            if not self.result.done():
-                self.result.set_exception(error)
-
-    def _resolve(self) -> None:
-        with contextlib.suppress(ReferenceError):  # the state is gone: nobody reads its stats
-            self.state._record_completion(self.started)
-        self.result.set_result(self.buffer)
-
-
-def _finish_mask_rounds(state: SparseAllReduceState, keep: int) -> None:
-    """Finish the oldest queued mask rounds, in bucket order, until ``keep`` are left."""
-    while len(state.mask_rounds) > keep:
-        reduction = state.mask_rounds.popleft()
-        reduction.guarded(reduction.finish_mask_round)
-
-
-def _exact_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
+def _exact_reduce(reduction: BucketReduction, bucket_index: int) -> None:
     state, buffer = reduction.state, reduction.buffer
-    numel_dense_until = state.dense_until.get(bucket_index)
-    if numel_dense_until is not None:
-        numel, until = numel_dense_until
-        if numel == buffer.numel() and state.iter < until:
-            state._count(dense_fallbacks=1)
-            reduction.send(buffer)
-            return
-        del state.dense_until[bucket_index]
-
+    if state._stays_dense(bucket_index, buffer.numel()):
+        reduction.send(buffer)
+        return
     chunks = GradientChunks(buffer, state.chunk_size)
 
     def with_union(union: torch.Tensor) -> None:
         row_ids, with_tail, num_sent = union_rows(union, chunks)
         _count_mask(state, union, chunks.count, num_sent)
         if num_sent > state.density_threshold * chunks.count:
-            state._count(dense_fallbacks=1)
-            if state.dense_recheck_steps:
-                state.dense_until[bucket_index] = (
-                    buffer.numel(),
-                    state.iter + 1 + state.dense_recheck_steps,
-                )
+            state._fall_back_dense(bucket_index, buffer.numel())
             reduction.send(buffer)
         elif num_sent == 0:
             reduction.send(None)
@@ -379,7 +355,7 @@ def _count_mask(
     )
 
 
-def _topk_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
+def _topk_reduce(reduction: BucketReduction, bucket_index: int) -> None:
     """Chunk-level DGC: send the union of each rank's top chunks, keep the rest as residual."""
     state, buffer = reduction.state, reduction.buffer
     if state.iter < state.start_topk_iter:
@@ -391,7 +367,8 @@ def _topk_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
         residual = torch.zeros(buffer.numel(), dtype=torch.float32, device=buffer.device)
         state.residuals[bucket_index] = residual
     accumulated = residual.add_(buffer)  # the residual tensor now holds residual + gradient
-    acc_chunks = GradientChunks(accumulated, state.chunk_size)
+    chunk_size = state.chunk_size or TOPK_CHUNK_SIZE
+    acc_chunks = GradientChunks(accumulated, chunk_size)
 
     norms = acc_chunks.norms()
     keep = max(1, math.ceil(state.topk_ratio * acc_chunks.count))
@@ -411,7 +388,7 @@ def _topk_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
         if num_sent == 0:
             reduction.send(None)
             return
-        out_chunks = GradientChunks(buffer, state.chunk_size)
+        out_chunks = GradientChunks(buffer, chunk_size)
         reduction.send(
             sent, unpack=lambda averaged: out_chunks.scatter_(row_ids, with_tail, averaged)
         )
@@ -422,29 +399,35 @@ def _topk_reduce(reduction: _BucketReduction, bucket_index: int) -> None:
 def sparse_allreduce_hook(
     state: SparseAllReduceState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    r"""DDP communication hook that all-reduces only the chunks of a bucket that are in use.
+    r"""DDP communication hook that exchanges only the chunks of a bucket that are in use.
 
-    Exact mode, per bucket of ``n`` elements split into ``ceil(n / chunk_size)`` chunks:
+    Exact mode with row chunks (``chunk_size=None``, the default), per bucket:
 
-    1. If the bucket fell back to dense within the last ``dense_recheck_steps`` steps, do what
-       the default hook does (``buffer /= world_size``; all-reduce SUM) and stop.
-    2. Local mask: chunk ``c`` is 1 if any element's bit pattern is not +0.0.
-    3. All-reduce the int8 mask with MAX: every rank now holds the union ``U``. This round is
-       not waited for here: the next bucket's hook (or this one, if it is the last) waits for
-       it and carries on with steps 4-5, so the mask travels while the next bucket's gradients
-       are computed. Every collective is issued from the hook, in bucket order, so all ranks
-       issue them in the same order with any backend, on the one process group.
-    4. If ``|U| > density_threshold * num_chunks``, fall back to step 1's dense all-reduce.
-    5. Gather the chunks in ``U`` into one contiguous buffer, divide it by ``world_size``
-       (the same op the default hook applies, so the values match bit for bit), all-reduce it
-       with SUM, and scatter it back. Chunks outside ``U`` are +0.0 on every rank, which is
-       also what the dense average gives there.
+    1. If the bucket fell back to dense within the last ``dense_recheck_steps`` steps, or the
+       group has one rank, do what the default hook does (``buffer /= world_size``;
+       all-reduce SUM) and stop.
+    2. Local mask: a row chunk (see :class:`ParameterRows`) is touched if any element's bit
+       pattern is not +0.0; one vectorised pass per run of equally wide rows.
+    3. All-gather every rank's (rows touched, elements touched). Not waited for here: the next
+       bucket's hook (or this one, if it is the last) waits and carries on, so the sizes
+       travel while the next bucket's gradients are computed. Every collective is issued from
+       the hook, in bucket order, so all ranks issue them in the same order with any backend.
+    4. If the gathered messages would exceed ``density_threshold`` of the dense all-reduce's
+       bytes, fall back to step 1's dense all-reduce (and stay dense for a while).
+    5. Pack ``[int32 row ids | touched rows / world_size]`` and all-gather it; write this
+       rank's rows back and add every other rank's into the bucket (rows nobody touched are
+       +0.0 everywhere, which is also what the dense average gives there).
 
-    Top-k mode adds before step 2: ``acc = residual + gradient``; the local mask keeps the
-    ``ceil(topk_ratio * num_chunks)`` chunks of largest L2 norm; every rank sends ``acc`` on
-    the union ``U``; ``residual = acc - sent`` (zero on ``U`` up to dtype rounding, ``acc``
-    elsewhere); the bucket result is the averaged ``U`` chunks and zero elsewhere. The first
-    ``start_topk_iter`` steps are plain dense all-reduces.
+    Exact mode with an int ``chunk_size``: step 2 marks fixed chunks; step 3 all-reduces the
+    int8 chunk mask with MAX, giving every rank the union ``U``; step 4 falls back if ``|U| >
+    density_threshold * num_chunks``; step 5 gathers the chunks in ``U``, divides by
+    ``world_size``, all-reduces them with SUM and scatters them back.
+
+    Top-k mode (fixed chunks) adds before step 2: ``acc = residual + gradient``; the local mask
+    keeps the ``ceil(topk_ratio * num_chunks)`` chunks of largest L2 norm; every rank sends
+    ``acc`` on the union ``U``; ``residual = acc - sent`` (zero on ``U`` up to dtype rounding,
+    ``acc`` elsewhere); the bucket result is the averaged ``U`` chunks and zero elsewhere. The
+    first ``start_topk_iter`` steps are plain dense all-reduces.
 
     Returns a future holding the bucket buffer (same shape), reduced in place.
 
@@ -455,7 +438,7 @@ def sparse_allreduce_hook(
             float32, bfloat16 or float16.
 
     Example::
-        >>> state = SparseAllReduceState(chunk_size=4096)
+        >>> state = SparseAllReduceState()
         >>> ddp_model.register_comm_hook(state, sparse_allreduce_hook)
     """
     if not isinstance(state, SparseAllReduceState):
@@ -465,24 +448,27 @@ def sparse_allreduce_hook(
             "bucket: expected torch.distributed.GradBucket (register the hook with "
             "DistributedDataParallel.register_comm_hook), got " + type(bucket).__name__
         )
-    return _reduce_bucket(state, bucket.buffer(), bucket.index(), bucket.is_last())
-
-
-def _reduce_bucket(
-    state: SparseAllReduceState, buffer: torch.Tensor, bucket_index: int, is_last: bool
-) -> torch.futures.Future[torch.Tensor]:
-    """The hook on a bare flat buffer (used by the hook itself and by the benchmark)."""
+    buffer, bucket_index, is_last = bucket.buffer(), bucket.index(), bucket.is_last()
     if buffer.dtype not in SUPPORTED_DTYPES:
         raise TypeError(
             f"bucket: expected gradients of dtype float32, bfloat16 or float16, got {buffer.dtype}"
         )
     state._count(buckets=1, bytes_dense=buffer.numel() * buffer.element_size())
-    reduction = _BucketReduction(state, buffer)
-    reduce = _exact_reduce if state.mode == "exact" else _topk_reduce
-    reduction.guarded(lambda: reduce(reduction, bucket_index))
-    # The previous bucket's mask round had this bucket's backward and scan to complete in; its
-    # data all-reduce goes out now. The last bucket of a step finishes every round.
-    _finish_mask_rounds(state, keep=0 if is_last else 1)
+    reduction = BucketReduction(state, buffer)
+    if state.mode == "topk":
+        reduction.guarded(lambda: _topk_reduce(reduction, bucket_index))
+    elif state.chunk_size is not None:
+        reduction.guarded(lambda: _exact_reduce(reduction, bucket_index))
+    else:
+        shapes = [parameter.shape for parameter in bucket.parameters()]
+        reduction.guarded(
+            lambda: rows_reduce(
+                reduction, bucket_index, state._row_layout(bucket_index, shapes, buffer)
+            )
+        )
+    # The previous bucket's first round had this bucket's backward and scan to complete in;
+    # its data exchange goes out now. The last bucket of a step finishes every round.
+    finish_rounds(state, keep=0 if is_last else 1)
     state._end_bucket(is_last)
     return reduction.result
 
