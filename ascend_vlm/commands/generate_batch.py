@@ -128,6 +128,32 @@ def add_budget_arguments(parser: Any) -> None:
     parser.add_argument("--max-batch-size", type=int, default=16, help="sequences running at once")
 
 
+def add_kv_cache_arguments(parser: Any) -> None:
+    """Add the flags of the batch's KV blocks and prefix cache to ``parser`` (or a group)."""
+    parser.add_argument(
+        "--kv-block-size",
+        type=int,
+        default=16,
+        help="tokens per KV block (a multiple of 16 up to 512 lets the NPU's page attention "
+        "read the blocks in place)",
+    )
+    parser.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV blocks of a prompt prefix an earlier request computed (same tokens, "
+        "same images, same adapter)",
+    )
+
+
+def kv_cache_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The :class:`~ascend_vlm.batching.BatchGenerator` keywords of the KV-cache flags in
+    ``args``; ``parser.error`` names a block size below 1."""
+    if args.kv_block_size < 1:
+        parser.error(f"--kv-block-size: expected an int >= 1, got {args.kv_block_size}")
+    return {"kv_block_size": args.kv_block_size, "prefix_cache": args.prefix_cache}
+
+
 def budget_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """The :class:`~ascend_vlm.batching.BatchBudgets` keywords of the budget flags in
     ``args``; ``parser.error`` names a flag below 1."""
@@ -162,6 +188,7 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--out", required=True, type=Path, help="results, JSONL")
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     add_budget_arguments(parser)
+    add_kv_cache_arguments(parser)
     parser.add_argument(
         "--no-patch", dest="patch", action="store_false", help="run the stock model, unpatched"
     )
@@ -182,7 +209,7 @@ def run_command(args: argparse.Namespace) -> int:
     from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
     parser = args.parser
-    budgets = budget_settings(args, parser)
+    budgets = {**budget_settings(args, parser), **kv_cache_settings(args, parser)}
     if args.out.exists() and not args.force:
         parser.error(f"--out: {args.out} exists; pass --force to replace it")
     if not args.requests.is_file():

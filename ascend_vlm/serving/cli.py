@@ -18,7 +18,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ascend_vlm.commands.generate_batch import add_budget_arguments, budget_settings
+from ascend_vlm.commands.generate_batch import (
+    add_budget_arguments,
+    add_kv_cache_arguments,
+    budget_settings,
+    kv_cache_settings,
+)
 from ascend_vlm.evaluation import features  # noqa: F401  (registers the feature options)
 from ascend_vlm.evaluation.adapter_option import named_path
 from ascend_vlm.evaluation.options import REGISTRY
@@ -103,6 +108,7 @@ def add_command(commands: Any) -> None:
             "\"model\": NAME); repeat for several",
         )  # fmt: skip
     add_budget_arguments(parser.add_argument_group("budgets of the running batch"))
+    add_kv_cache_arguments(parser.add_argument_group("KV cache of the running batch"))
     _add_server_arguments(parser)
     parser.set_defaults(handler=run_command, parser=parser)
 
@@ -164,7 +170,7 @@ def run_command(args: argparse.Namespace) -> int:
     from ascend_vlm.serving.server import DrainingServer, bind_socket
 
     parser = args.parser
-    budgets = budget_settings(args, parser)
+    budgets = {**budget_settings(args, parser), **kv_cache_settings(args, parser)}
     limits = _limits(args, parser)
     try:
         path = checkpoint_folder(args.model, "--model")
@@ -174,7 +180,10 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         model, processor, adapters = _prepared_model(args, path)
         generator = BatchGenerator(
-            model if adapters is None else adapters.model, processor, adapters=adapters, **budgets
+            model if adapters is None else adapters.model,
+            processor,
+            adapters=adapters,
+            **budgets,
         )
     except ValueError as error:
         parser.error(str(error))

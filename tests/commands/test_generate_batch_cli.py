@@ -85,6 +85,10 @@ def test_usage_errors_name_the_option_or_the_line(tmp_path, command_error):
             [*model, "--requests", str(path), "--out", str(tmp_path / "o"), "--max-batch-size", "0"],
             "--max-batch-size: expected an int >= 1, got 0",
         ),
+        "kv block size": (
+            [*model, "--requests", str(path), "--out", str(tmp_path / "o"), "--kv-block-size", "0"],
+            "--kv-block-size: expected an int >= 1, got 0",
+        ),
         "missing image": (
             [*model, "--requests", str(bad), "--out", str(tmp_path / "o")],
             f"{bad}: line 2: expected {ACCEPTED_IMAGES}, got '{tmp_path / 'missing.png'}' (no such file)",

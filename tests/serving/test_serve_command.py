@@ -25,12 +25,31 @@ ROOT = Path(__file__).resolve().parents[2]
         (["--model", "/no/such/folder"], "--model: expected a local checkpoint"),
         (["--model", "x", "--max-queue", "0"], "--max-queue: expected a number > 0, got '0'"),
         (["--model", "x", "--max-batch-size", "0"], "--max-batch-size: expected an int >= 1"),
+        (["--model", "x", "--kv-block-size", "0"], "--kv-block-size: expected an int >= 1"),
         (["--model", "x", "--allow-local-images", "/no/dir"], "--allow-local-images: expected"),
         (["--model", "x", "--adapter", "noequals"], "--adapter: expected NAME=PATH"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(command_error, argv, words):
     assert words in command_error(["serve", *argv])
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], {"kv_block_size": 16, "prefix_cache": True}),
+        (
+            ["--kv-block-size", "32", "--no-prefix-cache"],
+            {"kv_block_size": 32, "prefix_cache": False},
+        ),
+    ],
+)
+def test_kv_cache_flags_become_the_batch_generators_keywords(flags, expected):
+    from ascend_vlm.__main__ import build_parser
+    from ascend_vlm.commands.generate_batch import kv_cache_settings
+
+    args = build_parser().parse_args(["serve", "--model", "x", *flags])
+    assert kv_cache_settings(args, args.parser) == expected
 
 
 @pytest.mark.slow
