@@ -155,6 +155,7 @@ RANKS: dict[str, int] = {
     # 6 applications: evaluation, fine-tuning and the command line.
     "ascend_vlm.evaluation": 6,
     "ascend_vlm.finetune": 6,
+    "ascend_vlm.integrations": 6,
     "ascend_vlm.commands": 6,
     "ascend_vlm.__main__": 6,
     # 7 the package's face (its __init__ names every public part, lazily) and test support
