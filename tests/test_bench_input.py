@@ -1,4 +1,4 @@
-"""scripts/bench_input.py end to end with two images, two fine-tune steps and one round."""
+"""scripts/bench_input.py end to end with two images and one round."""
 
 from __future__ import annotations
 
@@ -14,16 +14,13 @@ def bench(script_module):
 
 def test_every_processor_is_measured_at_both_sizes(bench, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    argv = ["--images", "2", "--rounds", "1", "--finetune-steps", "2", "--finetune-batch", "2"]
-    assert bench.main([*argv, "--finetune-image-size", "56", "--json", str(out)]) == 0
+    assert bench.main(["--images", "2", "--rounds", "1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report) == {
         f"{family} {size}"
         for family in ("Qwen2-VL", "LLaVA-1.5 (CLIP 336, pad)")
         for size in ("448x448", "1344x896")
-    } | {"finetune_step_s"}
-    step_times = report.pop("finetune_step_s")
-    assert len(step_times) == 2 and all(seconds > 0 for seconds in step_times.values())
+    }
     for rates in report.values():
         assert len(rates) == 3 and all(rate > 0 for rate in rates.values())
     printed = capsys.readouterr().out
