@@ -14,7 +14,11 @@ mock NPU and its pytest plugin), and the errors :class:`AclError`, :class:`Patch
 
 Importing the package registers the custom ops ``torch.ops.ascend_vlm.*`` (schemas, kernels,
 fake kernels, autograd), as torch extension libraries do, so a ``torch.export``-ed program or a
-compiled artifact that calls them loads after ``import ascend_vlm``. That imports torch and
+compiled artifact that calls them loads after ``import ascend_vlm``. It also registers the
+attention implementation ``"ascend_flash"`` with transformers (its attention and mask functions),
+so ``from_pretrained(..., attn_implementation="ascend_flash")`` routes attention to :mod:`ops`:
+the registration runs when transformers' modeling code is first imported (or now, if it already
+is), so ``import ascend_vlm`` does not import transformers. That imports torch and
 :mod:`ops` (with :mod:`kernel_backend`); everything heavier (transformers through ``patch``,
 :mod:`distributed`, :mod:`pruning`, :mod:`quantization`, :mod:`batching`,
 :mod:`observability`, :mod:`adapters`, :mod:`reuse`, :mod:`vision_input`, :mod:`testing`)
@@ -24,9 +28,12 @@ loads on first access.
 from __future__ import annotations
 
 import importlib
+import types
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ascend_vlm import kernel_backend, ops
+from ascend_vlm._compat.post_import import call_when_imported
 from ascend_vlm._errors import AclError, PatchError
 from ascend_vlm._version import __version__ as __version__
 
@@ -104,6 +111,21 @@ if TYPE_CHECKING:
     from ascend_vlm.vision_input import QwenVLPixels
 
 
+def _register_ascend_flash(modeling_utils: types.ModuleType) -> None:
+    """Register ``"ascend_flash"`` with transformers (`register_attention`) once its
+    `modeling_utils` is imported; a failure warns instead of breaking that import."""
+    from ascend_vlm.patching.attention import register_attention
+
+    try:
+        register_attention()
+    except Exception as error:  # transformers' API moved: say so, keep transformers usable
+        warnings.warn(
+            f"ascend_vlm could not register attn_implementation='ascend_flash' with "
+            f"{modeling_utils.__name__}: {error!r}",
+            stacklevel=2,
+        )
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"ascend_vlm.{name}")
@@ -114,3 +136,7 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+# Last, so that a registration running now (transformers already imported) sees the whole package.
+call_when_imported("transformers.modeling_utils", _register_ascend_flash)

@@ -43,6 +43,7 @@ GLOBAL_PROBES = {
     "config-attn-implementation",
     "config-sub-configs",
     "varlen-kwargs",
+    "flash-preload",
     "output-collector",
     "silu-activation",
     "accelerate-hooks",
@@ -121,6 +122,15 @@ def _no_longer_flash(monkeypatch):
     monkeypatch.setattr(modeling_qwen2_vl, "is_flash_attention_requested", lambda config: False)
 
 
+def _preload_loads_every_name(monkeypatch):
+    def lazy_import_flash_attention(implementation, *args, **kwargs):
+        raise ValueError(f"Could not find {implementation}")
+
+    monkeypatch.setattr(
+        modeling_flash_attention_utils, "lazy_import_flash_attention", lazy_import_flash_attention
+    )
+
+
 def _config_reads_elsewhere(monkeypatch):
     monkeypatch.setattr(
         transformers.PreTrainedConfig,
@@ -187,6 +197,7 @@ FAILURES = {
         ),
         "FlashAttentionKwargs has no max_length_q",
     ),
+    "flash-preload": (_preload_loads_every_name, "loads a name marked as loaded"),
     "output-collector": (
         lambda mp: mp.delattr(output_capturing, "_active_collector"),
         "has no _active_collector",

@@ -19,6 +19,10 @@ it does not hold, or None. Each probe says when it can go (:mod:`.probe`).
 * :mod:`.torch_internals`: torch's mode stacks, fake tensors, version counter, int8 matmul.
 * :mod:`.peft_layers`: switching a PEFT layer's active adapter.
 * :mod:`.quantizer`: the quantizer hooks and weight-loading ops quantizing while loading uses.
+* :mod:`.distributed_loading`: FSDP2 at load time (``DistributedConfig``) and Trainer training
+  such a model without DDP.
+* :mod:`.post_import`: running a function once another library's module is imported (how
+  ``import ascend_vlm`` registers its attention with transformers without importing it).
 
 The probes that read the family specs of :mod:`ascend_vlm.models` (classes, attributes,
 attention routing, RoPE, vision towers, sub-configs) and ``patch``'s version gate, which runs

@@ -19,6 +19,9 @@ config-attn-implementation ``config._attn_implementation`` reads ``_attn_impleme
                            the attribute patch switches per config (`set_attention_implementation`).
 varlen-kwargs              ``FlashAttentionKwargs`` names the packed-segment kwargs ``VARLEN_KWARGS``
                            and their bounds ``VARLEN_BOUND_KWARGS`` (``ascend_attention_forward``).
+flash-preload              ``modeling_flash_attention_utils.lazy_import_flash_attention(name)`` loads
+                           nothing for the name its ``_loaded_implementation`` holds
+                           (`mark_flash_functions_loaded`).
 output-collector           ``utils.output_capturing._active_collector`` is the context variable
                            holding the outputs a capture collects (`output_collector`): attention
                            weights are computed only when it asks for "*attentions".
@@ -66,6 +69,25 @@ def register_attention_function(name: str, function: Callable) -> None:
 
     AttentionInterface.register(name, function)
     AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def mark_flash_functions_loaded(name: str) -> None:
+    """Make transformers' flash-attention preload accept implementation `name` as loaded.
+
+    ``from_pretrained`` and ``set_attn_implementation`` call
+    ``lazy_import_flash_attention(name)`` for every name containing "flash" ("to allow compile
+    with fullgraph"). Off NPU it asks the kernels hub for a kernel of that name and raises
+    ValueError ("Could not find the currently requested flash attention implementation") for a
+    function registered through ``AttentionInterface``: transformers offers no public way to
+    declare a registered function flash-like, and the name must contain "flash" for the
+    Qwen-VL vision towers to make one packed varlen call. The preload skips the name its module
+    records as loaded; a function that calls no flash-attention package needs nothing loaded.
+    Another flash implementation loaded later (a hub kernel, ``flash_attention_2``) takes the
+    record; registering again restores it.
+    """
+    from transformers import modeling_flash_attention_utils
+
+    modeling_flash_attention_utils._loaded_implementation = name
 
 
 def set_attention_implementation(config: object, name: str) -> None:
@@ -220,6 +242,24 @@ def _varlen_kwargs() -> str | None:
     return f"FlashAttentionKwargs has no {', '.join(sorted(absent))}" if absent else None
 
 
+def _flash_preload() -> str | None:
+    from transformers import modeling_flash_attention_utils as flash_utils
+
+    problem = _missing(flash_utils, ("lazy_import_flash_attention",))
+    if problem or not hasattr(flash_utils, "_loaded_implementation"):
+        return problem or f"{flash_utils.__name__} has no _loaded_implementation"
+    loaded = flash_utils._loaded_implementation
+    probe_name = "ascend_vlm_flash_probe"
+    try:
+        mark_flash_functions_loaded(probe_name)
+        flash_utils.lazy_import_flash_attention(probe_name)
+    except Exception as error:  # what the preload raises for a name it then loads is its own
+        return f"lazy_import_flash_attention loads a name marked as loaded: {error!r}"
+    finally:
+        flash_utils._loaded_implementation = loaded
+    return None
+
+
 def _output_collector() -> str | None:
     from transformers.utils import output_capturing
 
@@ -244,6 +284,7 @@ ATTENTION_PROBES = (
         "config-attn-implementation", _config_attn_implementation, NEEDED_ON_EVERY_SUPPORTED_VERSION
     ),
     Probe("varlen-kwargs", _varlen_kwargs, NEEDED_ON_EVERY_SUPPORTED_VERSION),
+    Probe("flash-preload", _flash_preload, NEEDED_ON_EVERY_SUPPORTED_VERSION),
     Probe("output-collector", _output_collector, NEEDED_ON_EVERY_SUPPORTED_VERSION),
     Probe("interface-call-detection", _interface_call_detection, NEEDED_ON_EVERY_SUPPORTED_VERSION),
 )

@@ -10,6 +10,7 @@ from ascend_vlm._compat.attention import (
     ATTENTION_NAME,
     VARLEN_BOUND_KWARGS,
     VARLEN_KWARGS,
+    mark_flash_functions_loaded,
     output_collector,
     register_attention_function,
 )
@@ -276,6 +277,9 @@ def _attention_with_weights(
 
 def register_attention() -> None:
     """Register `ascend_attention_forward` (and `sdpa_mask` as its mask function) with
-    transformers under ``ATTENTION_NAME`` (idempotent, process-wide but inert: only configs whose
-    ``_attn_implementation`` is ATTENTION_NAME use it)."""
+    transformers under ``ATTENTION_NAME``, and mark its flash functions loaded so that
+    ``from_pretrained(..., attn_implementation=ATTENTION_NAME)`` and ``set_attn_implementation``
+    accept the name (`mark_flash_functions_loaded`). Idempotent, process-wide but inert: only
+    configs whose ``_attn_implementation`` is ATTENTION_NAME use it."""
     register_attention_function(ATTENTION_NAME, ascend_attention_forward)
+    mark_flash_functions_loaded(ATTENTION_NAME)
