@@ -207,12 +207,6 @@ def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
     )
     add("--bf16", action="store_true", help="train under bf16 autocast (mixed precision)")
     add(
-        "--fsdp",
-        action="store_true",
-        help="shard the model over the ranks while loading it (FSDP2, one unit per layer) "
-        "instead of a full copy per rank under DDP",
-    )
-    add(
         "--overwrite-output-dir",
         action="store_true",
         help="start a new run in a folder holding one, deleting its checkpoints, metrics and result",

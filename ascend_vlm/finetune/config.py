@@ -89,7 +89,6 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     bf16: bool = False
     overwrite_output_dir: bool = False
-    fsdp: bool = False
 
     def __post_init__(self) -> None:
         # Absolute paths: the saved adapter names its base by a path that loads from anywhere,
@@ -172,12 +171,6 @@ class TrainConfig:
             raise ValueError(
                 "save_merged: expected only with LoRA (a full fine-tune saves the whole model "
                 f"in <output_dir>/{FINAL_MODEL} already), got full_finetune=True"
-            )
-        if self.fsdp and (self.quantize is not None or self.new_tokens):
-            raise ValueError(
-                "fsdp: expected a base in plain weights without new tokens (FSDP2 shards the "
-                "layers as loaded; quantized linears and trainable token rows are not sharded "
-                f"that way), got quantize={self.quantize!r}, new_tokens={list(self.new_tokens)}"
             )
         if self.quantize is not None:
             if self.quantize not in DEFAULT_GROUP_SIZE:

@@ -139,9 +139,7 @@ def prepare(config: TrainConfig) -> PreparedRun:
             "model_path: expected a local from_pretrained folder, got None "
             "(python -m ascend_vlm finetune defaults it to the reference checkpoint)"
         )
-    model, processor = load_base_model(
-        config.model_path, placement.device, DTYPES[config.dtype], config.fsdp
-    )
+    model, processor = load_base_model(config.model_path, placement.device, DTYPES[config.dtype])
     if config.quantize is not None:
         from ascend_vlm.quantization import QuantizationConfig, quantize
 
