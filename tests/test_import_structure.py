@@ -155,10 +155,10 @@ RANKS: dict[str, int] = {
     # 6 applications: evaluation, fine-tuning and the command line.
     "ascend_vlm.evaluation": 6,
     "ascend_vlm.finetune": 6,
-    "ascend_vlm.commands": 6,
     "ascend_vlm.integrations": 6,
     "ascend_vlm.serving": 6,
     "ascend_vlm.verification": 6,
+    "ascend_vlm.commands": 6,
     "ascend_vlm.__main__": 6,
     # 7 the package's face (its __init__ names every public part, lazily) and test support
     # (the mock NPU and the pytest plugins, loaded by tests and pytest only): both may import

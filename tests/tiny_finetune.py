@@ -1,14 +1,18 @@
 """The tiny fine-tune settings that fine-tune, eval and cluster tests share: an in-process
-config, and the command line of a few steps of ``scripts/finetune_lora.py``."""
+config, and the command line of a few steps of ``python -m ascend_vlm finetune``."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from ascend_vlm.default_model import default_model_path
 from ascend_vlm.finetune.config import TrainConfig
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "finetune_lora.py"
+ROOT = Path(__file__).resolve().parents[1]
+# The sub-command as torchrun launches it (``torchrun ... -m ascend_vlm finetune``).
+MODULE = ["-m", "ascend_vlm", "finetune"]
 # A few steps on a small ShapesVQA slice; global batch 4 = 2 ranks x 2 = 1 rank x 4.
 COMMON = [
     "--train-size=32",
@@ -23,6 +27,25 @@ COMMON = [
     "--image-size=56",
     "--report-question-types=",
 ]
+
+
+def finetune_env() -> dict[str, str]:
+    """The environment of a fine-tune subprocess: this checkout's package first, one thread
+    per process, and none of a torchrun parent's rank variables."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def finetune_command(nproc: int, *launcher: str) -> list[str]:
+    """The interpreter, under torchrun (``launcher`` arguments, else ``--standalone
+    --nproc_per_node=nproc``) when ``nproc`` > 1 or ``launcher`` is given, running the
+    fine-tune sub-command."""
+    if nproc == 1 and not launcher:
+        return [sys.executable, *MODULE]
+    launcher = launcher or ("--standalone", f"--nproc_per_node={nproc}")
+    return [sys.executable, "-m", "torch.distributed.run", *launcher, *MODULE]
 
 
 def tiny_config(output_dir: Path, **overrides) -> TrainConfig:

@@ -16,7 +16,7 @@ All answers are one lowercase word, which a tiny model can emit in a token or tw
 The four base kinds are :data:`KINDS`. :data:`NEW_SHAPE_KINDS` are four more kinds that the
 reference checkpoint never saw; a dataset drawing them (``ShapesVQA(kinds=...)``) can name
 them by other words (``kind_names``), e.g. new tokens such as ``<star>`` that a fine-tune run
-teaches (``scripts/finetune_lora.py --shapes-new-kinds --new-tokens ...``).
+teaches (``python -m ascend_vlm finetune --shapes-new-kinds --new-tokens ...``).
 """
 
 from __future__ import annotations

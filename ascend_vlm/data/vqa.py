@@ -1,18 +1,22 @@
-"""VQA data: samples, JSONL / LLaVA record loading, and processor collation.
+"""VQA data: samples, JSON Lines / JSON / LLaVA record loading, and processor collation.
 
-Record formats accepted by :func:`load_jsonl` (one JSON object per line; image paths are
-relative to the JSONL file's folder unless absolute):
+A data file is JSON Lines (one JSON object per line) or, as LLaVA's own data is written, one
+JSON array of objects (a file whose first character is ``[``). Image paths are relative to the
+file's folder unless absolute. Record formats accepted by :class:`JsonlVQA`:
 
 * flat: ``{"image": "a.png", "question": "What colour is it?", "answer": "red"}``;
 * LLaVA conversation: ``{"image": "a.png", "conversations": [{"from": "human", "value":
-  "<image>\\nWhat colour is it?"}, {"from": "gpt", "value": "red"}, ...]}`` -- each
-  human/gpt turn pair becomes one sample, the ``<image>`` marker is dropped.
+  "<image>\\nWhat colour is it?"}, {"from": "gpt", "value": "red"}, ...]}`` -- the whole
+  conversation is one sample (its earlier turns in ``history``), the loss covers every
+  assistant turn, the ``<image>`` marker is dropped;
+* either without ``"image"``: a text-only sample.
 
 Either format may carry a ``"type"`` (a non-empty string naming the question type, e.g.
-``"colour"``), which every sample of that record reports through :meth:`JsonlVQA.question_type`.
+``"colour"``), which the record's sample reports through :meth:`JsonlVQA.question_type`.
 
-Collation renders each sample with the processor's own chat template (a user turn holding the
-image and the question, then the assistant's answer) and supervises only the answer tokens.
+Collation renders each sample with the processor's own chat template (user turns, the first
+holding the image, each followed by the assistant's answer) and supervises only the answer
+tokens.
 """
 
 from __future__ import annotations
@@ -57,11 +61,13 @@ class PixelStaging(Protocol):
 
 @dataclass(frozen=True)
 class VQASample:
-    """One visual question with its gold single-turn ``answer`` about ``image`` (RGB)."""
+    """A question with its gold ``answer`` about ``image`` (RGB; None: a text-only sample),
+    after the ``history`` of earlier (question, answer) turns of the same conversation."""
 
-    image: Image.Image
+    image: Image.Image | None
     question: str
     answer: str
+    history: tuple[tuple[str, str], ...] = ()
 
 
 class BadRecordError(ValueError):
@@ -70,9 +76,8 @@ class BadRecordError(ValueError):
 
 @dataclass(frozen=True)
 class _PendingSample:
-    image_path: Path
-    question: str
-    answer: str
+    image_path: Path | None
+    turns: tuple[tuple[str, str], ...]
     question_type: str | None
 
 
@@ -85,7 +90,11 @@ def _record_pairs(record: Any) -> list[tuple[str, str]]:
         if not isinstance(turns, list) or len(turns) < 2:
             raise ValueError("conversations: expected a list of at least 2 turns")
         pairs = []
-        for human, gpt in zip(turns[0::2], turns[1::2], strict=False):
+        if len(turns) % 2:
+            raise ValueError("conversations: expected human/gpt turn pairs, got an odd count")
+        for human, gpt in zip(turns[0::2], turns[1::2], strict=True):
+            if not isinstance(human, dict) or not isinstance(gpt, dict):
+                raise ValueError("conversations: expected turns as JSON objects")
             roles = (human.get("from"), gpt.get("from"))
             if roles != ("human", "gpt"):
                 raise ValueError(f"conversations: expected human/gpt turn pairs, got {roles}")
@@ -125,15 +134,42 @@ def _check_image(path: Path) -> None:
         raise ValueError(f"image {str(path)!r} is unreadable ({error})") from error
 
 
-class JsonlVQA:
-    """VQA samples from a JSONL file, validated up front; images load on access.
+def _read_records(path: Path) -> list[tuple[int, str | Any]]:
+    """``(number, record)`` of a JSON Lines file (``record`` still text, numbered by non-blank
+    line from 1) or of a JSON array file (parsed, numbered by position from 1)."""
+    text = path.read_text(encoding="utf-8")
+    if not text.lstrip().startswith("["):
+        lines = (line for line in text.splitlines() if line.strip())
+        return list(enumerate(lines, start=1))
+    try:
+        records = json.loads(text)
+    except ValueError as error:
+        raise BadRecordError(f"{path}: expected a JSON array of records ({error})") from None
+    return list(enumerate(records, start=1))
 
-    Every record is parsed and its image opened and verified at construction. A bad record
-    (invalid JSON, missing image, unreadable image, empty question or answer, malformed
+
+def _pending_sample(folder: Path, raw: str | Any) -> _PendingSample:
+    """The sample of one record; ``ValueError`` saying why the record cannot be used."""
+    record = json.loads(raw) if isinstance(raw, str) else raw
+    turns = tuple(_record_pairs(record))
+    question_type = _record_type(record)
+    image_path = None
+    if "image" in record:
+        image_path = folder / str(record["image"])
+        _check_image(image_path)
+    return _PendingSample(image_path, turns, question_type)
+
+
+class JsonlVQA:
+    """VQA samples from a JSON Lines or JSON array file, one per record, validated up front;
+    images load on access.
+
+    Every record is parsed and its image (if it names one) opened and verified at construction.
+    A bad record (invalid JSON, missing or unreadable image, empty question or answer, malformed
     conversation, a ``"type"`` that is not a non-empty string) is logged as
-    ``"<file>: record <n>: <reason>"`` (``n`` counts non-blank lines from 1) and skipped when
-    ``on_bad_record="skip"``, or raised as :class:`BadRecordError` when ``"fail"``.
-    ``bad_records`` lists the skipped ``(n, reason)`` pairs.
+    ``"<file>: record <n>: <reason>"`` and skipped when ``on_bad_record="skip"``, or raised as
+    :class:`BadRecordError` when ``"fail"``. ``bad_records`` lists the skipped ``(n, reason)``
+    pairs; ``records`` counts the records read, good and bad.
     """
 
     def __init__(self, path: str | os.PathLike, on_bad_record: str = "skip"):
@@ -146,27 +182,17 @@ class JsonlVQA:
             raise FileNotFoundError(f"path: expected a JSONL file, got {str(self.path)!r}")
         self.bad_records: list[tuple[int, str]] = []
         self._samples: list[_PendingSample] = []
-        with self.path.open(encoding="utf-8") as lines:
-            numbered = (line for line in lines if line.strip())
-            for number, line in enumerate(numbered, start=1):
-                try:
-                    record = json.loads(line)
-                    pairs = _record_pairs(record)
-                    question_type = _record_type(record)
-                    if "image" not in record:
-                        raise ValueError("missing key(s) ['image']")
-                    image_path = self.path.parent / str(record["image"])
-                    _check_image(image_path)
-                except ValueError as error:  # json.JSONDecodeError is a ValueError too
-                    message = f"{self.path}: record {number}: {error}"
-                    if on_bad_record == "fail":
-                        raise BadRecordError(message) from error
-                    logger.warning("skipping bad record: %s", message)
-                    self.bad_records.append((number, str(error)))
-                    continue
-                self._samples.extend(
-                    _PendingSample(image_path, q, a, question_type) for q, a in pairs
-                )
+        numbered = _read_records(self.path)
+        self.records = len(numbered)
+        for number, raw in numbered:
+            try:
+                self._samples.append(_pending_sample(self.path.parent, raw))
+            except ValueError as error:  # json.JSONDecodeError is a ValueError too
+                message = f"{self.path}: record {number}: {error}"
+                if on_bad_record == "fail":
+                    raise BadRecordError(message) from error
+                logger.warning("skipping bad record: %s", message)
+                self.bad_records.append((number, str(error)))
         if not self._samples:
             raise BadRecordError(f"{self.path}: no usable records")
 
@@ -175,22 +201,29 @@ class JsonlVQA:
 
     def __getitem__(self, index: int) -> VQASample:
         pending = self._samples[index]
-        image = load_image(pending.image_path, name=f"image {str(pending.image_path)!r}")
-        return VQASample(image, pending.question, pending.answer)
+        image = None
+        if pending.image_path is not None:
+            image = load_image(pending.image_path, name=f"image {str(pending.image_path)!r}")
+        *history, (question, answer) = pending.turns
+        return VQASample(image, question, answer, tuple(history))
 
     def question_type(self, index: int) -> str | None:
         """The ``"type"`` of the record sample ``index`` came from; None when it has none."""
         return self._samples[index].question_type
 
 
-def user_turn(question: str) -> list[dict[str, Any]]:
-    """The chat messages asking ``question`` about one image, question first.
+def user_turn(question: str, with_image: bool = True) -> list[dict[str, Any]]:
+    """The chat messages asking ``question`` (about one image unless not ``with_image``),
+    question first.
 
     Question before image lets the image tokens attend to the question (the language model is
     causal) and keeps the image at a fixed distance from the answer, whatever the question's
     length.
     """
-    return [{"role": "user", "content": [{"type": "text", "text": question}, {"type": "image"}]}]
+    content: list[dict[str, Any]] = [{"type": "text", "text": question}]
+    if with_image:
+        content.append({"type": "image"})
+    return [{"role": "user", "content": content}]
 
 
 def prompt_text(processor: Any, question: str) -> str:
@@ -200,48 +233,77 @@ def prompt_text(processor: Any, question: str) -> str:
     )
 
 
+def _reply_text(processor: Any, messages: list[dict[str, Any]], prompt: str, answer: str) -> str:
+    """What the template appends after ``prompt`` (``messages`` rendered for generation) when
+    the assistant replies ``answer``; ``answer + eos_token`` when it renders the prompt
+    differently with and without the reply."""
+    reply = {"role": "assistant", "content": [{"type": "text", "text": answer}]}
+    full = processor.apply_chat_template([*messages, reply], tokenize=False)
+    if full.startswith(prompt) and answer in full[len(prompt) :]:
+        return full[len(prompt) :]
+    return answer + (processor.tokenizer.eos_token or "")
+
+
 def answer_text(processor: Any, question: str, answer: str) -> str:
     """What the template appends after the prompt for ``answer`` (e.g. ``"red<|im_end|>\\n"``).
 
     Falls back to ``answer + eos_token`` when the template renders the prompt differently with
     and without an assistant turn.
     """
-    prompt = prompt_text(processor, question)
-    conversation = [
-        *user_turn(question),
-        {"role": "assistant", "content": [{"type": "text", "text": answer}]},
-    ]
-    full = processor.apply_chat_template(conversation, tokenize=False)
-    if full.startswith(prompt) and answer in full[len(prompt) :]:
-        return full[len(prompt) :]
-    return answer + (processor.tokenizer.eos_token or "")
+    return _reply_text(processor, user_turn(question), prompt_text(processor, question), answer)
+
+
+def conversation_segments(
+    processor: Any, sample: VQASample, with_answer: bool = True
+) -> list[tuple[str, bool]]:
+    """The chat-template text of ``sample`` as ``(text, is_answer)`` segments in order: each
+    user turn's prompt (the first holding the image, if any), then the assistant's reply; the
+    last reply left out unless ``with_answer``. ``ValueError`` when the template does not render
+    a conversation as the prefix of its continuation (its turns cannot be cut apart)."""
+    turns = [*sample.history, (sample.question, sample.answer)]
+    messages: list[dict[str, Any]] = []
+    segments: list[tuple[str, bool]] = []
+    rendered = ""
+    for index, (question, answer) in enumerate(turns):
+        messages += user_turn(question, with_image=index == 0 and sample.image is not None)
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if not prompt.startswith(rendered):
+            raise ValueError(
+                "processor: expected a chat template that renders a conversation as the prefix "
+                f"of its continuation, got another rendering at turn {index + 1}"
+            )
+        segments.append((prompt[len(rendered) :], False))
+        if index == len(turns) - 1 and not with_answer:
+            break
+        reply = _reply_text(processor, messages, prompt, answer)
+        segments.append((reply, True))
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
+        rendered = prompt + reply
+    return segments
 
 
 def encode_sample(processor: Any, sample: VQASample, with_answer: bool = True) -> dict[str, Any]:
-    """Tensors of one sample: the processor's output for the prompt and image (batch dim
-    removed for token keys), with the answer's tokens appended to ``input_ids`` and
-    ``labels`` = ``IGNORE_INDEX`` on the prompt, the answer token ids on the answer."""
-    features = processor(
-        text=[prompt_text(processor, sample.question)],
-        images=[sample.image],
-        return_tensors="pt",
-    )
+    """Tensors of one sample: the processor's output for the first prompt and the image (batch
+    dim removed for token keys), with the tokens of the later segments
+    (:func:`conversation_segments`) appended to ``input_ids`` and ``labels`` = the token ids on
+    every answer, ``IGNORE_INDEX`` elsewhere (everywhere without ``with_answer``)."""
+    (first_prompt, _), *later = conversation_segments(processor, sample, with_answer)
+    images = None if sample.image is None else [sample.image]
+    features = processor(text=[first_prompt], images=images, return_tensors="pt")
     encoded = {key: value for key, value in features.items() if isinstance(value, torch.Tensor)}
     for key in SEQUENCE_KEYS:
         if key in encoded:
             encoded[key] = encoded[key][0]
-    prompt_ids = encoded["input_ids"]
-    if not with_answer:
-        encoded["labels"] = torch.full_like(prompt_ids, IGNORE_INDEX)
-        return encoded
-    answer_ids = torch.tensor(
-        processor.tokenizer(
-            answer_text(processor, sample.question, sample.answer), add_special_tokens=False
-        )["input_ids"],
-        dtype=prompt_ids.dtype,
-    )
-    encoded = with_appended_tokens(encoded, answer_ids)
-    encoded["labels"] = torch.cat([torch.full_like(prompt_ids, IGNORE_INDEX), answer_ids])
+    labels = [torch.full_like(encoded["input_ids"], IGNORE_INDEX)]
+    for text, is_answer in later:
+        token_ids = torch.tensor(
+            processor.tokenizer(text, add_special_tokens=False)["input_ids"],
+            dtype=encoded["input_ids"].dtype,
+        )
+        encoded = with_appended_tokens(encoded, token_ids)
+        supervised = is_answer and with_answer
+        labels.append(token_ids if supervised else torch.full_like(token_ids, IGNORE_INDEX))
+    encoded["labels"] = torch.cat(labels)
     return encoded
 
 
@@ -269,7 +331,8 @@ def collate(
     """Batch :func:`encode_sample` outputs: token keys and ``labels`` padded to the longest
     (``input_ids`` with ``pad_token_id``, ``labels`` with ``IGNORE_INDEX``, masks with 0) on
     ``padding_side`` ("right" for training, "left" for generation); other keys concatenated
-    along dim 0 (e.g. Qwen2-VL's flattened patches and ``image_grid_thw``). With ``staging``,
+    along dim 0 (e.g. Qwen2-VL's flattened patches and ``image_grid_thw``; text-only samples
+    have none and add none). With ``staging``,
     ``pixel_values`` is concatenated into one of its page-locked slots (for an upload)."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side: expected 'left' or 'right', got {padding_side!r}")
@@ -278,8 +341,9 @@ def collate(
     length = max(len(item["input_ids"]) for item in encoded)
     pad_values = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}
     batch: dict[str, torch.Tensor] = {}
-    for key in encoded[0]:
-        values = [item[key] for item in encoded]
+    keys = dict.fromkeys(key for item in encoded for key in item)  # text-only samples lack pixels
+    for key in keys:
+        values = [item[key] for item in encoded if key in item]
         if key in (*SEQUENCE_KEYS, "labels"):
             pad_value = pad_values.get(key, 0)
             rows = []

@@ -1,41 +1,43 @@
-"""Atomic training checkpoints: LoRA adapter (safetensors), optimizer, RNG, data position.
+"""The fine-tune's checkpoints: Trainer's ``checkpoint-<step>`` folders, with the RNG state as
+tensors, a ``latest`` pointer, and the choice of which one a resumed run continues from.
 
 Layout under ``<output_dir>/checkpoints``::
 
-    step-00000050/
-        trainable.safetensors  every trainable parameter by name (the LoRA adapter, plus any
-                               modules trained in full; the whole model for full training)
-        trainer_state.pt     the optimizer state dict and the loop state (step, epoch...)
-        rng-rank<r>.pt       python / numpy / torch RNG states of rank r
-    latest                   text file naming the newest complete checkpoint directory
+    checkpoint-50/
+        adapter_model.safetensors  the trainable weights (model.safetensors for full training)
+        optimizer.pt, scheduler.pt  Trainer's; plain tensors and numbers, which Trainer loads
+                                   with ``torch.load(..., weights_only=True)``
+        trainer_state.json         Trainer's step, log history and callback states
+        rng-rank<r>.safetensors    python / numpy / torch RNG states of rank r as tensors
+    latest                         text file naming the newest complete checkpoint folder
 
-All ranks write into a hidden staging directory; once every rank is done, rank 0 renames it to
-``step-<n>`` with ``os.replace`` and then rewrites ``latest`` the same way (temp file + rename).
-A crash at any moment leaves either the previous checkpoint set or the new one, never a half
-written one, and never touches earlier checkpoints.
+Trainer's own ``rng_state*.pth`` pickles numpy objects; :class:`TensorRngCheckpoints` replaces
+it with ``rng-rank<r>.safetensors``, which holds tensors only and so cannot run code when
+loaded, and restores it when the resumed run takes its first step.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import re
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
-_STEP_FOLDER = re.compile(r"step-(\d{8})")
 LATEST = "latest"
-TRAINER_STATE = "trainer_state.pt"
-TRAINABLE_WEIGHTS = "trainable.safetensors"
+TRAINER_STATE = "trainer_state.json"
+WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors")
+_CHECKPOINT_FOLDER = re.compile(r"checkpoint-(\d+)")
 
 
 def checkpoint_root(output_dir: str | os.PathLike) -> Path:
@@ -52,201 +54,142 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary sibling, fsync, then ``os.replace`` onto ``path``."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with temporary.open("wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+def rng_file(checkpoint: Path, rank: int) -> Path:
+    return checkpoint / f"rng-rank{rank}.safetensors"
 
 
-def rng_state() -> dict[str, Any]:
-    """The python, numpy and torch (CPU) RNG states of this process."""
+def rng_state_tensors() -> dict[str, torch.Tensor]:
+    """This process's python, numpy and torch (CPU) RNG states, as int64 / uint8 tensors."""
+    version, python_state, gauss = random.getstate()
+    _, keys, position, has_gauss, cached = np.random.get_state()
     return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python_state": torch.tensor(python_state, dtype=torch.int64),
+        "python_meta": torch.tensor([version, gauss is not None], dtype=torch.int64),
+        "python_gauss": torch.tensor([0.0 if gauss is None else gauss], dtype=torch.float64),
+        "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+        "numpy_meta": torch.tensor([position, has_gauss], dtype=torch.int64),
+        "numpy_gauss": torch.tensor([cached], dtype=torch.float64),
         "torch": torch.get_rng_state(),
     }
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+def set_rng_state_tensors(state: dict[str, torch.Tensor]) -> None:
+    """Restore what :func:`rng_state_tensors` returned."""
+    version, has_python_gauss = state["python_meta"].tolist()
+    gauss = float(state["python_gauss"][0]) if has_python_gauss else None
+    random.setstate((version, tuple(state["python_state"].tolist()), gauss))
+    position, has_gauss = state["numpy_meta"].tolist()
+    keys = state["numpy_keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, position, has_gauss, float(state["numpy_gauss"][0])))
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(
-    output_dir: str | os.PathLike,
-    step: int,
-    *,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    loop_state: dict[str, Any],
-    rank: int,
-    barrier: Callable[[], None],
-) -> Path:
-    """Write checkpoint ``step`` collectively (every rank calls it) and return its directory.
-
-    Rank 0 saves ``model``'s trainable parameters; ``loop_state`` is whatever the loop
-    needs to continue (step, epoch, batch position). ``barrier`` synchronises the ranks (a
-    no-op for a single process).
-    """
-    root = checkpoint_root(output_dir)
-    final = root / f"step-{step:08d}"
-    staging = root / f".step-{step:08d}.staging"
-    if rank == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    barrier()
-    atomic_torch_save(rng_state(), staging / f"rng-rank{rank}.pt")
-    if rank == 0:
-        from safetensors.torch import save_file
-
-        weights = {
-            name: parameter.detach().cpu().contiguous()
-            for name, parameter in model.named_parameters()
-            if parameter.requires_grad
-        }
-        save_file(weights, staging / TRAINABLE_WEIGHTS)
-        _fsync_file(staging / TRAINABLE_WEIGHTS)
-        trainer_state = {"optimizer": optimizer.state_dict(), "loop": dict(loop_state, step=step)}
-        atomic_torch_save(trainer_state, staging / TRAINER_STATE)
-    barrier()
-    if rank == 0:
-        if final.exists():
-            shutil.rmtree(final)
-        _fsync_directory(staging)
-        os.replace(staging, final)
-        _fsync_directory(root)  # the rename is durable before latest names it
-        atomic_write_text(root / LATEST, final.name)
-    barrier()
-    return final
-
-
-def _fsync_file(path: Path) -> None:
-    with path.open("rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def _fsync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _step_of(name: str) -> int | None:
-    """The step of a checkpoint folder name ``step-<8 digits>``, else None."""
-    match = _STEP_FOLDER.fullmatch(name)
+def step_of(path: Path) -> int | None:
+    """The step of a checkpoint folder named ``checkpoint-<step>``, else None."""
+    match = _CHECKPOINT_FOLDER.fullmatch(path.name)
     return int(match[1]) if match else None
 
 
 def is_complete(path: Path) -> bool:
-    """True when checkpoint directory ``path`` holds its trainer state and a trainable-weights
-    file whose safetensors header reads (a file cut short by a crash does not)."""
+    """True when checkpoint folder ``path`` holds Trainer's state, rank 0's RNG state and a
+    weights file whose safetensors header reads (a file cut short by a crash does not)."""
     from safetensors import safe_open
 
-    if not (path / TRAINER_STATE).is_file() or not (path / TRAINABLE_WEIGHTS).is_file():
+    # A named adapter's weights lie in a subfolder of its name.
+    weights = [p for name in WEIGHT_FILES for p in sorted(path.rglob(name))]
+    if not (path / TRAINER_STATE).is_file() or not rng_file(path, 0).is_file() or not weights:
         return False
     try:
-        with safe_open(str(path / TRAINABLE_WEIGHTS), framework="pt"):
+        with safe_open(str(weights[0]), framework="pt"):
             return True
     except Exception:  # safetensors raises its own error types for a damaged file
         return False
 
 
 def resolve_checkpoint(output_dir: str | os.PathLike, resume: str) -> Path:
-    """The checkpoint directory ``resume`` names: ``"latest"`` (from ``output_dir``) or a path.
+    """The checkpoint folder ``resume`` names: ``"latest"`` (from ``output_dir``) or a path.
 
-    ``"latest"`` is the directory the ``latest`` file names; if that one is not complete
-    (:func:`is_complete`: the disk lost part of it), the newest complete ``step-<n>`` directory
-    of an earlier step, with a warning. Staging directories of an interrupted save are never
-    candidates. Raises ``FileNotFoundError`` naming ``resume`` when there is no complete checkpoint.
+    ``"latest"`` is the folder the ``latest`` file names; if that one is not complete
+    (:func:`is_complete`: the disk lost part of it), the newest complete ``checkpoint-<n>`` of an
+    earlier step, with a warning. Raises ``FileNotFoundError`` naming ``resume`` when there is
+    no complete checkpoint.
     """
-    if resume == "latest":
-        root = checkpoint_root(output_dir)
-        pointer = root / LATEST
-        if not pointer.is_file():
-            raise FileNotFoundError(
-                f"resume: expected a checkpoint under {str(root)!r} for 'latest', found none"
-            )
-        path = root / pointer.read_text(encoding="utf-8").strip()
-        if not is_complete(path):
-            # Only steps before the one latest names: later folders can be left from a run
-            # that was resumed from an earlier checkpoint, and belong to another history.
-            limit = _step_of(path.name)
-            steps = {p: _step_of(p.name) for p in root.iterdir()}
-            older = [p for p, n in steps.items() if n is not None and (limit is None or n < limit)]
-            older.sort(key=steps.get, reverse=True)
-            complete = [p for p in older if is_complete(p)]
-            if not complete:
-                raise FileNotFoundError(
-                    f"resume: expected a complete checkpoint under {str(root)!r}; 'latest' "
-                    f"names {path.name}, which is incomplete, and no other is complete"
-                )
-            logger.warning(
-                "resume: %s (named by latest) is incomplete; resuming from %s", path, complete[0]
-            )
-            path = complete[0]
-    else:
+    if resume != "latest":
         path = Path(resume)
-    if not (path / TRAINER_STATE).is_file():
-        raise FileNotFoundError(
-            f"resume: expected a checkpoint directory holding {TRAINER_STATE}, got {str(path)!r}"
-        )
-    return path
-
-
-def load_training_state(
-    path: Path,
-    *,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    rank: int,
-) -> dict[str, Any]:
-    """Restore trainable weights, optimizer and this rank's RNG from ``path``.
-
-    Returns the saved loop state. Raises ``ValueError`` when ``path`` has no RNG state for
-    ``rank`` (the run was saved with fewer ranks, so it cannot continue exactly), or when the
-    saved parameter names or shapes differ from ``model``'s trainable ones (a different
-    configuration), naming the first differing parameter; nothing is restored then.
-    """
-    from safetensors.torch import load_file
-
-    rng_file = path / f"rng-rank{rank}.pt"
-    if not rng_file.is_file():
-        saved = sorted(p.name for p in path.glob("rng-rank*.pt"))
-        raise ValueError(
-            f"resume: expected RNG state for rank {rank} in {str(path)!r} (same world size as "
-            f"the saved run), found {saved}"
-        )
-    weights = load_file(path / TRAINABLE_WEIGHTS)
-    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    if set(weights) != set(trainable):
-        differing = sorted(set(weights) ^ set(trainable))[:4]
-        raise ValueError(
-            f"resume: expected the checkpoint to hold this run's {len(trainable)} trainable "
-            f"parameters, got {len(weights)} (differing names include {differing})"
-        )
-    for name, parameter in trainable.items():
-        if weights[name].shape != parameter.shape:
-            raise ValueError(
-                f"resume: expected {name} of shape {tuple(parameter.shape)} as this run builds "
-                f"it, the checkpoint {str(path)!r} holds {tuple(weights[name].shape)}"
+        if not (path / TRAINER_STATE).is_file():
+            raise FileNotFoundError(
+                f"resume: expected a checkpoint folder holding {TRAINER_STATE}, got {str(path)!r}"
             )
-    with torch.no_grad():
-        for name, parameter in trainable.items():
-            parameter.copy_(weights[name])
-    trainer_state = torch.load(path / TRAINER_STATE, weights_only=False)
-    optimizer.load_state_dict(trainer_state["optimizer"])
-    set_rng_state(torch.load(rng_file, weights_only=False))
-    return trainer_state["loop"]
+        return path
+    root = checkpoint_root(output_dir)
+    pointer = root / LATEST
+    if not pointer.is_file():
+        raise FileNotFoundError(
+            f"resume: expected a checkpoint under {str(root)!r} for 'latest', found none"
+        )
+    path = root / pointer.read_text(encoding="utf-8").strip()
+    if is_complete(path):
+        return path
+    # Only steps before the one latest names: later folders can be left from a run that was
+    # resumed from an earlier checkpoint, and belong to another history.
+    limit = step_of(path)
+    steps = {p: step_of(p) for p in root.iterdir()}
+    older = [p for p, n in steps.items() if n is not None and (limit is None or n < limit)]
+    complete = sorted((p for p in older if is_complete(p)), key=steps.get, reverse=True)
+    if not complete:
+        raise FileNotFoundError(
+            f"resume: expected a complete checkpoint under {str(root)!r}; 'latest' names "
+            f"{path.name}, which is incomplete, and no other is complete"
+        )
+    logger.warning(
+        "resume: %s (named by latest) is incomplete; resuming from %s", path, complete[0]
+    )
+    return complete[0]
 
 
 def saved_step(path: Path) -> int:
-    """The optimizer steps the checkpoint at ``path`` had completed (tensors are not read)."""
-    trainer_state = torch.load(path / TRAINER_STATE, weights_only=False, mmap=True)
-    return int(trainer_state["loop"]["step"])
+    """The optimizer steps the checkpoint at ``path`` had completed."""
+    return int(json.loads((path / TRAINER_STATE).read_text(encoding="utf-8"))["global_step"])
+
+
+class TensorRngCheckpoints(TrainerCallback):
+    """Keeps each checkpoint's RNG state as tensors and moves ``latest`` to it.
+
+    ``on_save`` (every rank): writes ``rng-rank<r>.safetensors``, removes Trainer's pickled
+    ``rng_state*.pth`` (so resuming never unpickles), and, once every rank has written, rank 0
+    points ``latest`` at the folder. ``resume_from`` (a checkpoint folder, None: a new run):
+    its RNG state of this rank is restored when the first resumed step begins, where Trainer
+    would restore its own. ``ValueError`` when the folder has no state for this rank (it was
+    saved by fewer ranks, so the run cannot continue exactly).
+    """
+
+    def __init__(self, output_dir: Path, rank: int, resume_from: Path | None) -> None:
+        self.root = checkpoint_root(output_dir)
+        self.rank = rank
+        self.resume_from = resume_from
+        if resume_from is not None and not rng_file(resume_from, rank).is_file():
+            saved = sorted(p.name for p in resume_from.glob("rng-rank*.safetensors"))
+            raise ValueError(
+                f"resume: expected RNG state for rank {rank} in {str(resume_from)!r} (same "
+                f"world size as the saved run), found {saved}"
+            )
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.resume_from is not None:
+            from safetensors.torch import load_file
+
+            set_rng_state_tensors(load_file(rng_file(self.resume_from, self.rank)))
+            self.resume_from = None
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        from safetensors.torch import save_file
+
+        folder = self.root / f"checkpoint-{state.global_step}"
+        save_file(rng_state_tensors(), rng_file(folder, self.rank))
+        (folder / f"rng_state_{self.rank}.pth").unlink(missing_ok=True)
+        if self.rank == 0:
+            (folder / "rng_state.pth").unlink(missing_ok=True)  # a one-process run's name
+        if dist.is_initialized():
+            dist.barrier()
+        if self.rank == 0:
+            atomic_write_text(self.root / LATEST, folder.name)

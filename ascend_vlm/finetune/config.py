@@ -1,6 +1,6 @@
 """The settings of a fine-tuning run (:class:`TrainConfig`), checked when they are made.
 
-``scripts/finetune_lora.py`` maps one flag to each field. A run saves them to
+``python -m ascend_vlm finetune`` (:mod:`ascend_vlm.finetune.cli`) maps one flag to each field. A run saves them to
 ``<output_dir>/train_config.json``; a resumed run is checked against them
 (:mod:`ascend_vlm.finetune.resume`).
 """
@@ -81,10 +81,14 @@ class TrainConfig:
     patch: bool = True
     comm_hook: str = "sparse"
     collective_timeout: float = 1800.0
-    prefetch: int = 2
     eval_batch_size: int = 16
     max_new_tokens: int = 6
     progress: bool = True
+    report_to: Sequence[str] = ()
+    eval_steps: int | None = None
+    gradient_checkpointing: bool = False
+    bf16: bool = False
+    overwrite_output_dir: bool = False
 
     def __post_init__(self) -> None:
         # Absolute paths: the saved adapter names its base by a path that loads from anywhere,
@@ -98,8 +102,17 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
-        if not isinstance(self.prefetch, int) or self.prefetch < 0:
-            raise ValueError(f"prefetch: expected an int >= 0, got {self.prefetch!r}")
+        if self.eval_steps is not None and (
+            not isinstance(self.eval_steps, int) or self.eval_steps < 1
+        ):
+            raise ValueError(
+                f"eval_steps: expected a positive int or None, got {self.eval_steps!r}"
+            )
+        if self.overwrite_output_dir and self.resume is not None:
+            raise ValueError(
+                "overwrite_output_dir: expected a new run (it deletes the saved one), got "
+                f"resume={self.resume!r}"
+            )
         self.question_types = check_question_types(self.question_types)
         self.eval_question_types = check_question_types(
             self.eval_question_types, "eval_question_types"

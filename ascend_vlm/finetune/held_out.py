@@ -15,11 +15,16 @@ from ascend_vlm.data.vqa import (
     normalise_answer,
     pad_token_id_of,
 )
-from ascend_vlm.finetune.micro_batches import model_inputs
 
 if TYPE_CHECKING:
     from ascend_vlm.finetune.config import TrainConfig
     from ascend_vlm.finetune.placement import ProcessPlacement
+
+
+def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors of a collated ``batch`` the model's forward takes (all but ``labels``), on
+    ``device``."""
+    return {key: value.to(device) for key, value in batch.items() if key != "labels"}
 
 
 def evaluate(

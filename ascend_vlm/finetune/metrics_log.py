@@ -1,4 +1,5 @@
-"""The metrics file of a run (``<output_dir>/metrics.jsonl``), written by rank 0."""
+"""The metrics file of a run (``<output_dir>/metrics.jsonl``), written by rank 0 from Trainer's
+logs (:class:`MetricsLogCallback`)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from ascend_vlm.finetune import checkpoint
 
 METRICS_FILE = "metrics.jsonl"
+# Trainer's log keys that the metrics file names more briefly.
+_RENAMED = {"learning_rate": "lr"}
 
 
 class MetricsLog:
-    """Rank 0's JSON-lines metrics file, one object per optimizer step."""
+    """Rank 0's JSON-lines metrics file, one object per log event."""
 
     def __init__(self, path: Path, enabled: bool):
         self.path = path
@@ -42,3 +47,20 @@ class MetricsLog:
         if self.enabled:
             with self.path.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
+
+
+class MetricsLogCallback(TrainerCallback):
+    """Writes each of Trainer's log events to ``metrics`` as ``{"step": <global step>, ...}``:
+    a training step's ``loss``, ``lr``, ``grad_norm``, ``epoch`` (and the sparse hook's fields,
+    when its callback runs first) plus ``step_fields``, an evaluation's ``eval_loss``, the
+    run's summary."""
+
+    def __init__(self, metrics: MetricsLog, step_fields: dict[str, Any] | None = None) -> None:
+        self.metrics = metrics
+        self.step_fields = step_fields or {}
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if logs:
+            fields = {_RENAMED.get(key, key): value for key, value in logs.items()}
+            extra = self.step_fields if "loss" in logs else {}
+            self.metrics.write({"step": state.global_step, **fields, **extra})

@@ -25,21 +25,21 @@ class RunOutcome(Protocol):
 
     eval_accuracy: float
     last_loss: float
-    train_records: int
-    eval_records: int
+    train_samples: int
+    eval_samples: int
 
 
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
-def _data_line(path: str | None, records: int, split: str, config: TrainConfig) -> str:
+def _data_line(path: str | None, samples: int, split: str, config: TrainConfig) -> str:
     if path is not None:
-        return f"JSONL file `{path}`, {records} records used"
+        return f"data file `{path}`, {_count(samples, 'sample')} used (one per usable record)"
     types = config.question_types if split == "train" else config.eval_question_types
     scenes = "one to four shapes" if config.shapes_binding else "one shape (count: one to four)"
     line = (
-        f"ShapesVQA {split} split (ascend_vlm.data.shapes_vqa): {records} generated records, "
+        f"ShapesVQA {split} split (ascend_vlm.data.shapes_vqa): {samples} generated samples, "
         f"data seed {config.data_seed}, {config.image_size} px images, {', '.join(types)} "
         f"questions about scenes of {scenes}"
     )
@@ -151,7 +151,7 @@ def model_card(
     lines = [
         *header,
         "",
-        f"# {kind} trained with ascend_vlm's scripts/finetune_lora.py",
+        f"# {kind} trained with ascend_vlm's `python -m ascend_vlm finetune`",
         "",
         "## Base model",
         "",
@@ -163,9 +163,9 @@ def model_card(
         "",
         "## Data",
         "",
-        f"- Train: {_data_line(config.train_data, result.train_records, 'train', config)}.",
-        f"- Eval: {_data_line(config.eval_data, result.eval_records, 'eval', config)}.",
-        "- Prompts use the model's chat template; the loss covers only the answer tokens.",
+        f"- Train: {_data_line(config.train_data, result.train_samples, 'train', config)}.",
+        f"- Eval: {_data_line(config.eval_data, result.eval_samples, 'eval', config)}.",
+        "- Prompts use the model's chat template; the loss covers only the assistant's tokens.",
         "",
         "## Training",
         "",
@@ -180,7 +180,7 @@ def model_card(
         "## Result",
         "",
         f"Exact-match accuracy of greedy answers (at most {config.max_new_tokens} new tokens) on "
-        f"the {result.eval_records} eval records: {result.eval_accuracy:.4f}.",
+        f"the {result.eval_samples} eval samples: {result.eval_accuracy:.4f}.",
         "",
         "## Loading",
         "",

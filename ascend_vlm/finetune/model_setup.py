@@ -1,5 +1,6 @@
-"""The model a run trains: the base loaded from its folder, optionally quantized and patched,
-new tokens added, then wrapped in LoRA (or unfrozen for full training)."""
+"""The model a run trains: the base loaded from its folder, optionally quantized, new tokens
+added, then wrapped in LoRA (or unfrozen for full training). ascend_vlm's patch comes later,
+when training begins (:class:`ascend_vlm.integrations.AscendVLMCallback`)."""
 
 from __future__ import annotations
 
@@ -75,20 +76,6 @@ def load_base_model(
     return model.to(device), load_processor(model_path)
 
 
-def apply_ascend_patch(model: torch.nn.Module, enabled: bool) -> str:
-    """Run ``ascend_vlm.patch`` on ``model`` when enabled; return a one-line note of it.
-
-    Patching happens before LoRA wraps the linears: the patched forwards call the projection
-    submodules, so PEFT's wrappers stay on the path.
-    """
-    if not enabled:
-        return "disabled (--no-patch)"
-    from ascend_vlm.patching import patch
-
-    report = patch(model)
-    return f"applied ({type(report).__name__} for {report.model_type})"
-
-
 def with_trainable_weights(
     model: Any, config: TrainConfig, visual: VisualTokens | None
 ) -> tuple[Any, int]:
@@ -139,3 +126,12 @@ def add_new_tokens(
             f"token (their images initialise its rows), got none for {missing}"
         )
     return add_visual_tokens(model, processor, tokens, examples=examples)
+
+
+def whole_table_bytes(model: Any, world_size: int) -> int:
+    """Bytes DDP would hand over per step if the input embedding (and an untied output head)
+    trained whole instead of only the new rows; 0 in a single process."""
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tables = [embedding] if head is None or head.weight is embedding else [embedding, head.weight]
+    return sum(t.numel() * t.element_size() for t in tables) if world_size > 1 else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -12,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ascend_vlm.finetune.restarts import attempt_store
+from ascend_vlm.finetune.restarts import attempt_store, restart_count
 
 
 @dataclass(frozen=True)
@@ -99,3 +100,51 @@ def is_communication_failure(error: RuntimeError) -> bool:
     """True for gloo's errors of a collective that timed out or lost its peer."""
     text = str(error).lower()
     return any(marker in text for marker in _COMMUNICATION_FAILURES)
+
+
+# How long the ranks that noticed a failed collective wait for the others to answer a roll call.
+ROLL_CALL_SECONDS = 5.0
+
+
+def unresponsive_ranks() -> list[int] | None:
+    """The ranks that do not answer a roll call in the job's TCP store (``MASTER_ADDR`` /
+    ``MASTER_PORT``, torchrun's or rank 0's) within :data:`ROLL_CALL_SECONDS`.
+
+    After a collective times out, gloo closes the connections it timed out on, so the process
+    group can no longer ask; the store still can. Every rank that noticed the failure answers;
+    a rank that is hung or gone does not. None when the store does not answer either.
+    """
+    if not dist.is_initialized() or "MASTER_ADDR" not in os.environ:
+        return None
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    wait = timedelta(seconds=ROLL_CALL_SECONDS)
+    prefix = f"ascend_vlm/roll-call/{restart_count()}"
+    try:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=wait
+        )
+        store.set(f"{prefix}/{rank}", "here")
+        deadline = time.monotonic() + ROLL_CALL_SECONDS
+        while True:
+            answered = {r for r in range(world_size) if store.check([f"{prefix}/{r}"])}
+            if len(answered) == world_size or time.monotonic() > deadline:
+                return sorted(set(range(world_size)) - answered)
+            time.sleep(0.1)
+    except RuntimeError:  # the store is gone or hung with its host (rank 0)
+        return None
+
+
+def collective_failure(error: RuntimeError, step: int, timeout: float) -> CollectiveFailure:
+    """The :class:`CollectiveFailure` of ``error`` at ``step``, naming the ranks that stopped
+    responding when a roll call finds them, else the rank that noticed."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    silent = unresponsive_ranks()
+    if silent:
+        who = f"rank {', '.join(map(str, silent))} stopped responding (noticed by rank {rank})"
+    else:
+        who = f"rank {rank} noticed that another rank is hung, stopped or gone"
+    first_line = str(error).strip().splitlines()[0]
+    return CollectiveFailure(
+        f"step {step}: {who}: a collective did not complete within --collective-timeout "
+        f"{timeout:g} s or lost its peer ({first_line})"
+    )

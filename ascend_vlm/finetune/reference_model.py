@@ -17,7 +17,7 @@ config, a model card) plus ``reference.json``: the recipe, its digest, the libra
 the per-type accuracies and the build time. The folder name carries the digest of recipe and
 library version, and a folder is reused only when its ``reference.json`` names the same
 digest. ``HELD_OUT_SKILL`` is left for the default LoRA fine-tune
-(``scripts/finetune_lora.py``) to teach.
+(``python -m ascend_vlm finetune``) to teach.
 """
 
 from __future__ import annotations

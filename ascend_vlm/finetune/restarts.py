@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 RUN_MARKER = ".torchrun_run_id"
 
 
-def _restarts() -> int:
+def restart_count() -> int:
     """How often torchrun's agent on this node has restarted its workers so far."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
@@ -40,7 +40,7 @@ def attempt_store(timeout: timedelta | None) -> dict[str, Any]:
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, which gives every round a fresh store and turns
     this off (``TORCHELASTIC_USE_AGENT_STORE`` is then not "True"). Empty (torch's own
     ``env://`` set-up) before any restart and in those cases."""
-    restarts = _restarts()
+    restarts = restart_count()
     single_node = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
     if restarts == 0 or not single_node or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
@@ -81,6 +81,6 @@ def resumed_after_restart(config: TrainConfig, is_main: bool) -> TrainConfig:
             "torchrun job %s restarted its workers (restart %d on this node): resuming from the "
             "latest checkpoint",
             run_id,
-            _restarts(),
+            restart_count(),
         )
     return dataclasses.replace(config, resume="latest")

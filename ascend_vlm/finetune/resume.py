@@ -5,8 +5,8 @@ the new settings against that file, one setting at a time:
 
 * run control (``RUN_CONTROL``: where to resume from, when to stop early, the checkpoint period,
   the progress bar, the final evaluation's data, question types and batch, the per-type report,
-  the merged copy, ``patch``, ``comm_hook`` and ``prefetch``, which give the same gradients
-  either way) may change freely;
+  the merged copy, ``report_to``, ``eval_steps``, ``patch``, ``comm_hook`` and
+  ``gradient_checkpointing``, which give the same gradients either way) may change freely;
 * the step count (``STEP_COUNTS``: ``max_steps``) may change to any count not below the steps
   already trained: training continues to the new count (a finished run too, replacing its
   adapter at the end; its checkpoints stay), and the learning-rate schedule is recomputed to
@@ -39,7 +39,10 @@ RUN_CONTROL = frozenset(
         "patch",
         "comm_hook",
         "collective_timeout",
-        "prefetch",
+        "report_to",
+        "eval_steps",
+        "gradient_checkpointing",
+        "overwrite_output_dir",
     }
 )
 STEP_COUNTS = {"max_steps": "the LoRA phase"}
@@ -65,6 +68,7 @@ _REASONS = {
     **dict.fromkeys(_DATA, "the saved data position indexes this training set"),
     **dict.fromkeys(_ORDER, "the saved data position and batches follow it"),
     **dict.fromkeys(_OPTIMIZER, "the saved optimizer state and learning-rate schedule follow it"),
+    "bf16": "the steps already taken ran in its precision",
 }
 _MODEL_REASON = "it defines which weights are trained and their shapes"
 

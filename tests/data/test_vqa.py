@@ -1,4 +1,5 @@
-"""JSONL / LLaVA record loading, bad-record handling, and answer-only supervision."""
+"""JSON Lines / JSON array / LLaVA record loading (multi-turn and text-only included),
+bad-record handling, and answer-only supervision."""
 
 from __future__ import annotations
 
@@ -51,31 +52,73 @@ BAD_RECORDS = [
     ({"image": "broken.png", "question": "q?", "answer": "a"}, "unreadable"),
     ({"image": "scene.png", "question": "q?", "answer": "  "}, "empty answer"),
     ("{not json", "Expecting property name"),
-    ({"question": "q?", "answer": "a"}, "missing key"),
+    ({"image": "scene.png", "question": "q?"}, "missing key"),
     ({**GOOD_FLAT, "type": 3}, "type: expected a non-empty string, got 3"),
 ]
 
 
 def test_flat_and_llava_records_load_with_relative_images(image_folder):
     dataset = JsonlVQA(_write_jsonl(image_folder, [GOOD_FLAT, GOOD_LLAVA]))
-    assert [(s.question, s.answer) for s in (dataset[i] for i in range(len(dataset)))] == [
-        ("How many shapes are there?", "2"),
-        ("What colour is the circle?", "red"),
-        ("What shape is red?", "circle"),
+    samples = [dataset[i] for i in range(len(dataset))]
+    assert [(s.history, s.question, s.answer) for s in samples] == [
+        ((), "How many shapes are there?", "2"),
+        ((("What colour is the circle?", "red"),), "What shape is red?", "circle"),
     ]
+    assert dataset.records == 2
     assert dataset[0].image.mode == "RGB"
     assert dataset[0].image.tobytes() == render_scene(1)[0].tobytes()
+
+
+def test_a_json_array_file_reads_as_its_lines_would(image_folder):
+    records = [GOOD_FLAT, GOOD_LLAVA, {"question": "Say hi.", "answer": "hi"}]
+    array = image_folder / "data.json"
+    array.write_text(json.dumps(records, indent=2))
+    from_array, from_lines = JsonlVQA(array), JsonlVQA(_write_jsonl(image_folder, records))
+    assert len(from_array) == len(from_lines) == 3
+    for index in range(3):
+        assert from_array[index] == from_lines[index]
+    assert from_array[2].image is None  # a text-only record
+    (image_folder / "bad.json").write_text(json.dumps([GOOD_FLAT, {"question": "q?"}]))
+    with pytest.raises(BadRecordError, match=r"bad\.json: record 2: missing key"):
+        JsonlVQA(image_folder / "bad.json", on_bad_record="fail")
+
+
+def test_every_assistant_turn_of_a_conversation_is_supervised(processor, image_folder):
+    dataset = JsonlVQA(_write_jsonl(image_folder, [GOOD_LLAVA]))
+    encoded = encode_sample(processor, dataset[0])
+    supervised = (encoded["labels"] != IGNORE_INDEX).int()
+    # Two answer spans: where supervision starts after a prompt, and where it stops.
+    starts = (supervised[1:] - supervised[:-1] == 1).nonzero().flatten() + 1
+    assert len(starts) == 2
+    spans = [
+        processor.tokenizer.decode(encoded["input_ids"][start:][supervised[start:].cumprod(0) == 1])
+        for start in starts.tolist()
+    ]
+    assert [span.split("<")[0] for span in spans] == ["red", "circle"]
+    text = processor.tokenizer.decode(encoded["input_ids"])
+    assert text.count("<|image_pad|>") > 0 and text.index("What colour") < text.index("What shape")
+    # Without the answer: the whole conversation up to the last question, nothing supervised.
+    prompt = encode_sample(processor, dataset[0], with_answer=False)
+    assert (prompt["labels"] == IGNORE_INDEX).all()
+    assert processor.tokenizer.decode(prompt["input_ids"]).rstrip().endswith("assistant")
+
+
+def test_text_only_samples_batch_with_image_samples(processor):
+    image_sample, text_sample = _samples()[0], VQASample(None, "Say hi.", "hi")
+    text_only = encode_sample(processor, text_sample)
+    assert "pixel_values" not in text_only
+    assert processor.image_token_id not in text_only["input_ids"].tolist()
+    with_image = encode_sample(processor, image_sample)
+    batch = collate([text_only, with_image], pad_token_id_of(processor))
+    assert torch.equal(batch["pixel_values"], with_image["pixel_values"])
+    assert torch.equal(batch["image_grid_thw"], with_image["image_grid_thw"])
+    assert batch["input_ids"].shape[0] == 2
 
 
 def test_question_type_comes_from_the_record_type_field(image_folder):
     records = [{**GOOD_FLAT, "type": "count"}, {**GOOD_LLAVA, "type": " colour "}, GOOD_FLAT]
     dataset = JsonlVQA(_write_jsonl(image_folder, records))
-    assert [dataset.question_type(i) for i in range(len(dataset))] == [
-        "count",
-        "colour",
-        "colour",
-        None,
-    ]
+    assert [dataset.question_type(i) for i in range(len(dataset))] == ["count", "colour", None]
 
 
 def test_bad_records_are_skipped_and_reported_by_number(image_folder, caplog):

@@ -1,88 +1,87 @@
-"""Atomic checkpoints: RNG and weight restore, 'latest' resolution, refusal of mismatches."""
+"""Checkpoints: RNG state as tensors, resume without unpickling, 'latest' resolution, refusal of
+a checkpoint saved by fewer ranks."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import pickle
 import random
+import shutil
 
 import numpy as np
 import pytest
 import torch
+from tiny_finetune import tiny_config
 
 from ascend_vlm.finetune import checkpoint
-
-
-def _parts(seed: int, hidden: int = 3):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.Linear(hidden, 2))
-    model[0].requires_grad_(False)  # frozen: not part of the checkpoint
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    return model, optimizer
+from ascend_vlm.finetune.train import train
 
 
 def _draws():
-    return random.random(), float(np.random.rand()), float(torch.rand(()))
+    return random.random(), float(np.random.rand()), float(torch.rand(())), random.gauss(0, 1)
 
 
-def test_save_then_load_restores_weights_optimizer_and_rng(tmp_path):
-    model, optimizer = _parts(0)
-    model(torch.ones(1, 4)).sum().backward()
-    optimizer.step()
+def test_rng_state_round_trips_through_a_safetensors_file(tmp_path):
+    from safetensors.torch import load_file, save_file
+
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    path = checkpoint.save_checkpoint(
-        tmp_path,
-        7,
-        model=model,
-        optimizer=optimizer,
-        loop_state={"epoch": 2, "next_index": 5},
-        rank=0,
-        barrier=lambda: None,
-    )
-    expected_draws = _draws()
-    expected_weight = model[1].weight.detach().clone()
-
-    other, other_optimizer = _parts(1)
-    assert checkpoint.resolve_checkpoint(tmp_path, "latest") == path
-    assert checkpoint.saved_step(path) == 7
-    loop = checkpoint.load_training_state(path, model=other, optimizer=other_optimizer, rank=0)
-    assert loop == {"epoch": 2, "next_index": 5, "step": 7}
-    assert _draws() == expected_draws
-    assert torch.equal(other[1].weight, expected_weight)
-    assert not torch.equal(other[0].weight, model[0].weight)  # frozen weights are not saved
-    assert other_optimizer.state_dict()["state"][0]["step"] == 1
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
-        "latest",
-        "step-00000007",
-    ]
+    random.gauss(0, 1)  # python keeps the second gaussian of a pair: state beyond the ints
+    save_file(checkpoint.rng_state_tensors(), tmp_path / "rng.safetensors")
+    expected = _draws()
+    _draws()
+    checkpoint.set_rng_state_tensors(load_file(tmp_path / "rng.safetensors"))
+    assert _draws() == expected
 
 
-def test_mismatches_and_missing_checkpoints_are_refused(tmp_path):
-    model, optimizer = _parts(0)
+class _RunsCode:
+    """Unpickling this creates ``path``: what a hostile checkpoint file could do."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A run of 3 steps stopped after 2, with a checkpoint every step."""
+    run = tmp_path_factory.mktemp("stopped")
+    config = tiny_config(run, train_size=8, max_steps=3, save_every=1, stop_after_steps=2)
+    train(config)
+    return run, config
+
+
+def test_checkpoints_hold_no_pickled_rng_state(stopped_run):
+    run, _ = stopped_run
+    for folder in ("checkpoint-1", "checkpoint-2"):
+        names = sorted(p.name for p in (run / "checkpoints" / folder).iterdir())
+        assert "rng-rank0.safetensors" in names
+        assert not [name for name in names if name.startswith("rng_state")]
+    assert (run / "checkpoints" / "latest").read_text() == "checkpoint-2"
+
+
+def test_resume_refuses_a_checkpoint_that_would_run_code(stopped_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run[0], run)
+    marker = tmp_path / "code-ran"
+    with (run / "checkpoints" / "checkpoint-2" / "optimizer.pt").open("wb") as handle:
+        pickle.dump({"state": _RunsCode(str(marker))}, handle)
+    config = dataclasses.replace(stopped_run[1], output_dir=str(run), resume="latest")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        train(dataclasses.replace(config, stop_after_steps=None))
+    assert not marker.exists()
+
+
+def test_a_checkpoint_saved_by_fewer_ranks_is_refused(stopped_run):
+    run, _ = stopped_run
+    with pytest.raises(ValueError, match="RNG state for rank 1"):
+        checkpoint.TensorRngCheckpoints(run, 1, run / "checkpoints" / "checkpoint-2")
+
+
+def test_missing_checkpoints_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="resume: expected a checkpoint under"):
         checkpoint.resolve_checkpoint(tmp_path, "latest")
-    with pytest.raises(FileNotFoundError, match="resume: expected a checkpoint directory"):
-        checkpoint.resolve_checkpoint(tmp_path, str(tmp_path))
-    kwargs = {"model": model, "optimizer": optimizer}
-    path = checkpoint.save_checkpoint(
-        tmp_path, 1, **kwargs, loop_state={}, rank=0, barrier=lambda: None
-    )
-    with pytest.raises(ValueError, match="RNG state for rank 1"):
-        checkpoint.load_training_state(path, **kwargs, rank=1)
-    model[0].requires_grad_(True)
-    with pytest.raises(ValueError, match="expected the checkpoint to hold this run's 4"):
-        checkpoint.load_training_state(path, **kwargs, rank=0)
-
-
-def test_same_names_with_other_shapes_are_refused_before_anything_is_restored(tmp_path):
-    model, optimizer = _parts(0, hidden=3)
-    path = checkpoint.save_checkpoint(
-        tmp_path, 1, model=model, optimizer=optimizer, loop_state={}, rank=0, barrier=lambda: None
-    )
-    wider, wider_optimizer = _parts(1, hidden=5)
-    before = wider[1].weight.detach().clone()
-    with pytest.raises(
-        ValueError,
-        match=r"resume: expected 1\.weight of shape \(2, 5\) as this run builds it, the "
-        r"checkpoint .* holds \(2, 3\)",
-    ):
-        checkpoint.load_training_state(path, model=wider, optimizer=wider_optimizer, rank=0)
-    assert torch.equal(wider[1].weight, before)
+    with pytest.raises(FileNotFoundError, match="resume: expected a checkpoint folder"):
+        checkpoint.resolve_checkpoint(tmp_path, os.fspath(tmp_path))

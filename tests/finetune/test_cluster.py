@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_finetune import COMMON, SCRIPT, tiny_config
+from tiny_finetune import COMMON, ROOT, finetune_command, finetune_env, tiny_config
 
 from ascend_vlm.default_model import default_model_path
 from ascend_vlm.finetune import checkpoint
@@ -46,24 +46,13 @@ def _namespace_problem() -> str | None:
 needs_link = pytest.mark.skipif(_namespace_problem() is not None, reason=str(_namespace_problem()))
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _finetune(output_dir: Path, *extra: str) -> list[str]:
-    return [
-        str(SCRIPT),
-        f"--output-dir={output_dir}",
-        f"--model-path={default_model_path()}",
-        *COMMON,
-        *extra,
-    ]
+    return [f"--output-dir={output_dir}", f"--model-path={default_model_path()}", *COMMON, *extra]
 
 
 def _torchrun(*launcher: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *launcher]
+    """The fine-tune command under torchrun with ``launcher`` arguments."""
+    return finetune_command(2, *launcher)
 
 
 def _losses(output_dir: Path) -> dict[int, float]:
@@ -78,8 +67,10 @@ def _adapter(output_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _single_node(output_dir: Path, *extra: str) -> None:
-    command = _torchrun("--standalone", "--nproc_per_node=2", *_finetune(output_dir, *extra))
-    done = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
+    command = [*_torchrun("--standalone", "--nproc_per_node=2"), *_finetune(output_dir, *extra)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=finetune_env(), cwd=ROOT, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -133,19 +124,23 @@ def test_two_nodes_over_the_link_train_as_one_node(tmp_path):
     one = tmp_path / "one_node"
     _single_node(one)
     two = tmp_path / "two_nodes"
-    node = _torchrun(
-        "--nnodes=2",
-        "--nproc_per_node=1",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=127.0.0.1:29517",
-        "--rdzv-id=two-nodes",
+    node = [
+        *_torchrun(
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=127.0.0.1:29517",
+            "--rdzv-id=two-nodes",
+        ),
         *_finetune(two),
-    )
+    ]
     quoted = shlex.join(node)
     script = f"{quoted} > {tmp_path}/node0.log 2>&1 & first=$!; "
     script += f"{quoted} > {tmp_path}/node1.log 2>&1; status=$?; wait $first; "
     script += "exit $(( status || $? ))"
-    done = subprocess.run([str(LINK), "2gbit", "--", "bash", "-c", script], env=_env(), timeout=300)
+    done = subprocess.run(
+        [str(LINK), "2gbit", "--", "bash", "-c", script], env=finetune_env(), cwd=ROOT, timeout=300
+    )
     logs = "".join((tmp_path / f"node{n}.log").read_text()[-1500:] for n in (0, 1))
     assert done.returncode == 0, logs
     assert _losses(two) == _losses(one)
@@ -194,17 +189,24 @@ def _wait_for_step(output_dir: Path, step: int, job: subprocess.Popen, limit: fl
 LONG_RUN = ("--max-steps=30", "--save-every=3")
 
 
+def _start(command: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=finetune_env(),
+        cwd=ROOT,
+    )
+
+
 @pytest.mark.slow
 def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path):
     uninterrupted = tmp_path / "uninterrupted"
     _single_node(uninterrupted, *LONG_RUN)
     killed = tmp_path / "killed"
-    command = _torchrun(
-        "--standalone", "--nproc_per_node=2", "--max-restarts=1", *_finetune(killed, *LONG_RUN)
-    )
-    job = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
-    )
+    launcher = _torchrun("--standalone", "--nproc_per_node=2", "--max-restarts=1")
+    job = _start([*launcher, *_finetune(killed, *LONG_RUN)])
     try:
         _wait_for_step(killed, 8, job)
         rank1 = _workers(job.pid)[1]
@@ -229,10 +231,7 @@ def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path
 def test_a_hung_rank_fails_the_job_in_bounded_time_naming_step_and_rank(tmp_path):
     output_dir = tmp_path / "hung"
     extra = ("--max-steps=400", "--save-every=1000", "--collective-timeout=15")
-    command = _torchrun("--standalone", "--nproc_per_node=2", *_finetune(output_dir, *extra))
-    job = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
-    )
+    job = _start([*_torchrun("--standalone", "--nproc_per_node=2"), *_finetune(output_dir, *extra)])
     stopped = None
     try:
         _wait_for_step(output_dir, 3, job)
@@ -249,7 +248,9 @@ def test_a_hung_rank_fails_the_job_in_bounded_time_naming_step_and_rank(tmp_path
     assert job.returncode != 0
     assert elapsed < 90
     failed = re.findall(
-        r"CollectiveFailure: step (\d+), rank 0: a collective did not complete", err
+        r"CollectiveFailure: step (\d+): rank 1 stopped responding \(noticed by rank 0\): a "
+        r"collective did not complete",
+        err,
     )
     assert failed and int(failed[0]) > 3, err[-2000:]
     assert "--collective-timeout 15 s" in err
@@ -259,17 +260,16 @@ def test_a_torn_checkpoint_is_never_resumed_from(tmp_path, caplog):
     config = tiny_config(tmp_path, max_steps=4, save_every=1, stop_after_steps=3)
     train(config)
     root = checkpoint.checkpoint_root(tmp_path)
-    assert (root / checkpoint.LATEST).read_text() == "step-00000003"
-    # A save interrupted before its rename leaves only a staging folder ...
-    staging = root / ".step-00000004.staging"
-    staging.mkdir()
-    (staging / checkpoint.TRAINER_STATE).write_bytes(b"partial")
-    # ... and a disk that lost the end of the newest checkpoint's weights.
-    weights = root / "step-00000003" / checkpoint.TRAINABLE_WEIGHTS
+    assert (root / checkpoint.LATEST).read_text() == "checkpoint-3"
+    # A save cut short leaves a folder without its state ...
+    (root / "checkpoint-4").mkdir()
+    (root / "checkpoint-4" / checkpoint.TRAINER_STATE).write_bytes(b"partial")
+    # ... and a disk that lost the end of the newest complete checkpoint's weights.
+    weights = root / "checkpoint-3" / checkpoint.WEIGHT_FILES[0]
     weights.write_bytes(weights.read_bytes()[:100])
     with caplog.at_level(logging.WARNING):
-        assert checkpoint.resolve_checkpoint(tmp_path, "latest") == root / "step-00000002"
-    assert "step-00000003 (named by latest) is incomplete" in caplog.text
+        assert checkpoint.resolve_checkpoint(tmp_path, "latest") == root / "checkpoint-2"
+    assert "checkpoint-3 (named by latest) is incomplete" in caplog.text
     train(dataclasses.replace(config, stop_after_steps=None, resume="latest"))
     uninterrupted = tmp_path / "uninterrupted"
     train(tiny_config(uninterrupted, max_steps=4, save_every=1))
@@ -282,13 +282,13 @@ def test_a_restart_does_not_continue_another_jobs_run(tmp_path):
     # new job refuses the folder, restarts included, and the old run stays as it was.
     _single_node(tmp_path)
     adapter = _adapter(tmp_path)
-    command = _torchrun(
-        "--standalone",
-        "--nproc_per_node=2",
-        "--max-restarts=1",
+    command = [
+        *_torchrun("--standalone", "--nproc_per_node=2", "--max-restarts=1"),
         *_finetune(tmp_path, "--max-steps=8"),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=finetune_env(), cwd=ROOT, timeout=300
     )
-    done = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
     assert done.returncode != 0
     assert done.stderr.count("expected a folder without a saved run") >= 2  # both attempts
     assert sorted(_losses(tmp_path)) == [1, 2, 3, 4]

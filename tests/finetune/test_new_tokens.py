@@ -16,8 +16,8 @@ from ascend_vlm.adapters.visual_vocabulary import VISUAL_TOKENS_FILE
 from ascend_vlm.data.shapes_vqa import KINDS, NEW_SHAPE_KINDS
 from ascend_vlm.data.vqa import EncodedDataset, collate, pad_token_id_of
 from ascend_vlm.finetune.config import FINAL_ADAPTER
+from ascend_vlm.finetune.held_out import model_inputs
 from ascend_vlm.finetune.metrics_log import METRICS_FILE
-from ascend_vlm.finetune.micro_batches import model_inputs
 from ascend_vlm.finetune.model_setup import load_base_model
 from ascend_vlm.finetune.train import train
 
@@ -185,7 +185,7 @@ def test_tokens_no_training_record_mentions_are_refused(tmp_path):
 
 
 def test_whole_table_bytes_count_the_embedding_and_an_untied_head(new_token_run):
-    from ascend_vlm.finetune.communication import whole_table_bytes
+    from ascend_vlm.finetune.model_setup import whole_table_bytes
 
     model = new_token_run.result.model
     embedding = model.get_input_embeddings().weight

@@ -1,12 +1,15 @@
-"""LoRA fine-tuning of a Hugging Face VLM, one process per device.
+"""``python -m ascend_vlm finetune``: LoRA fine-tuning of a Hugging Face VLM on transformers'
+Trainer, one process per device.
 
-    torchrun --nproc_per_node=2 scripts/finetune_lora.py                 # ShapesVQA, reference
+    torchrun --nproc_per_node=2 -m ascend_vlm finetune               # ShapesVQA, reference
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d \\
-        --rdzv-endpoint=HOST:29500 scripts/finetune_lora.py --model-path /models/Qwen2-VL-2B
-    python scripts/finetune_lora.py --max-steps 20                       # single process
+        --rdzv-endpoint=HOST:29500 -m ascend_vlm finetune --model-path /models/Qwen2-VL-2B
+    python -m ascend_vlm finetune --max-steps 20                     # single process
 
-The last line printed (rank 0) is ``eval_accuracy: <fraction>``. See
-``ascend_vlm.finetune.steps`` for the loss and batching contract.
+The last line printed (rank 0) is ``eval_accuracy: <fraction>``. A user's mistake (a bad flag or
+value, a missing model or data file, a refused resume) prints one ``error:`` line on rank 0 and
+exits with status 2 on every rank; SIGINT or SIGTERM saves a checkpoint of the last finished
+step and exits with 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -15,24 +18,30 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
-from pathlib import Path
-from typing import IO, NoReturn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from typing import IO, Any, NoReturn
 
 from ascend_vlm.data.vqa import BAD_RECORD_POLICIES
 from ascend_vlm.finetune.config import COMM_HOOKS, DTYPES, TrainConfig
 from ascend_vlm.finetune.reference_model import HELD_OUT_SKILL, base_model_path
-from ascend_vlm.finetune.train import train
 
+PROGRAM = "python -m ascend_vlm"
+DESCRIPTION = (
+    "LoRA fine-tuning of a Hugging Face VLM on transformers' Trainer, one process per device."
+)
 EPILOG = f"""\
+Launch with torchrun: torchrun --nproc_per_node=N -m ascend_vlm finetune [options].
 Without --model-path the base is the reference checkpoint (python -m ascend_vlm reference-model,
 built on first use by a single-process run), trained without ShapesVQA's {HELD_OUT_SKILL!r}
 questions; the default run teaches them in {TrainConfig.max_steps} LoRA steps and prints the
 held-out accuracy per question type before and after. --resume latest continues a run; it
 refuses changed settings other than run control and the step count.
 """
+HELP = "fine-tune a VLM with LoRA on transformers' Trainer (launched by torchrun)"
+# A user's mistake found while parsing or starting: a bad value, a missing file or folder, a
+# bad data record, a refused resume (all ValueError or FileNotFoundError).
+USER_ERRORS = (ValueError, FileNotFoundError)
 
 
 class RankZeroParser(argparse.ArgumentParser):
@@ -62,10 +71,13 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
+def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
+    """The run's settings from the command line ``argv`` (``SystemExit`` 2 naming a bad flag,
+    ``ValueError`` naming a bad value)."""
     defaults = TrainConfig()
     parser = RankZeroParser(
-        description=__doc__.splitlines()[0],
+        prog=f"{program} finetune",
+        description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         rank=_rank(),
@@ -109,11 +121,6 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add("--max-steps", type=int, help="optimizer steps of LoRA")
     add("--batch-size", type=int, help="samples per rank per micro")
     add("--grad-accum", type=int, help="micro-batches per step")
-    add(
-        "--prefetch",
-        type=int,
-        help="micro-batches prepared (and on an NPU uploaded) ahead in a thread; 0: none",
-    )
     add("--learning-rate", "--lr", type=float, help="peak learning rate")
     add("--weight-decay", type=float, help="AdamW weight decay")
     add(
@@ -184,22 +191,74 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     add("--eval-batch-size", type=int, help="samples per generate() call in the final eval")
     add("--max-new-tokens", type=int, help="answer tokens generated per eval sample")
     add("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
+    add(
+        "--report-to",
+        help="comma-separated Trainer report_to integrations (tensorboard, wandb, ...) ('' for none)",
+    )
+    add(
+        "--eval-steps",
+        type=int,
+        help="evaluate the loss on the eval data every N steps during training (default: never)",
+    )
+    add(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute activations in the backward pass (less memory, more compute)",
+    )
+    add("--bf16", action="store_true", help="train under bf16 autocast (mixed precision)")
+    add(
+        "--overwrite-output-dir",
+        action="store_true",
+        help="start a new run in a folder holding one, deleting its checkpoints, metrics and result",
+    )
     values = vars(parser.parse_args(argv))
-    sequences = ("question_types", "eval_question_types", "report_question_types")
+    sequences = ("question_types", "eval_question_types", "report_question_types", "report_to")
     for name in ("lora_targets", "modules_to_save", "new_tokens", *sequences):
         values[name] = tuple(part.strip() for part in values[name].split(",") if part.strip())
     return TrainConfig(**values)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str], program: str = PROGRAM) -> int:
+    """Fine-tune per ``argv`` in this process; returns the exit status: 0, 2 for a user's
+    mistake (one ``error:`` line on rank 0), 128 + the signal's number when SIGINT or SIGTERM
+    stopped the run after saving a checkpoint."""
+    # Trainer's stack loads here, not when the command line of another sub-command is built.
+    from ascend_vlm.finetune.train import close_process_group, prepare, run
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = parse_args(argv)
-    # The default base is the reference checkpoint, resolved here (not in train(), which the
-    # reference build itself runs) so the recorded run config names the folder it used.
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    base = base_model_path(config.model_path, world_size, progress=config.progress)
-    train(dataclasses.replace(config, model_path=base))
+    try:
+        config = parse_args(argv, program)
+        # The default base is the reference checkpoint, resolved here (not in prepare(), which
+        # the reference build itself runs) so the recorded run config names the folder it used.
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        base = base_model_path(config.model_path, world_size, progress=config.progress)
+        prepared = prepare(dataclasses.replace(config, model_path=base))
+    except USER_ERRORS as error:
+        close_process_group()
+        if _rank() == 0:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        result = run(prepared)
+    finally:
+        close_process_group()
+    if result.stopped_by_signal is not None:
+        if _rank() == 0:
+            name = signal.Signals(result.stopped_by_signal).name
+            print(
+                f"{name}: stopped after a checkpoint of the last finished step; continue with "
+                "--resume latest",
+                file=sys.stderr,
+                flush=True,
+            )
+        return 128 + result.stopped_by_signal
+    return 0
 
 
-if __name__ == "__main__":
-    main()
+def add_command(commands: Any) -> None:
+    """Register ``finetune`` on the ``python -m ascend_vlm`` sub-command parser (an
+    ``add_subparsers`` result). Its options are parsed by :func:`parse_args` (every rank parses
+    them, rank 0 alone prints), so the sub-command takes its arguments whole."""
+    parser = commands.add_parser("finetune", help=HELP, add_help=False, prefix_chars="\0")
+    parser.add_argument("argv", nargs="*")
+    parser.set_defaults(handler=lambda args: main(args.argv, parser.prog.rsplit(" ", 1)[0]))
