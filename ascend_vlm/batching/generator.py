@@ -332,11 +332,13 @@ class BatchGenerator:
                 self._decode(events)
             except BaseException:
                 # The shared cache may hold part of the step: the running sequences end here.
+                # Those admitted this step have not started: they wait again, first in line.
                 for sequence in self._running:
                     events.append(self._finish(sequence, "error"))
                 if self._blocks is not None:
                     self._blocks.release(self._running)
                 self._running = []
+                self._waiting.extendleft(reversed(admitted))
                 raise
         prefilled = self._prefilled
         visual = sum(sequence.size.visual_tokens for sequence in admitted)
@@ -344,9 +346,11 @@ class BatchGenerator:
             try:
                 self._prefill(sequence, events)
             except BaseException:
-                # Not started: they wait again, first in line, for the next run().
+                # Not started (_prefill handed back the blocks of the one that failed): they
+                # wait again, first in line, for the next run().
                 for waiting in reversed(admitted[index:]):
                     waiting.tokens, waiting.text, waiting.emitted = [], "", 0
+                    waiting.cached_tokens, waiting.first_token, waiting.admitted = 0, None, None
                     self._waiting.appendleft(waiting)
                 raise
         usage = StepUsage(
@@ -427,6 +431,8 @@ class BatchGenerator:
                 )
             if blocks is not None:
                 blocks.store(sequence, cache, start)
+            sequence.first_token = self._now()
+            finished = self._take(sequence, output.logits[0, -1], events)
         except BaseException:
             if blocks is not None:
                 blocks.release([sequence])
@@ -434,8 +440,7 @@ class BatchGenerator:
         self._prefilled += sequence.size.prompt_tokens - start
         self._prefix_hits += bool(start)
         self._reused += start
-        sequence.first_token = self._now()
-        if self._take(sequence, output.logits[0, -1], events):
+        if finished:
             if blocks is not None:
                 blocks.release([sequence])
             return

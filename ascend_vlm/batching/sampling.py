@@ -93,11 +93,17 @@ def request_generator(request: GenerationRequest) -> torch.Generator | None:
     return torch.Generator().manual_seed(request.seed) if request.do_sample else None
 
 
+# Below this temperature sampling is greedy: dividing logits by it overflows float32 (a logit of
+# 30 over 1e-38 is inf) long before the distribution stops being one-hot in practice.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
 def next_token(
     logits: torch.Tensor, request: GenerationRequest, generator: torch.Generator | None
 ) -> int:
-    """The token chosen from ``logits`` ``[vocab]`` for ``request``."""
-    if not request.do_sample:
+    """The token chosen from ``logits`` ``[vocab]`` for ``request``: the argmax when it does
+    not sample or its temperature is below :data:`GREEDY_BELOW_TEMPERATURE`."""
+    if not request.do_sample or request.temperature < GREEDY_BELOW_TEMPERATURE:
         return int(logits.argmax())
     scores = logits.float().cpu() / request.temperature
     if request.top_k is not None and request.top_k < scores.numel():

@@ -40,7 +40,14 @@ from ascend_vlm.serving.conversion import (
     generation_request,
     usage,
 )
-from ascend_vlm.serving.engine import Admitted, Draining, Engine, QueueFull, RequestStream
+from ascend_vlm.serving.engine import (
+    Admitted,
+    Draining,
+    Engine,
+    EngineFailure,
+    QueueFull,
+    RequestStream,
+)
 from ascend_vlm.serving.errors import ApiError, error_body
 from ascend_vlm.serving.limits import LIMIT_FLAGS, ServingLimits
 from ascend_vlm.serving.metrics import CONTENT_TYPE, ServingMetrics
@@ -168,7 +175,9 @@ class _Exchange:
             self.metrics.count("unavailable")
             return ApiError(503, "the server shut down before the answer ended", code="draining")
         self.metrics.count("error")
-        return ApiError(500, f"the model failed: {item}", code="server_error")
+        # An EngineFailure says "the model failed: <error>"; anything else ended it unanswered.
+        message = str(item) if isinstance(item, EngineFailure) else "the model failed"
+        return ApiError(500, message, code="server_error")
 
     async def answer(self, request: Request) -> dict[str, Any]:
         """The whole ``chat.completion`` (the non-streaming answer)."""

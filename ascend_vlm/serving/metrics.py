@@ -10,7 +10,7 @@ The names are a contract (the Kubernetes autoscaler of ``deploy/kubernetes`` sca
   tokens among the prompt tokens) and ``ascend_vlm_generated_tokens_total``;
 * gauges ``ascend_vlm_queue_depth`` (requests accepted and not yet running),
   ``ascend_vlm_running_rows`` (sequences in the running batch) and ``ascend_vlm_kv_bytes`` (KV
-  bytes the running batch reaches, as its budget counts them), read from the engine at scrape;
+  bytes the running sequences hold now), read from the engine at scrape;
 * counters ``ascend_vlm_vision_cache_hits_total`` / ``ascend_vlm_vision_cache_misses_total``,
   read from the model's vision cache at scrape (0 without one).
 """

@@ -208,13 +208,19 @@ def test_an_api_key_guards_everything_but_health(model_and_processor):
 
 
 def test_metrics_carry_the_contracted_names(tiny_server):
+    image = Image.new("RGB", (64, 64), "red")
+    generated = tiny_server.metric("ascend_vlm_generated_tokens_total")
+    visual = tiny_server.metric("ascend_vlm_visual_tokens_total")
+    tiny_server.client().chat.completions.create(
+        model=MODEL_NAME, messages=chat_messages("colour?", (image,)), max_tokens=2
+    )
     body = requests.get(f"{tiny_server.url}/metrics", timeout=30).text
     declared = {line.split()[2] for line in body.splitlines() if line.startswith("# TYPE")}
     for name in METRIC_NAMES:
         base = name.removesuffix("_total")
         assert name in declared or base in declared, name
-    assert tiny_server.metric("ascend_vlm_generated_tokens_total") > 0
-    assert tiny_server.metric("ascend_vlm_visual_tokens_total") > 0
+    assert tiny_server.metric("ascend_vlm_generated_tokens_total") > generated
+    assert tiny_server.metric("ascend_vlm_visual_tokens_total") > visual
     assert tiny_server.metric("ascend_vlm_queue_depth") == 0
     assert requests.get(f"{tiny_server.url}/health", timeout=30).json() == {"status": "ok"}
 
