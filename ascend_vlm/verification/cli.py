@@ -140,7 +140,14 @@ def _dataset(args: argparse.Namespace) -> Any:
         dataset = datasets.jsonl(args.data)
     except BadRecordError as error:
         args.parser.error(f"--data: {error}")
-    return dataset.head(min(args.limit, len(dataset)))
+    dataset = dataset.head(min(args.limit, len(dataset)))
+    for index in range(len(dataset)):
+        if dataset[index].image is None:
+            args.parser.error(
+                f"--data: sample {index + 1} of {args.data} has no image; verify compares the "
+                "vision tower and projector too, so every sample needs one"
+            )
+    return dataset
 
 
 def _inputs(processor: Any, dataset: Any) -> list[dict[str, torch.Tensor]]:

@@ -80,7 +80,7 @@ def test_bad_options_are_one_error_line(tiny_model_path, command_error, extra, m
 def test_data_without_images_is_refused(tiny_model_path, tmp_path, command_error):
     argv = ["verify", "--model", str(tiny_model_path), "--data"]
     line = command_error([*argv, str(_jsonl_without_images(tmp_path))])
-    assert "--data:" in line and "record 1: missing key(s) ['image']" in line
+    assert "--data: sample 1 of" in line and "has no image" in line
 
 
 def test_a_missing_model_and_an_existing_json_are_refused(tiny_model_path, tmp_path, command_error):
