@@ -6,6 +6,7 @@ Public API: :func:`patch`, :func:`unpatch`, :class:`PatchReport`, the submodules
 :mod:`quantization` and :func:`quantize` (weight-only W8/W4 linear layers), :mod:`batching`
 (:class:`BatchGenerator`: continuous batching under budgets), :func:`verify` and
 :class:`VerifyReport` (where a model drifts from its stock reference, module by module),
+:mod:`integrations` (transformers Trainer / TRL callback, ``apply_to_instance``, FSDP2),
 :mod:`observability` and
 :func:`trace` (stage timelines, attention maps, anomalous-token reports), :mod:`adapters`
 and :class:`AdapterSet` (many LoRA adapters over one base, new visual tokens), :mod:`reuse`
@@ -52,6 +53,7 @@ __all__ = [
     "adapters",
     "batching",
     "distributed",
+    "integrations",
     "kernel_backend",
     "observability",
     "ops",
@@ -79,6 +81,7 @@ _LAZY_SUBMODULES = {
     "observability",
     "adapters",
     "vision_input",
+    "integrations",
 }
 _LAZY_ATTRIBUTES = {
     "AdapterSet": "ascend_vlm.adapters",
@@ -100,6 +103,7 @@ if TYPE_CHECKING:
         adapters,
         batching,
         distributed,
+        integrations,
         observability,
         pruning,
         quantization,
