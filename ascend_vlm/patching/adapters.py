@@ -217,6 +217,12 @@ def rope_adapter(style: str, table_scale: float = 1.0) -> Callable:
     return functools.partial(_ROPE_STYLES[style][0], table_scale)
 
 
+def rope_drop_ins() -> frozenset[Callable]:
+    """The drop-in functions `rope_adapter` binds, one per style (what a repro of a rotary call
+    may name)."""
+    return frozenset(rope_adapter(style).func for style in _ROPE_STYLES)
+
+
 @functools.cache
 def _forward_with_rope(
     forward: types.FunctionType, function_name: str, style: str, table_scale: float = 1.0

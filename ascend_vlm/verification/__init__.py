@@ -15,7 +15,8 @@ One module per concern:
 * `end_to_end`: top-1 agreement, KL of the next-token distributions, the first differing greedy
   token and the paired accuracy of the model against the reference;
 * `replay` (with `repro_codec`): a flagged module's (or fused op's) call saved as a
-  self-contained ``.pt`` repro and re-run against float64;
+  self-contained ``.pt`` repro and re-run against float64; `repro_names`: the classes and
+  functions a repro may name;
 * `cli`: ``python -m ascend_vlm verify``.
 """
 

@@ -7,7 +7,9 @@ and how to run it, the ``command`` that replays it, the module's name and kind, 
 and device it ran in, the target and the call's arguments), with the module written by
 :mod:`ascend_vlm.verification.repro_codec` (class paths, attributes, weights; never pickled
 code). It is what a user sends to a kernel team: ``python -m ascend_vlm verify --replay
-FILE.pt``.
+FILE.pt``. A repro may come from anyone: the classes and functions it names are rebuilt only
+within :mod:`ascend_vlm.verification.repro_names`'s limits, anything else is refused with a
+ValueError naming the file and the path, before it is built or called.
 
 Targets:
 
@@ -43,6 +45,7 @@ from torch.overrides import TorchFunctionMode
 from ascend_vlm._version import __version__
 from ascend_vlm.kernel_backend import active_backend, using_backend
 from ascend_vlm.verification.repro_codec import Decoder, Encoder, Unencodable
+from ascend_vlm.verification.repro_names import check_function_target
 
 FORMAT = "ascend_vlm.repro"
 VERSION = 1
@@ -320,6 +323,7 @@ def _rebuilt(target: dict, device: str) -> tuple[str, Callable, Callable, nn.Mod
         op = getattr(torch.ops.ascend_vlm, target["op"]).default
         return f"op ascend_vlm::{target['op']}", op, op, None
     if "function" in target:
+        check_function_target(target["function"])
         function = Decoder().decode(target["function"])
         return f"function {_label(function)}", function, function, None
     from ascend_vlm.patching.attention import register_attention

@@ -1,7 +1,7 @@
 """Modules, configs and call arguments as plain data that ``torch.load(weights_only=True)``
 reads back: tensors, str, int, float, bool, None, and lists and dicts of them. No code is
-pickled; a class or function is stored by its import path and rebuilt only from
-:data:`IMPORT_ROOTS`.
+pickled; a class or function is stored by its import path and rebuilt only within the limits
+of :mod:`ascend_vlm.verification.repro_names`.
 
 Encoding (:meth:`Encoder.encode`): every container becomes a dict tagged by ``"t"``:
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import sys
 import types
 from typing import Any
@@ -45,9 +44,16 @@ from ascend_vlm._compat.module_state import (
     restore_own_state,
     set_config_implementations,
 )
+from ascend_vlm.verification.repro_names import (
+    IMPORT_ROOTS,
+    bound_method,
+    resolve,
+    resolve_callable,
+    resolve_class,
+    resolve_module_class_of,
+    resolve_patched_forward,
+)
 
-# Packages whose classes and functions a repro may name; anything else is refused on load.
-IMPORT_ROOTS = ("ascend_vlm", "torch", "transformers")
 # What the stock (reference) rebuild's configs name instead of the implementations saved: sdpa
 # attention takes both the boolean and the additive masks a model makes, eager experts float64.
 STOCK_IMPLEMENTATIONS = dict(zip(CONFIG_IMPLEMENTATIONS, ("sdpa", "eager"), strict=True))
@@ -73,18 +79,6 @@ def import_path(value: object) -> str:
     if found is not value:
         raise Unencodable(f"{path} imports another object than {value!r}")
     return path
-
-
-def resolve(path: str) -> Any:
-    """The object at ``"package.module:qualname"``; ValueError unless the package is one of
-    :data:`IMPORT_ROOTS`."""
-    module_name, _, qualname = path.partition(":")
-    if module_name.split(".")[0] not in IMPORT_ROOTS or not qualname:
-        raise ValueError(f"import path: expected 'module:name' under {IMPORT_ROOTS}, got {path!r}")
-    value: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _is_config(value: object) -> bool:
@@ -173,7 +167,12 @@ class Encoder:
                 "name": value.__name__,
             }
         if isinstance(value, type | types.FunctionType | types.BuiltinFunctionType):
-            return {"t": "callable", "path": import_path(value)}
+            path = import_path(value)
+            try:
+                resolve_callable(path)
+            except ValueError as error:  # what a repro may not hold is left out, not refused later
+                raise Unencodable(str(error)) from error
+            return {"t": "callable", "path": path}
         if dataclasses.is_dataclass(value):
             fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
             return {
@@ -259,15 +258,18 @@ class Decoder:
         if tag == "dict":
             return {self.decode(k): self.decode(v) for k, v in data["items"]}
         if tag == "dtype":
-            return getattr(torch, data["name"])
+            dtype = getattr(torch, data["name"], None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"dtype: expected a torch dtype name, got {data['name']!r}")
+            return dtype
         if tag == "device":
             return torch.device(data["name"])
         if tag == "callable":
-            return resolve(data["path"])
+            return resolve_callable(data["path"])
         if tag == "method":
-            return getattr(self.decode(data["self"]), data["name"])
+            return bound_method(self.decode(data["self"]), data["name"])
         if tag == "dataclass":
-            return _checked_class(data["class"], None)(**self.decode(data["fields"]))
+            return resolve_class(data["class"], None)(**self.decode(data["fields"]))
         if tag in _OBJECT_DECODERS:
             return _OBJECT_DECODERS[tag](self, data)
         raise ValueError(f"unknown encoded form {tag!r}")
@@ -275,7 +277,7 @@ class Decoder:
     def _config(self, data: dict[str, Any]) -> Any:
         from transformers import GenerationConfig, PreTrainedConfig
 
-        cls = _checked_class(data["class"], (PreTrainedConfig, GenerationConfig))
+        cls = resolve_class(data["class"], (PreTrainedConfig, GenerationConfig))
         config = cls.from_dict(self.decode(data["values"]))
         if isinstance(config, PreTrainedConfig):
             saved = data["implementations"]
@@ -286,11 +288,9 @@ class Decoder:
 
     def _module(self, data: dict[str, Any]) -> nn.Module:
         if "class_of" in data:
-            cls = type(resolve(data["class_of"]))
-            if not issubclass(cls, nn.Module):
-                raise ValueError(f"class_of {data['class_of']!r}: expected an nn.Module")
+            cls = resolve_module_class_of(data["class_of"])
         else:
-            cls = _checked_class(data["class"], (nn.Module,))
+            cls = resolve_class(data["class"], (nn.Module,))
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         self._objects[data["id"]] = module
@@ -321,11 +321,7 @@ class Decoder:
         return function
 
     def _rebound(self, data: dict[str, Any]) -> Any:
-        factory = resolve(data["factory"])
-        if not factory.__module__.startswith("ascend_vlm."):
-            raise ValueError(
-                f"rebound forward: expected a factory of ascend_vlm, got {data['factory']!r}"
-            )
+        factory = resolve_patched_forward(data["factory"])
         forward = factory(self.decode(data["self"]), *self.decode(data["arguments"]))
         self._objects[data["id"]] = forward
         return forward
@@ -337,15 +333,3 @@ _OBJECT_DECODERS = {
     "partial": Decoder._partial,
     "rebound": Decoder._rebound,
 }
-
-
-def _checked_class(path: str, bases: tuple[type, ...] | None) -> type:
-    """The class at ``path``, a subclass of one of ``bases`` (a dataclass when None)."""
-    cls = resolve(path)
-    if not isinstance(cls, type):
-        raise ValueError(f"class {path!r}: expected a class, got {type(cls).__name__}")
-    expected = dataclasses.is_dataclass(cls) if bases is None else issubclass(cls, bases)
-    if not expected:
-        wanted = "a dataclass" if bases is None else " or ".join(b.__name__ for b in bases)
-        raise ValueError(f"class {path!r}: expected {wanted}")
-    return cls

@@ -190,10 +190,16 @@ def verify(
 
     ValueError naming the argument for: inputs without images, a model the reference cannot be
     built for (not a transformers model, quantized or otherwise non-stock weights), a reference
-    with other weights or carrying an ascend_vlm feature, bad settings.
+    with other weights or carrying an ascend_vlm feature, bad settings, ``samples`` without a
+    ``processor``.
     """
     base = base_model(model)
     require_transformers_model(base)
+    if samples is not None and processor is None:
+        raise ValueError(
+            "samples: expected a processor with them (the end-to-end comparison runs samples "
+            "through it), got samples and processor=None"
+        )
     batches = _checked_inputs(inputs)
     _check_settings(k, slack, reference_dtype, base)
     dtype = dtype or _floating_dtype(base)

@@ -331,3 +331,81 @@ def test_what_has_no_plain_data_form_is_noted_or_refused(tmp_path):
             norm, (hidden,), {"extra": object()}, tmp_path / "bad.pt",
             kind="norm", dtype="float32", device="cpu", module_name="model.norm",
         )  # fmt: skip
+
+
+def _hostile_repro(tmp_path, target: dict, args: tuple) -> object:
+    """A repro file written as ``save_repro`` writes one, with ``target`` and ``args`` put in
+    by hand (what a hostile sender controls)."""
+    norm = build_model("qwen2_vl").model.language_model.norm
+    path = save_repro(
+        norm, (torch.randn(1, 3, norm.weight.shape[0]),), {}, tmp_path / "hostile.pt",
+        kind="norm", dtype="float32", device="cpu", module_name="model.norm",
+    )  # fmt: skip
+    repro = torch.load(path, weights_only=True)
+    repro["target"] = target
+    repro["inputs"] = {"t": "dict", "items": [["args", {"t": "tuple", "items": list(args)}],
+                                              ["kwargs", {"t": "dict", "items": []}]]}  # fmt: skip
+    torch.save(repro, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "function",
+    [
+        {"t": "callable", "path": "torch.serialization:os.system"},
+        {"t": "callable", "path": "torch.hub:load"},
+        {"t": "partial", "id": 0, "func": {"t": "callable", "path": "torch.hub:load"},
+         "args": {"t": "tuple", "items": []}, "keywords": {"t": "dict", "items": []}},
+        {"t": "module", "id": 0, "class_of": "torch.serialization:os"},
+    ],
+)  # fmt: skip
+def test_a_hostile_function_target_is_refused_before_it_runs(tmp_path, function):
+    marker = tmp_path / "marker"
+    path = _hostile_repro(tmp_path, {"function": function}, (f"touch {marker}",))
+    refused = function.get("path") or function.get("class_of") or function["func"]["path"]
+
+    with pytest.raises(ValueError, match=str(path)) as error:
+        replay(path)
+
+    assert refused in str(error.value)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("encoded", "refused"),
+    [
+        ({"t": "module", "class": "collections:OrderedDict"}, "collections:OrderedDict"),
+        ({"t": "module", "class": "torch.utils.data:DataLoader"}, "DataLoader"),
+        ({"t": "module", "class": "torch.optim:SGD"}, "torch.optim:SGD"),
+        ({"t": "module", "class": "ascend_vlm.verification.replay:Errors"}, "Errors"),
+        ({"t": "config", "class": "torch.nn:Linear"}, "torch.nn:Linear"),
+        ({"t": "dataclass", "class": "ascend_vlm.verification.replay:Errors"}, "Errors"),
+        ({"t": "callable", "path": "torch.hub:load"}, "torch.hub:load"),
+        ({"t": "callable", "path": "torch:load"}, "torch:load"),
+        ({"t": "callable", "path": "ascend_vlm.verification.replay:save_repro"}, "save_repro"),
+        ({"t": "dtype", "name": "load"}, "dtype"),
+    ],
+)
+def test_a_class_or_function_outside_the_allow_list_is_refused(tmp_path, encoded, refused):
+    """Whatever the tag, a class or function a repro may not name is refused by path, here as
+    an argument of an allowed function target."""
+    body = {"id": 0, "training": False, "attributes": {}, "rebound": {}, "parameters": {},
+            "buffers": {}, "non_persistent": [], "children": {}, "values": {}, "fields": {},
+            "implementations": {}}  # fmt: skip
+    target = {"function": {"t": "callable", "path": "ascend_vlm.ops.rms_norm:rms_norm"}}
+    path = _hostile_repro(tmp_path, target, ({**body, **encoded},))
+
+    with pytest.raises(ValueError, match=str(path)) as error:
+        replay(path)
+
+    assert refused in str(error.value)
+
+
+def test_a_method_a_repro_binds_is_one_of_its_object(tmp_path):
+    from ascend_vlm.verification.repro_names import bound_method
+
+    norm = torch.nn.LayerNorm(2)
+    assert bound_method(norm, "extra_repr")() == norm.extra_repr()
+    for name in ("__reduce_ex__", "weight", "missing"):
+        with pytest.raises(ValueError, match=f"method LayerNorm.{name}"):
+            bound_method(norm, name)

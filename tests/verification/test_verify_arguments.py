@@ -71,6 +71,12 @@ def test_bad_settings_are_refused(tiny, settings, message) -> None:
         ascend_vlm.verify(model, inputs, **settings)
 
 
+def test_samples_without_a_processor_are_refused(tiny) -> None:
+    model, inputs = tiny
+    with pytest.raises(ValueError, match="samples: expected a processor"):
+        ascend_vlm.verify(model, inputs, samples=[])
+
+
 def test_a_model_in_training_mode_is_refused(tiny) -> None:
     model, inputs = tiny
     model.train()
