@@ -110,12 +110,15 @@ class KVBlocks:
 
     def decode_cache(self, running: list[SequenceState], gather: bool) -> PagedCache:
         """The cache of one decode step of ``running`` (each gets a block for its next token
-        when its blocks are full); ``gather`` as :class:`PagedCache` takes it."""
+        when its blocks are full); ``gather`` as :class:`PagedCache` takes it, and also when
+        the pool cannot grow to the page-attention kernel's size for the step: its block
+        count at least the sum of every row's, a block rows share counted once per row."""
         for sequence in running:
             if sequence.cached_tokens == len(sequence.blocks) * self.block_size:
                 sequence.blocks.extend(self.pool.allocate(1))
+        rows_blocks = sum(-(-(s.cached_tokens + 1) // self.block_size) for s in running)
         cache = self._cache
-        cache.gather = gather
+        cache.gather = gather or not self.pool.reserve(rows_blocks)
         cache.begin_step([s.blocks for s in running], [s.cached_tokens for s in running])
         return cache
 
