@@ -98,9 +98,10 @@ class BlockPool:
             self._references[block] += 1
 
     def release(self, blocks: list[int]) -> None:
-        """Drop one hold of each of ``blocks``; a block no longer held becomes free, or cached
-        when it is published."""
-        for block in blocks:
+        """Drop one hold of each of ``blocks`` (a sequence's, in order); a block no longer held
+        becomes free, or cached when it is published. The last block is cached first, so
+        eviction takes a chain from its tail and leaves its head reachable."""
+        for block in reversed(blocks):
             self._references[block] -= 1
             if self._references[block]:
                 continue
@@ -111,13 +112,15 @@ class BlockPool:
 
     def lookup(self, hashes: list[int]) -> list[int]:
         """The published blocks of the longest run of ``hashes`` from the first (each the
-        chained hash of a block and everything before it), refreshed as recently used."""
+        chained hash of a block and everything before it), refreshed as recently used from the
+        last to the first, so the first is evicted last."""
         found = []
         for key in hashes:
             block = self._block_of.get(key)
             if block is None:
                 break
             found.append(block)
+        for block in reversed(found):
             if block in self._idle:
                 self._idle.move_to_end(block)
         return found
