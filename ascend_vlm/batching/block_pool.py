@@ -74,10 +74,11 @@ class BlockPool:
     def allocate(self, count: int) -> list[int]:
         """``count`` fresh blocks, each held once: free ones first, then the least recently
         used cached ones (unpublished), then new ones. RuntimeError when ``max_blocks`` are
-        all held (admission keeps the running sequences within it)."""
+        all held (admission keeps the running sequences within it), holding none of them."""
         blocks = []
         for _ in range(count):
             if not self._free and not self._idle and not self.reserve(self.num_blocks + 1):
+                self.release(blocks)
                 raise RuntimeError(
                     f"max_kv_bytes: all {self.num_blocks} KV blocks are held by running "
                     "sequences; the budget admits no more"

@@ -101,8 +101,9 @@ class KVBlocks:
             self._make_pool(cache)
         length = cache.layers[0].keys.shape[2]
         fresh = self.pool.allocate(-(-(length - start) // self.block_size))
-        store_prompt(self.pool, fresh, cache, start)
+        # held by the sequence before the write, so that its release hands them back if it fails
         sequence.blocks = [*sequence.blocks, *fresh]
+        store_prompt(self.pool, fresh, cache, start)
         sequence.cached_tokens = length
         if self.prefix_cache:
             tokens = sequence.inputs["input_ids"][0].tolist()

@@ -287,3 +287,22 @@ def test_a_step_whose_rows_blocks_sum_past_the_budget_gathers(max_blocks, num_bl
     cache = blocks.decode_cache(rows, gather=False)
     assert cache.gather is gather and blocks.pool.num_blocks == num_blocks
     assert blocks.pool.held_blocks == len(shared) + 2
+
+
+@pytest.mark.parametrize("failing", ["allocate", "store_prompt"])
+def test_a_failed_store_holds_no_block_once_the_sequence_is_released(failing, monkeypatch):
+    blocks = KVBlocks(4, prefix_cache=False, max_blocks=4, image_token=None, config=None)
+    prefill = SimpleNamespace(layers=[SimpleNamespace(keys=torch.zeros(1, 2, 12, 8))])
+    blocks._make_pool(prefill)
+    other = blocks.pool.allocate(2 if failing == "allocate" else 1)  # 12 tokens want 3 blocks
+    if failing == "store_prompt":
+
+        def refuse(*args):
+            raise RuntimeError("store_prompt: refused")
+
+        monkeypatch.setattr("ascend_vlm.batching.kv_blocks.store_prompt", refuse)
+    sequence = SimpleNamespace(blocks=[])
+    with pytest.raises(RuntimeError, match=r"^(max_kv_bytes|store_prompt): "):
+        blocks.store(sequence, prefill, start=0)
+    blocks.release([sequence])
+    assert blocks.pool.held_blocks == len(other)
