@@ -58,9 +58,8 @@ class KVBlocks:
         where the first image token is."""
         if not self.prefix_cache:
             return
-        ids = sequence.inputs["input_ids"][0]
-        images = [] if self._image_token is None else (ids == self._image_token).nonzero()
-        sequence.first_image = int(images[0]) if len(images) else None
+        images = self._image_positions(sequence.inputs["input_ids"][0])
+        sequence.first_image = images[0] if images else None
         sequence.image_digest = image_digest(sequence.inputs)
 
     def reuse(self, sequence: SequenceState) -> int:
@@ -70,8 +69,7 @@ class KVBlocks:
             return 0
         ids = sequence.inputs["input_ids"][0]
         found = self.pool.lookup(self._hashes(sequence, ids.tolist()))
-        images = [] if self._image_token is None else (ids == self._image_token).nonzero()
-        positions = [int(position) for position in images]
+        positions = self._image_positions(ids)
         start = reusable_tokens(len(found), len(ids), self.block_size, positions)
         sequence.blocks = found[: start // self.block_size]
         self.pool.share(sequence.blocks)
@@ -134,6 +132,12 @@ class KVBlocks:
             if sequence.blocks:
                 self.pool.release(sequence.blocks)
             sequence.blocks = []
+
+    def _image_positions(self, ids: torch.Tensor) -> list[int]:
+        """Where the image tokens of the prompt ``ids`` are, in order."""
+        if self._image_token is None:
+            return []
+        return [int(position) for position in (ids == self._image_token).nonzero()]
 
     def _hashes(self, sequence: SequenceState, tokens: list[int]) -> list[int]:
         return block_hashes(
