@@ -14,7 +14,8 @@ it (``share``) instead of recomputing it. A published block no sequence holds st
 least recently used first in line for eviction when a fresh block is needed.
 
 Capacity: ``max_blocks`` (from the ``max_kv_bytes`` budget) or unbounded. The pools start small
-and double when every block is held (the only time stored blocks are copied).
+and double when every block is held, or when a decode step's page attention wants more blocks
+than they have (:meth:`BlockPool.reserve`; the only times stored blocks are copied).
 """
 
 from __future__ import annotations
@@ -73,11 +74,15 @@ class BlockPool:
     def allocate(self, count: int) -> list[int]:
         """``count`` fresh blocks, each held once: free ones first, then the least recently
         used cached ones (unpublished), then new ones. RuntimeError when ``max_blocks`` are
-        all held (admission keeps the running sequences within it)."""
+        all held (admission keeps the running sequences within it), holding none of them."""
         blocks = []
         for _ in range(count):
-            if not self._free and not self._idle:
-                self._grow()
+            if not self._free and not self._idle and not self.reserve(self.num_blocks + 1):
+                self.release(blocks)
+                raise RuntimeError(
+                    f"max_kv_bytes: all {self.num_blocks} KV blocks are held by running "
+                    "sequences; the budget admits no more"
+                )
             if self._free:
                 block = self._free.pop()
             else:
@@ -94,9 +99,10 @@ class BlockPool:
             self._references[block] += 1
 
     def release(self, blocks: list[int]) -> None:
-        """Drop one hold of each of ``blocks``; a block no longer held becomes free, or cached
-        when it is published."""
-        for block in blocks:
+        """Drop one hold of each of ``blocks`` (a sequence's, in order); a block no longer held
+        becomes free, or cached when it is published. The last block is cached first, so
+        eviction takes a chain from its tail and leaves its head reachable."""
+        for block in reversed(blocks):
             self._references[block] -= 1
             if self._references[block]:
                 continue
@@ -107,13 +113,15 @@ class BlockPool:
 
     def lookup(self, hashes: list[int]) -> list[int]:
         """The published blocks of the longest run of ``hashes`` from the first (each the
-        chained hash of a block and everything before it), refreshed as recently used."""
+        chained hash of a block and everything before it), refreshed as recently used from the
+        last to the first, so the first is evicted last."""
         found = []
         for key in hashes:
             block = self._block_of.get(key)
             if block is None:
                 break
             found.append(block)
+        for block in reversed(found):
             if block in self._idle:
                 self._idle.move_to_end(block)
         return found
@@ -141,14 +149,19 @@ class BlockPool:
             heads, _, dim = padded.shape
             pool[index] = padded.view(heads, count, self.block_size, dim).transpose(0, 1)
 
-    def _grow(self) -> None:
+    def reserve(self, count: int) -> bool:
+        """Make the pools at least ``count`` blocks long (doubling them, within ``max_blocks``);
+        False, leaving them as they are, when ``max_blocks`` is below ``count``."""
         old = self.num_blocks
-        new = old * 2 if self.max_blocks is None else min(old * 2, self.max_blocks)
-        if new == old:
-            raise RuntimeError(
-                f"max_kv_bytes: all {old} KV blocks are held by running sequences; the "
-                "budget admits no more"
-            )
+        if count <= old:
+            return True
+        if self.max_blocks is not None and count > self.max_blocks:
+            return False
+        new = old
+        while new < count:
+            new *= 2
+        if self.max_blocks is not None:
+            new = min(new, self.max_blocks)
         for pools in (self.keys, self.values):
             for layer, pool in enumerate(pools):
                 grown = pool.new_zeros((new, *pool.shape[1:]))
@@ -156,3 +169,4 @@ class BlockPool:
                 pools[layer] = grown
         self._free.extend(range(new - 1, old - 1, -1))
         self._references.extend([0] * (new - old))
+        return True

@@ -58,9 +58,8 @@ class KVBlocks:
         where the first image token is."""
         if not self.prefix_cache:
             return
-        ids = sequence.inputs["input_ids"][0]
-        images = [] if self._image_token is None else (ids == self._image_token).nonzero()
-        sequence.first_image = int(images[0]) if len(images) else None
+        images = self._image_positions(sequence.inputs["input_ids"][0])
+        sequence.first_image = images[0] if images else None
         sequence.image_digest = image_digest(sequence.inputs)
 
     def reuse(self, sequence: SequenceState) -> int:
@@ -70,8 +69,7 @@ class KVBlocks:
             return 0
         ids = sequence.inputs["input_ids"][0]
         found = self.pool.lookup(self._hashes(sequence, ids.tolist()))
-        images = [] if self._image_token is None else (ids == self._image_token).nonzero()
-        positions = [int(position) for position in images]
+        positions = self._image_positions(ids)
         start = reusable_tokens(len(found), len(ids), self.block_size, positions)
         sequence.blocks = found[: start // self.block_size]
         self.pool.share(sequence.blocks)
@@ -101,8 +99,9 @@ class KVBlocks:
             self._make_pool(cache)
         length = cache.layers[0].keys.shape[2]
         fresh = self.pool.allocate(-(-(length - start) // self.block_size))
-        store_prompt(self.pool, fresh, cache, start)
+        # held by the sequence before the write, so that its release hands them back if it fails
         sequence.blocks = [*sequence.blocks, *fresh]
+        store_prompt(self.pool, fresh, cache, start)
         sequence.cached_tokens = length
         if self.prefix_cache:
             tokens = sequence.inputs["input_ids"][0].tolist()
@@ -110,12 +109,15 @@ class KVBlocks:
 
     def decode_cache(self, running: list[SequenceState], gather: bool) -> PagedCache:
         """The cache of one decode step of ``running`` (each gets a block for its next token
-        when its blocks are full); ``gather`` as :class:`PagedCache` takes it."""
+        when its blocks are full); ``gather`` as :class:`PagedCache` takes it, and also when
+        the pool cannot grow to the page-attention kernel's size for the step: its block
+        count at least the sum of every row's, a block rows share counted once per row."""
         for sequence in running:
             if sequence.cached_tokens == len(sequence.blocks) * self.block_size:
                 sequence.blocks.extend(self.pool.allocate(1))
+        rows_blocks = sum(-(-(s.cached_tokens + 1) // self.block_size) for s in running)
         cache = self._cache
-        cache.gather = gather
+        cache.gather = gather or not self.pool.reserve(rows_blocks)
         cache.begin_step([s.blocks for s in running], [s.cached_tokens for s in running])
         return cache
 
@@ -130,6 +132,12 @@ class KVBlocks:
             if sequence.blocks:
                 self.pool.release(sequence.blocks)
             sequence.blocks = []
+
+    def _image_positions(self, ids: torch.Tensor) -> list[int]:
+        """Where the image tokens of the prompt ``ids`` are, in order."""
+        if self._image_token is None:
+            return []
+        return [int(position) for position in (ids == self._image_token).nonzero()]
 
     def _hashes(self, sequence: SequenceState, tokens: list[int]) -> list[int]:
         return block_hashes(

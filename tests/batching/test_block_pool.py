@@ -76,3 +76,24 @@ def test_reuse_keeps_every_image_token_in_the_prefix_or_none():
     assert reusable_tokens(2, 40, 8, images) == 8  # would cut the image: stop before it
     assert reusable_tokens(5, 40, 8, []) == 32
     assert reusable_tokens(5, 33, 8, []) == 32 and reusable_tokens(5, 32, 8, []) == 24
+
+
+def test_eviction_takes_a_cached_chain_from_its_tail_keeping_its_head_reachable():
+    pool = _pool(max_blocks=3)
+    chain = pool.allocate(3)
+    pool.publish(chain, [1, 2, 3])
+    pool.release(chain)
+    pool.allocate(2)
+    assert pool.lookup([1, 2, 3]) == chain[:1] and pool.cached_blocks == 1
+
+
+def test_a_looked_up_chain_is_refreshed_so_its_tail_is_evicted_first():
+    pool = _pool(max_blocks=4)
+    chain, other = pool.allocate(3), pool.allocate(1)
+    pool.publish(chain, [1, 2, 3])
+    pool.publish(other, [9])
+    pool.release(other)
+    pool.release(chain)
+    assert pool.lookup([1, 2, 3]) == chain  # refreshed: [9] is now the oldest
+    assert pool.allocate(2) == [other[0], chain[2]]
+    assert pool.lookup([1, 2, 3]) == chain[:2] and pool.lookup([9]) == []

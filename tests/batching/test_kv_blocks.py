@@ -6,6 +6,7 @@ per-sequence fallback of families with other than full-attention layers, and bad
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from chat_vlms import generate_alone
 from PIL import Image
 
 from ascend_vlm.batching import BatchGenerator, GenerationRequest, RequestResult, TokenEvent
+from ascend_vlm.batching.kv_blocks import KVBlocks
 from ascend_vlm.batching.prefill import suffix_inputs
 
 FAMILIES = {
@@ -251,3 +253,56 @@ def test_bad_block_options_are_refused(model_and_processor, options, message):
     model, processor = model_and_processor
     with pytest.raises(ValueError, match=message):
         BatchGenerator(model, processor, **options)
+
+
+def test_rows_sharing_a_prefix_read_by_page_attention_equal_generate(model_and_processor, mock_npu):
+    """Shared blocks count once in the pool but once per row in the kernel's rule that the pool
+    holds at least the sum of the rows' block counts: the pool grows to meet it."""
+    import ascend_vlm
+
+    base, processor = model_and_processor
+    model = copy.deepcopy(base).to(torch.bfloat16)
+    ascend_vlm.patch(model)
+    shared = " ".join(f"word{index % 37}" for index in range(300))
+    requests = [
+        GenerationRequest.from_prompt(f"{shared} question {index}", max_new_tokens=4)
+        for index in range(6)
+    ]
+    generator = BatchGenerator(model, processor, max_batch_size=6)
+    results = generator.generate_many(requests)
+    for result, query in zip(results, requests, strict=True):
+        assert list(result.tokens) == generate_alone(model, processor, query), query.request_id
+
+
+@pytest.mark.parametrize(("max_blocks", "num_blocks", "gather"), [(None, 128, False), (8, 8, True)])
+def test_a_step_whose_rows_blocks_sum_past_the_budget_gathers(max_blocks, num_blocks, gather):
+    """Two rows sharing ``shared`` full blocks: the page-attention kernel wants the pool at
+    least as long as both rows' block counts summed; past ``max_blocks`` the step gathers."""
+    blocks = KVBlocks(4, prefix_cache=True, max_blocks=max_blocks, image_token=None, config=None)
+    prefill = SimpleNamespace(layers=[SimpleNamespace(keys=torch.zeros(1, 2, 1, 8))])
+    blocks._make_pool(prefill)
+    shared = blocks.pool.allocate(40 if max_blocks is None else 6)
+    blocks.pool.share(shared)
+    rows = [SimpleNamespace(blocks=list(shared), cached_tokens=4 * len(shared)) for _ in "ab"]
+    cache = blocks.decode_cache(rows, gather=False)
+    assert cache.gather is gather and blocks.pool.num_blocks == num_blocks
+    assert blocks.pool.held_blocks == len(shared) + 2
+
+
+@pytest.mark.parametrize("failing", ["allocate", "store_prompt"])
+def test_a_failed_store_holds_no_block_once_the_sequence_is_released(failing, monkeypatch):
+    blocks = KVBlocks(4, prefix_cache=False, max_blocks=4, image_token=None, config=None)
+    prefill = SimpleNamespace(layers=[SimpleNamespace(keys=torch.zeros(1, 2, 12, 8))])
+    blocks._make_pool(prefill)
+    other = blocks.pool.allocate(2 if failing == "allocate" else 1)  # 12 tokens want 3 blocks
+    if failing == "store_prompt":
+
+        def refuse(*args):
+            raise RuntimeError("store_prompt: refused")
+
+        monkeypatch.setattr("ascend_vlm.batching.kv_blocks.store_prompt", refuse)
+    sequence = SimpleNamespace(blocks=[])
+    with pytest.raises(RuntimeError, match=r"^(max_kv_bytes|store_prompt): "):
+        blocks.store(sequence, prefill, start=0)
+    blocks.release([sequence])
+    assert blocks.pool.held_blocks == len(other)

@@ -99,6 +99,10 @@ def test_the_mock_kernel_refuses_what_torch_npu_refuses(mock_npu):
                block_size=8, **paged)  # fmt: skip
     with pytest.raises(ValueError, match=r"^actual_seq_lengths_kv: expected 1 lengths"):
         kernel(query, keys, values, block_table=table, block_size=16, **paged)
+    shared = torch.zeros(2, 1, dtype=torch.int32)  # two rows in one block: 2 counted, 1 held
+    with pytest.raises(ValueError, match=r"^key: expected blocknum >= 2 .*, got 1$"):
+        kernel(query.expand(2, -1, -1, -1), keys[:1], values[:1], block_table=shared,
+               actual_seq_lengths_kv=[4, 4], block_size=16, **paged)  # fmt: skip
 
 
 def test_bad_arguments_name_the_argument():

@@ -100,8 +100,12 @@ def npu_fused_infer_attention_score(
         raise bad("actual_seq_lengths_kv", f"{batch} lengths (required with block_table)",
                   actual_seq_lengths_kv)  # fmt: skip
     blocks_needed = [math.ceil(int(n) / block_size) for n in actual_seq_lengths_kv]
-    if max(blocks_needed) > block_table.shape[1] or sum(blocks_needed) > key.shape[0]:
+    if max(blocks_needed) > block_table.shape[1]:
         raise bad("block_table", f"at least {max(blocks_needed)} columns", block_table.shape)
+    if sum(blocks_needed) > key.shape[0]:
+        # the documented rule counts every row's blocks, a block shared by rows once per row
+        raise bad("key", f"blocknum >= {sum(blocks_needed)} (the rows' block counts summed)",
+                  key.shape[0])  # fmt: skip
     group = heads // kv_heads
     output = torch.empty_like(query)
     for row in range(batch):
