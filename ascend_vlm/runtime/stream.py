@@ -73,8 +73,11 @@ class Stream(_C.Stream):
     def __del__(self) -> None:
         # CPython drops the instance __dict__ (and the buffers held in it) before the C++
         # destructor waits for the stream's work, so wait here while they are still held.
+        # At interpreter exit the runtime has shut down first (atexit), discarding the work, so
+        # the wait fails; turning that failure into AclError imports ascend_vlm._errors, which
+        # fails as ImportError once the import system is torn down: nothing is left to wait for.
         if getattr(self, "_in_flight", None) and not self.destroyed:
-            with contextlib.suppress(AclError):
+            with contextlib.suppress(AclError, ImportError):
                 super().synchronize()
 
     def memcpy_async(
