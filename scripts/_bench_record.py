@@ -38,16 +38,26 @@ def write_record(path: Path, script: str, argv: list[str], header: list[str], ro
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
+def table(header: list[str], rows: list) -> str:
+    """``rows`` (lists of cell strings) under ``header`` as a Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def show_table(
+    header: list[str], rows: list, json_path: Path | None, script: str, argv: list[str]
+) -> None:
+    """Print the bench's table; with ``json_path`` (its ``--json``) also write it as a record
+    (:func:`write_record`) of the command ``script`` with ``argv``."""
+    print(table(header, rows))
+    if json_path is not None:
+        write_record(json_path, script, argv, header, rows)
+
+
 def markdown(record: dict) -> str:
     """The record as the command, its date and machine, then a Markdown table."""
-    lines = [
-        f"`{record['command']}` ({record['date']}; {record['machine']})",
-        "",
-        "| " + " | ".join(record["header"]) + " |",
-        "|" + "|".join("---:" for _ in record["header"]) + "|",
-    ]
-    lines += ["| " + " | ".join(row) + " |" for row in record["rows"]]
-    return "\n".join(lines)
+    heading = f"`{record['command']}` ({record['date']}; {record['machine']})"
+    return f"{heading}\n\n{table(record['header'], record['rows'])}"
 
 
 if __name__ == "__main__":

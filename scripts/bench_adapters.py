@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 from _bench_models import bench_processor, load_bench_model, random_images
-from _bench_record import write_record
+from _bench_record import show_table
 from _bench_timing import interleaved_ms
 
 import ascend_vlm
@@ -162,12 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nrank-{args.rank} adapters on 7 projections x {args.layers} layers, {args.threads} threads"
     )
     print("(switch rows: the A/A column is the same switching measured a second time)\n")
-    print("| " + " | ".join(HEADER) + " |")
-    print("|---|" + "---:|" * (len(HEADER) - 1))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    if args.json is not None:
-        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), HEADER, rows)
+    show_table(HEADER, rows, args.json, sys.argv[0], list(argv or sys.argv[1:]))
     return 0
 
 

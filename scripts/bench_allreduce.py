@@ -52,7 +52,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench_record, run from anywhere
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
-from _bench_record import write_record
+from _bench_record import show_table
 
 from ascend_vlm.distributed import SparseAllReduceState, register_sparse_allreduce
 
@@ -288,14 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         mp.spawn(rank_main, args=(os.path.join(tmp, "store"), args, queue), nprocs=WORLD_SIZE)
     results = dict(queue.get() for _ in args.densities)
     rows = [row for density, result in results.items() for row in table_rows(density, result)]
-    print("| " + " | ".join(HEADER) + " |")
-    print("|" + "|".join("---:" for _ in HEADER) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    show_table(HEADER, rows, args.json, sys.argv[0], shown_argv)
     for line in verdicts(results):
         print(line)
-    if args.json is not None:
-        write_record(args.json, sys.argv[0], shown_argv, HEADER, rows)
     return 0
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 from _bench_models import bench_processor, load_bench_model, random_images
-from _bench_record import write_record
+from _bench_record import show_table
 
 from ascend_vlm.reuse import ChatSession, VisionCache, disable_vision_cache, enable_vision_cache
 from ascend_vlm.reuse.vision_cache import content_key
@@ -185,12 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({args.new_tokens}-token turns):\n"
     )
     header, rows = _second_turn_table(report["second_turn"], args.new_tokens)
-    print("| " + " | ".join(header) + " |")
-    print("|---|" + "---:|" * (len(header) - 1))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    if args.json is not None:
-        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), header, rows)
+    show_table(header, rows, args.json, sys.argv[0], list(argv or sys.argv[1:]))
     return 0
 
 

@@ -71,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a so
 
 import torch
 from _bench_models import bench_processor, load_bench_model, random_images
-from _bench_record import write_record
+from _bench_record import show_table
 from PIL import Image
 
 IMAGE_SIDE = 224
@@ -532,12 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += measure_conversations(args, folder, Path(scratch))
         else:
             print("[bench_serve] no --reuse-args: the conversation rows are left out")
-    print("| " + " | ".join(HEADER) + " |")
-    print("|" + "|".join("---:" for _ in HEADER) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    if args.json is not None:
-        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), HEADER, rows)
+    show_table(HEADER, rows, args.json, sys.argv[0], list(argv or sys.argv[1:]))
     return 0
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from _bench_models import bench_processor, load_bench_model, random_images
-from _bench_record import write_record
+from _bench_record import show_table
 
 import ascend_vlm
 
@@ -115,12 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{args.layers} language layers, {args.threads} threads, median of {args.rounds} rounds:\n"
     )
-    print("| " + " | ".join(HEADER) + " |")
-    print("|---|" + "---:|" * (len(HEADER) - 1))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    if args.json is not None:
-        write_record(args.json, sys.argv[0], list(argv or sys.argv[1:]), HEADER, rows)
+    show_table(HEADER, rows, args.json, sys.argv[0], list(argv or sys.argv[1:]))
     return 0
 
 
