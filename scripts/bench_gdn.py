@@ -4,46 +4,32 @@ implementation of the same math, at 1k and 8k tokens with small heads.
 Rows: prefill (``ops.chunk_gated_delta_rule`` vs ``torch_chunk_gated_delta_rule``), a token by
 token scan (``ops.recurrent_gated_delta_rule`` vs ``torch_recurrent_gated_delta_rule``), the
 conv (``ops.causal_conv1d`` vs ``causal_conv1d_fn`` on the state and input concatenated, as
-with a cache), and an A/A row (transformers' chunk function against itself) that shows the
-noise. Each pair is warmed up, then timed in interleaved rounds (ours, theirs, ours, ...) so
-load changes hit both; the table gives medians and ratios (ours / transformers; < 1 is
-faster). A benchmark, not a test. Usage::
+with a cache). Each row times ours, transformers' and transformers' again (the A/A twin) after a
+warm-up, in interleaved rounds with a rotating order so load changes hit all three; the table
+gives medians, the A/A ratio (twin / transformers: the noise floor) and the ratio (ours /
+transformers; < 1 is faster). A benchmark, not a test. Usage::
 
-    python scripts/bench_gdn.py [--threads N] [--rounds R] [--tokens 1024 8192]
+    python scripts/bench_gdn.py [--threads N] [--rounds R] [--tokens 1024 8192] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
 import torch
+from _bench_record import show_table
+from _bench_timing import interleaved_ms
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
 
 from ascend_vlm import ops
 
 KEY_HEADS, VALUE_HEADS, HEAD_DIM, CONV_WIDTH = 2, 4, 32, 4
-
-
-def interleaved_medians(
-    first: Callable[[], object], second: Callable[[], object], rounds: int
-) -> tuple[float, float]:
-    """Median ms of each after one warm-up call each, timed alternately for ``rounds``."""
-    first(), second()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(rounds):
-        for samples, fn in zip(times, (first, second), strict=True):
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
@@ -72,11 +58,6 @@ def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], obj
             lambda: qwen3_5.torch_recurrent_gated_delta_rule(q, k, v, g, beta, **theirs),
         ),
         (
-            f"A/A: transformers chunk T={tokens}",
-            lambda: qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g, beta, **theirs),
-            lambda: qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g, beta, **theirs),
-        ),
-        (
             f"causal_conv1d silu T={tokens}",
             lambda: ops.causal_conv1d(x, weight, conv_state, activation="silu"),
             # with a cache, transformers' layer concatenates the state and the input first
@@ -88,28 +69,46 @@ def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], obj
     return rows
 
 
+HEADER = ["case", "ours ms", "transformers ms", "transformers (A/A) ms", "A/A", "ratio"]
+
+
+def case_rows(tokens: int, rounds: int) -> list[list[str]]:
+    """One row of cells under :data:`HEADER` per case at ``tokens`` tokens."""
+    rows = []
+    for label, ours, theirs in cases(tokens):
+        calls = {"ours": ours, "transformers": theirs, "transformers (A/A)": theirs}
+        ms = interleaved_ms(calls, rounds)
+        rows.append(
+            [
+                label,
+                *(f"{ms[name]:.3g}" for name in calls),
+                f"{ms['transformers (A/A)'] / ms['transformers']:.2f}",
+                f"{ms['ours'] / ms['transformers']:.2f}",
+            ]
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192])
+    parser.add_argument("--json", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
+    if args.threads < 1 or args.rounds < 1 or min(args.tokens) < 1:
+        parser.error("--threads, --rounds, --tokens: expected ints >= 1")
     torch.set_num_threads(args.threads)
-    print("$ python scripts/bench_gdn.py " + shlex.join(argv or sys.argv[1:]))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    print("$ python scripts/bench_gdn.py " + shlex.join(argv))
     print(
-        f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds, "
-        f"Hk={KEY_HEADS} Hv={VALUE_HEADS} D={HEAD_DIM} conv width {CONV_WIDTH}, float32, CPU"
+        f"torch {torch.__version__}, {args.threads} thread(s), median of {args.rounds} "
+        f"interleaved rounds, Hk={KEY_HEADS} Hv={VALUE_HEADS} D={HEAD_DIM} conv width "
+        f"{CONV_WIDTH}, float32, CPU\n"
     )
-    print(f"| {'case':<38} | ours ms | transformers ms | ratio |")
-    print(f"|{'-' * 40}|---------|-----------------|-------|")
     with torch.inference_mode():
-        for tokens in args.tokens:
-            for label, ours, theirs in cases(tokens):
-                ours_ms, theirs_ms = interleaved_medians(ours, theirs, args.rounds)
-                print(
-                    f"| {label:<38} | {ours_ms:7.1f} | {theirs_ms:15.1f} | "
-                    f"{ours_ms / theirs_ms:5.2f} |"
-                )
+        rows = [row for tokens in args.tokens for row in case_rows(tokens, args.rounds)]
+    show_table(HEADER, rows, args.json, sys.argv[0], argv)
 
 
 if __name__ == "__main__":
