@@ -18,10 +18,11 @@ the mean of its instances' bests: one instance alone carries a placement bias of
 that no number of rounds removes (the A/A column shows what is left: with 3 instances it moved by
 up to 12% at the tiny size on a 2-core VM, with 8 by up to 3%, one row 6%). Ratios are unpatched
 / patched time (> 1 means patched is faster) and patched / sdpa memory. torch runs with a fixed
-thread count (`--threads`, default 1). The defaults are a quick look; the README's figures use
-`--sizes tiny --repeats 40 --instances 8` and `--sizes small --repeats 20 --instances 4`.
+thread count (`--threads`, default 1). The defaults are a quick look; docs/benchmarks.md's
+records use `--sizes tiny --repeats 40 --instances 8` and `--sizes small --repeats 20
+--instances 4`.
 Run: python scripts/bench_patch.py [--sizes tiny small] [--families qwen2_vl llava_clip]
-[--repeats 20] [--instances 2]
+[--repeats 20] [--instances 2] [--json OUT]
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from _bench_record import show_table
+from _bench_timing import interleaved_ms
 
 import ascend_vlm
 from ascend_vlm.evaluation.memory import peak_tensor_bytes
@@ -46,24 +48,6 @@ IMPLEMENTATIONS = ("eager", "sdpa", "sdpa_again", "patched")
 REPEAT_SCALE = {"tiny": 1.0, "small": 0.5}
 
 
-def _interleaved_best(
-    functions: dict[tuple[str, int], Callable[[], object]], rounds: int
-) -> dict[tuple[str, int], float]:
-    """Best seconds per function over `rounds` rounds; each round calls every function once,
-    in an order rotated by one per round, after one warm-up call each."""
-    for function in functions.values():
-        function()
-    names = list(functions)
-    samples: dict[tuple[str, int], list[float]] = {name: [] for name in names}
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            functions[name]()
-            samples[name].append(time.perf_counter() - start)
-    return {name: min(values) for name, values in samples.items()}
-
-
 def _generate_rounds(forward_rounds: int) -> int:
     """Generate rounds for `forward_rounds` forward rounds: a generate costs ~new_tokens
     forwards, but fewer than 8 rounds left the small-size A/A generate column at 0.93-1.04x."""
@@ -71,7 +55,7 @@ def _generate_rounds(forward_rounds: int) -> int:
 
 
 def _mean_over_instances(best: dict[tuple[str, int], float]) -> dict[str, float]:
-    """{(implementation, instance): seconds} -> {implementation: mean seconds}."""
+    """{(implementation, instance): ms} -> {implementation: mean ms}."""
     return {
         implementation: statistics.mean(
             t for (name, _), t in best.items() if name == implementation
@@ -83,7 +67,9 @@ def _mean_over_instances(best: dict[tuple[str, int], float]) -> dict[str, float]
 def bench_family(
     name: str, size: str, rounds: int, new_tokens: int, instances: int
 ) -> dict[str, dict]:
-    """{implementation: {"forward": s, "generate": s, "peak": bytes}} for one family and size."""
+    """{implementation: {"forward": ms, "generate": ms, "peak": bytes}} for one family and size;
+    a time is the best of the interleaved rounds (after a warm-up call each), averaged over the
+    instances."""
     models = {}
     for instance in range(instances):
         # Build order rotates per instance: where a model is built in the process moves its
@@ -100,8 +86,9 @@ def bench_family(
     forwards = {k: (lambda m=m: m(**inputs)) for k, m in models.items()}
     generates = {k: (lambda m=m: m.generate(**inputs, **settings)) for k, m in models.items()}
     with torch.no_grad():
-        forward = _mean_over_instances(_interleaved_best(forwards, rounds))
-        generate = _mean_over_instances(_interleaved_best(generates, _generate_rounds(rounds)))
+        forward = _mean_over_instances(interleaved_ms(forwards, rounds, summary=min))
+        generate_rounds = _generate_rounds(rounds)
+        generate = _mean_over_instances(interleaved_ms(generates, generate_rounds, summary=min))
         return {
             k: {
                 "forward": forward[k],
@@ -110,6 +97,31 @@ def bench_family(
             }
             for k in IMPLEMENTATIONS
         }
+
+
+HEADER = [
+    "size", "family", "fwd ms", "fwd x eager", "fwd x sdpa", "gen ms", "gen x eager",
+    "gen x sdpa", "peak KiB", "mem/sdpa", "A/A", "A/A gen",
+]  # fmt: skip
+
+
+def family_row(size: str, name: str, times: dict[str, dict]) -> list[str]:
+    """Cells under :data:`HEADER` of one :func:`bench_family` result."""
+    patched, eager, sdpa, again = (times[k] for k in ("patched", "eager", "sdpa", "sdpa_again"))
+    return [
+        size,
+        name,
+        f"{patched['forward']:.2f}",
+        f"{eager['forward'] / patched['forward']:.2f}",
+        f"{sdpa['forward'] / patched['forward']:.2f}",
+        f"{patched['generate']:.1f}",
+        f"{eager['generate'] / patched['generate']:.2f}",
+        f"{sdpa['generate'] / patched['generate']:.2f}",
+        f"{patched['peak'] / 1024:.1f}",
+        f"{patched['peak'] / max(sdpa['peak'], 1):.2f}",
+        f"{sdpa['forward'] / again['forward']:.2f}",
+        f"{sdpa['generate'] / again['generate']:.2f}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,53 +134,39 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     if args.instances < 1:
         parser.error(f"--instances: expected an int >= 1, got {args.instances}")
     torch.set_num_threads(args.threads)
-    print(
-        "command: python scripts/bench_patch.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    print("command: python scripts/bench_patch.py " + " ".join(argv))
     print(
         f"backend={active_backend()} torch={torch.__version__} threads={torch.get_num_threads()} "
         f"repeats={args.repeats} instances={args.instances} new_tokens={args.new_tokens}"
     )
-    header = (
-        f"{'family':16} {'fwd ms':>8} {'fwd x eager':>11} {'fwd x sdpa':>10} "
-        f"{'gen ms':>8} {'gen x eager':>11} {'gen x sdpa':>10} {'peak KiB':>9} {'mem/sdpa':>8} "
-        f"{'A/A fwd':>7} {'A/A gen':>7}"
-    )
+    rows = []
     for size in args.sizes:
         rounds = max(3, round(args.repeats * REPEAT_SCALE[size]))
         print(
-            f"\nsize={size} ({SIZES[size]}), forward rounds={rounds}, "
-            f"generate rounds={_generate_rounds(rounds)}\n"
+            f"size={size} ({SIZES[size]}), forward rounds={rounds}, "
+            f"generate rounds={_generate_rounds(rounds)}",
+            flush=True,
         )
-        print(header)
-        print("-" * len(header))
         for name in args.families:
-            r = bench_family(name, size, rounds, args.new_tokens, args.instances)
-            patched, eager, sdpa, again = r["patched"], r["eager"], r["sdpa"], r["sdpa_again"]
-            print(
-                f"{name:16} {patched['forward'] * 1e3:8.2f} "
-                f"{eager['forward'] / patched['forward']:11.2f} "
-                f"{sdpa['forward'] / patched['forward']:10.2f} "
-                f"{patched['generate'] * 1e3:8.1f} "
-                f"{eager['generate'] / patched['generate']:11.2f} "
-                f"{sdpa['generate'] / patched['generate']:10.2f} "
-                f"{patched['peak'] / 1024:9.1f} {patched['peak'] / max(sdpa['peak'], 1):8.2f} "
-                f"{sdpa['forward'] / again['forward']:7.2f} "
-                f"{sdpa['generate'] / again['generate']:7.2f}",
-                flush=True,
-            )
+            print(f"[bench_patch] {size} {name}", flush=True)
+            times = bench_family(name, size, rounds, args.new_tokens, args.instances)
+            rows.append(family_row(size, name, times))
+    print()
+    show_table(HEADER, rows, args.json, sys.argv[0], argv)
     print(
-        "\nfwd/gen ms: best of the interleaved rounds, mean over instances; x eager / x sdpa: unpatched time / patched "
-        "time (>= 1 means patched is as fast or faster)"
+        "\nfwd/gen ms: best of the interleaved rounds, mean over instances; x eager / x sdpa: "
+        "unpatched time / patched time (>= 1 means patched is as fast or faster)"
     )
     print("mem/sdpa: patched peak / sdpa peak (torch.profiler CPU allocation events, one forward)")
     print(
-        "A/A fwd / A/A gen: sdpa time / time of an identical second sdpa model: how far ratios "
-        "move with no code difference at all"
+        "A/A, A/A gen: sdpa time / time of an identical second sdpa model (forward, generate): "
+        "how far ratios move with no code difference at all"
     )
     return 0
 
