@@ -3,6 +3,7 @@ needed here; the script is run by hand where it is installed)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -34,3 +35,30 @@ def test_missing_valgrind_is_a_usage_error_naming_it(bench, monkeypatch, capsys)
     with pytest.raises(SystemExit):
         bench.main(["--families", "qwen2_vl"])
     assert "needs valgrind and callgrind_control on PATH" in capsys.readouterr().err
+
+
+def test_a_family_row_holds_each_ratio_and_the_a_a_count_furthest_from_one(
+    bench, monkeypatch, tmp_path, capsys
+) -> None:
+    counts = {
+        "sdpa": {"Ir": 1000e3, "I1 miss": 100e3, "D1 miss": 50e3, "mispredicts": 20e3},
+        "sdpa (A/A)": {"Ir": 1001e3, "I1 miss": 100e3, "D1 miss": 49.5e3, "mispredicts": 20e3},
+        "patched": {"Ir": 990e3, "I1 miss": 90e3, "D1 miss": 50e3, "mispredicts": 21e3},
+    }
+    monkeypatch.setattr(shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(bench, "count", lambda family, size, name, forwards: counts[name])
+    out = tmp_path / "patch_instructions.json"
+    assert bench.main(["--families", "qwen2_vl", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["header"] == ["family", "Ir", "I1 miss", "D1 miss", "mispredicts", "A/A"]
+    assert record["rows"] == [
+        [
+            "qwen2_vl",
+            "1000k -> 990k (0.99)",
+            "100k -> 90k (0.90)",
+            "50k -> 50k (1.00)",
+            "20k -> 21k (1.05)",
+            "0.990",
+        ]
+    ]
+    assert "| qwen2_vl | 1000k -> 990k (0.99) |" in capsys.readouterr().out
