@@ -5,11 +5,9 @@ Speed and memory: a Qwen2-VL model of realistic depth (``--layers``, default 28 
 2B/7B) and a width small enough for a CPU (hidden 256, 4 heads of 64, 2 KV heads, MLP 704;
 a 2-layer vision tower), random weights saved and loaded with ``from_pretrained``, one prompt
 of 256, 1024 or 4096 visual tokens (one, one and four images) plus 32 text tokens. For each
-size the unpruned model (twice, an A/A pair: ratios divide by the faster twin, and the slower
-twin's ratio is the noise floor) and
-FastV at every ``--keeps`` ratio (from layer 2), SnapKV (compression 0.5) and both (FastV
-keep=0.5 + SnapKV 0.5) prefill
-in interleaved rounds with a rotating order; each reports its best round:
+size the unpruned model (twice, an A/A pair), FastV at every ``--keeps`` ratio (from layer 2),
+SnapKV (compression 0.5) and both (FastV keep=0.5 + SnapKV 0.5) prefill once each to warm up,
+then in ``--repeats`` interleaved rounds with a rotating order; each reports its median round:
 
 * LM prefill: wall time from the first decoder layer's input to the final norm's output;
 * prefill: the whole forward that fills the cache (vision tower included), ``logits_to_keep=1``;
@@ -17,14 +15,19 @@ in interleaved rounds with a rotating order; each reports its best round:
   separate untimed run);
 * KV: bytes of keys and values in the cache after prefill.
 
-Ratios are unpruned / pruned time (> 1: pruning is faster) and pruned / unpruned KV bytes.
+Ratios are unpruned / pruned time (> 1: pruning is faster) and pruned / unpruned KV bytes; the
+A/A column (the same for every row of a prompt size) is the unpruned prefill time over its
+twin's, the noise floor of that size's speed-ups.
 
 Accuracy (``--accuracy``, default on): the reference checkpoint
 (``python -m ascend_vlm reference-model``, built on first use; 2 language layers, so pruning
 starts at layer 1, 64 visual tokens per image) answers ShapesVQA's held-out split (``--limit``
 samples) unpruned, then with every method at every keep ratio below 1; each row gives the
-accuracy (patched, as ``python -m ascend_vlm eval`` runs it), its difference to unpruned with a 95% paired interval (Newcombe) and McNemar's exact p
-on the same samples.
+accuracy (patched, as ``python -m ascend_vlm eval`` runs it), its difference to unpruned with
+a 95% paired interval (Newcombe) and McNemar's exact p on the same samples.
+
+One table holds both: speed rows leave the accuracy columns blank and accuracy rows (visual
+tokens "reference") the speed columns; ``--json`` writes it as a record (scripts/_bench_record.py).
 
 Run: python scripts/bench_pruning.py [--visual-tokens 256 1024 4096] [--keeps 1.0 0.5 0.25 0.1]
 [--repeats 3] [--limit 500] [--no-accuracy] [--json OUT]
@@ -33,13 +36,15 @@ Run: python scripts/bench_pruning.py [--visual-tokens 256 1024 4096] [--keeps 1.
 from __future__ import annotations
 
 import argparse
-import json
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from _bench_record import show_table
+from _bench_timing import interleaved_rounds
 
 import ascend_vlm
 from ascend_vlm import pruning
@@ -182,83 +187,79 @@ def _peak(model, inputs) -> int:
         return peak_tensor_bytes(lambda: model(**inputs, use_cache=True, logits_to_keep=1))
 
 
-def bench_speed(model, visual_tokens: int, keeps: list[float], repeats: int) -> list[dict]:
-    """Rows of one prompt size (see the module docstring), best of ``repeats`` rounds."""
+HEADER = [
+    "visual tokens", "setting", "LM prefill s", "LM speed-up", "prefill s", "speed-up", "KV MiB",
+    "KV ratio", "peak MiB", "peak ratio", "A/A", "accuracy", "vs unpruned, 95% paired CI",
+    "McNemar p",
+]  # fmt: skip
+_ACCURACY_COLUMNS = 3
+
+
+def _setting_label(kind: str, value: float | None) -> str:
+    if kind == "fastv":
+        return f"FastV keep={value:g}"
+    if kind == "snapkv":
+        return f"SnapKV ratio={value:g}"
+    if kind == "fastv+snapkv":
+        return f"FastV keep={value:g} + SnapKV 0.5"
+    return kind
+
+
+def bench_speed(model, visual_tokens: int, keeps: list[float], repeats: int) -> list[list[str]]:
+    """Rows under :data:`HEADER` of one prompt size (see the module docstring), medians of
+    ``repeats`` interleaved rounds after a warm-up."""
     inputs = prompt_inputs(model, visual_tokens)
     settings = [("unpruned", None), ("unpruned (A/A)", None)]
     settings += [("fastv", keep) for keep in keeps if keep < 1.0]
     settings += [("snapkv", 0.5), ("fastv+snapkv", 0.5)]
-    samples: dict[tuple, list] = {setting: [] for setting in settings}
-    for setting in settings:  # warm-up
+
+    def prefill(setting: tuple) -> tuple[float, float, int]:
         _configure(model, setting)
-        _prefill(model, inputs)
-    for round_index in range(repeats):
-        shift = round_index % len(settings)
-        for setting in settings[shift:] + settings[:shift]:
-            _configure(model, setting)
-            samples[setting].append(_prefill(model, inputs))
-    best = {}
-    for setting, runs in samples.items():
+        return _prefill(model, inputs)
+
+    calls = {setting: (lambda s=setting: prefill(s)) for setting in settings}
+    runs = interleaved_rounds(calls, repeats)
+    measured = {}
+    for setting in settings:
         _configure(model, setting)
-        best[setting] = (
-            min(run[0] for run in runs),
-            min(run[1] for run in runs),
-            runs[0][2],
+        measured[setting] = (
+            statistics.median(run[0] for run in runs[setting]),
+            statistics.median(run[1] for run in runs[setting]),
+            runs[setting][0][2],
             _peak(model, inputs),
         )
     pruning.disable_token_pruning(model)
-    # The baseline is the faster of the two unpruned twins, so whichever of them ran colder
-    # cannot inflate the speed-ups; the other twin's ratio is the noise floor.
-    base = min(best[settings[0]], best[settings[1]])
+    base, twin = measured[settings[0]], measured[settings[1]]
     rows = []
     for setting in settings:
-        seconds, lm_seconds, kv, peak = best[setting]
+        seconds, lm_seconds, kv, peak = measured[setting]
         rows.append(
-            {
-                "visual_tokens": visual_tokens,
-                "setting": setting[0],
-                "value": setting[1],
-                "prefill_s": seconds,
-                "lm_prefill_s": lm_seconds,
-                "prefill_speedup": base[0] / seconds,
-                "lm_prefill_speedup": base[1] / lm_seconds,
-                "kv_bytes": kv,
-                "kv_ratio": kv / base[2],
-                "peak_bytes": peak,
-                "peak_ratio": peak / base[3],
-            }
+            [
+                str(visual_tokens),
+                _setting_label(*setting),
+                f"{lm_seconds:.3f}",
+                f"{base[1] / lm_seconds:.2f}x",
+                f"{seconds:.3f}",
+                f"{base[0] / seconds:.2f}x",
+                f"{kv / 2**20:.1f}",
+                f"{kv / base[2]:.3f}",
+                f"{peak / 2**20:.0f}",
+                f"{peak / base[3]:.2f}",
+                f"{base[0] / twin[0]:.2f}",
+                *[""] * _ACCURACY_COLUMNS,
+            ]
         )
     return rows
-
-
-def _speed_table(rows: list[dict]) -> str:
-    lines = [
-        "| visual tokens | setting | LM prefill s | LM speed-up | prefill s | speed-up | KV MiB "
-        "| KV ratio | peak MiB | peak ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        setting = row["setting"]
-        if setting == "fastv":
-            setting = f"FastV keep={row['value']:g}"
-        elif setting == "snapkv":
-            setting = f"SnapKV ratio={row['value']:g}"
-        elif setting == "fastv+snapkv":
-            setting = f"FastV keep={row['value']:g} + SnapKV 0.5"
-        lines.append(
-            f"| {row['visual_tokens']} | {setting} | {row['lm_prefill_s']:.3f} "
-            f"| {row['lm_prefill_speedup']:.2f}x | {row['prefill_s']:.3f} "
-            f"| {row['prefill_speedup']:.2f}x | {row['kv_bytes'] / 2**20:.1f} "
-            f"| {row['kv_ratio']:.3f} | {row['peak_bytes'] / 2**20:.0f} | {row['peak_ratio']:.2f} |"
-        )
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- accuracy
 
 
-def bench_accuracy(keeps: list[float], methods: list[str], limit: int, batch_size: int) -> list:
-    """Held-out accuracy of the reference checkpoint unpruned and per (method, keep)."""
+def bench_accuracy(
+    keeps: list[float], methods: list[str], limit: int, batch_size: int
+) -> list[list[str]]:
+    """Rows under :data:`HEADER` of the reference checkpoint's held-out accuracy, unpruned and
+    per (method, keep); the speed columns are blank."""
     from ascend_vlm.evaluation.checkpoints import load_model_and_processor
     from ascend_vlm.evaluation.datasets import shapes_vqa
     from ascend_vlm.evaluation.metrics import normalised_match
@@ -282,7 +283,7 @@ def bench_accuracy(keeps: list[float], methods: list[str], limit: int, batch_siz
         return [normalised_match(p.prediction, p.answer) for p in result.predictions]
 
     baseline = correct("unpruned")
-    rows = [{"method": "unpruned", "keep": 1.0, "accuracy": sum(baseline) / len(baseline)}]
+    results = [("unpruned", {"accuracy": sum(baseline) / len(baseline)})]
     for keep in keeps:
         if keep >= 1.0:
             continue
@@ -291,26 +292,15 @@ def bench_accuracy(keeps: list[float], methods: list[str], limit: int, batch_siz
             answers = correct(f"{method} keep={keep:g}")
             pruning.disable_token_pruning(model)
             paired = paired_accuracies(baseline, answers)
-            rows.append(
-                {
-                    "method": method,
-                    "keep": keep,
-                    "accuracy": paired["second_accuracy"],
-                    "difference": paired["difference"],
-                    "interval": tuple(paired["ci95"]),
-                    "mcnemar_p": paired["mcnemar_p"],
-                }
-            )
-    return rows
-
-
-def _accuracy_table(rows: list, samples: int) -> str:
-    lines = [
-        f"| method | keep | accuracy ({samples} samples) | vs unpruned, 95% paired CI | McNemar p |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [f"| {row['method']} | {row['keep']:g} | {accuracy_cells(row)} |" for row in rows]
-    return "\n".join(lines)
+            row = {
+                "accuracy": paired["second_accuracy"],
+                "difference": paired["difference"],
+                "interval": tuple(paired["ci95"]),
+                "mcnemar_p": paired["mcnemar_p"],
+            }
+            results.append((f"{method} keep={keep:g}", row))
+    blank = [""] * (len(HEADER) - 2 - _ACCURACY_COLUMNS)
+    return [["reference", label, *blank, *accuracy_cells(row)] for label, row in results]
 
 
 def _valid_prompt_size(tokens: int) -> bool:
@@ -331,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=["fastv", "divprune", "random", "uniform"])
     parser.add_argument("--limit", type=int, default=500, help="held-out samples")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--json", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     for flag in ("layers", "repeats", "threads", "limit", "batch_size"):
         if getattr(args, flag) < 1:
@@ -345,27 +335,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.layers <= FASTV_LAYER:
         parser.error(f"--layers: expected > {FASTV_LAYER} (FastV prunes from there)")
     torch.set_num_threads(args.threads)
-    report: dict = {"layers": args.layers, "layer": FASTV_LAYER, "threads": args.threads}
+    rows = []
     with tempfile.TemporaryDirectory() as folder:
         print(f"[bench_pruning] building the {args.layers}-layer model", flush=True)
         model = load_bench_model(args.layers, Path(folder))
-        speed = []
         for tokens in args.visual_tokens:
             print(f"[bench_pruning] {tokens} visual tokens", flush=True)
-            speed += bench_speed(model, tokens, args.keeps, args.repeats)
-    report["speed"] = speed
+            rows += bench_speed(model, tokens, args.keeps, args.repeats)
+    if args.accuracy:
+        rows += bench_accuracy(args.keeps, args.methods, args.limit, args.batch_size)
     print(
         f"\nPrefill, {args.layers} language layers (hidden 256), FastV at layer {FASTV_LAYER}, "
-        f"best of {args.repeats}, {args.threads} threads:\n"
+        f"median of {args.repeats} interleaved rounds, {args.threads} threads"
+        + (
+            f"; held-out accuracy of the reference checkpoint ({args.limit} samples, pruning "
+            "from layer 1 of 2)"
+            if args.accuracy
+            else ""
+        )
+        + ":\n"
     )
-    print(_speed_table(speed))
-    if args.accuracy:
-        accuracy = bench_accuracy(args.keeps, args.methods, args.limit, args.batch_size)
-        report["accuracy"] = accuracy
-        print("\nHeld-out accuracy (reference checkpoint, pruning from layer 1 of 2):\n")
-        print(_accuracy_table(accuracy, args.limit))
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2))
+    show_table(HEADER, rows, args.json, sys.argv[0], list(sys.argv[1:] if argv is None else argv))
     return 0
 
 

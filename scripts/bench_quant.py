@@ -10,9 +10,10 @@ weights, past the CPU caches), random weights saved and loaded with ``from_pretr
 * decode: tokens per second of greedy ``generate`` (one 224x224 image and 16 text tokens,
   ``--new-tokens`` tokens, the time from the first to the last decode step) of the
   unquantized model, W8 per channel and W4 g128, each with fp32 and with bf16 weights and
-  activations (fp32 unquantized twice: the second run is the A/A control giving the noise
-  floor), in interleaved rounds with a rotating order, best round each. The ratio is
-  quantized / unquantized tokens per second in the same dtype (> 1: faster). CPU kernels are
+  activations (fp32 unquantized twice: the second run is the A/A control, and its ratio to the
+  first, the A/A column, is the noise floor), a warm-up generation each, then ``--repeats``
+  interleaved rounds with a rotating order, median round each. The ratio is quantized /
+  unquantized tokens per second in the same dtype (> 1: faster). CPU kernels are
   what torch offers (``torch._weight_int8pack_mm`` for bf16 W8, dequantize-and-matmul
   otherwise): a CPU number says nothing about the NPU's ``npu_weight_quant_batchmatmul``.
 
@@ -23,6 +24,9 @@ records), each patched as ``python -m ascend_vlm eval`` runs it; each row gives 
 its difference to fp32 with a 95% paired interval (Newcombe) and McNemar's exact p on the
 same samples.
 
+One table holds all three (a "section" column names which; cells a section does not use are
+blank); ``--json`` writes it as a record (scripts/_bench_record.py).
+
 Run: python scripts/bench_quant.py [--layers 20] [--new-tokens 32] [--repeats 3]
 [--limit 500] [--no-accuracy] [--json OUT]
 """
@@ -31,13 +35,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from _bench_record import show_table
+from _bench_timing import interleaved_rounds
 
 import ascend_vlm
 from ascend_vlm.evaluation.report import accuracy_cells
@@ -88,28 +94,39 @@ def decode_tokens_per_second(model, inputs: dict, new_tokens: int) -> float:
     return (len(clock.stamps) - 1) / (clock.stamps[-1] - clock.stamps[0])
 
 
-def bench_bytes(model) -> list[dict]:
-    """Weight bytes of each scheme's quantized layers against fp16, for a bf16 copy."""
+HEADER = [
+    "section", "setting", "value", "baseline", "ratio", "A/A", "vs fp32, 95% paired CI",
+    "McNemar p",
+]  # fmt: skip
+
+
+def bench_bytes(model) -> list[list[str]]:
+    """Rows under :data:`HEADER`: each scheme's quantized layers' MB against fp16, for a bf16
+    copy."""
     rows = []
     for name, scheme in SCHEMES.items():
         copied = copy.deepcopy(model).to(torch.bfloat16)
         report = quantize(copied, scheme, progress=False)
         rows.append(
-            {
-                "scheme": name,
-                "layers": len(report.modules),
-                "fp16_bytes": report.fp16_bytes,
-                "quantized_bytes": report.quantized_bytes,
-                "ratio": report.ratio_to_fp16,
-            }
+            [
+                "weight MB",
+                f"{name}, {len(report.modules)} layers",
+                f"{report.quantized_bytes / 1e6:.1f}",
+                f"{report.fp16_bytes / 1e6:.1f}",
+                f"{report.ratio_to_fp16:.3f}",
+                "",
+                "",
+                "",
+            ]
         )
         del copied
     return rows
 
 
-def bench_decode(model, new_tokens: int, repeats: int) -> list[dict]:
-    """Best-of-``repeats`` decode tokens/s of the unquantized model and each scheme, with fp32
-    and with bf16 weights and activations (fp32 twice: the A/A control)."""
+def bench_decode(model, new_tokens: int, repeats: int) -> list[list[str]]:
+    """Rows under :data:`HEADER`: median decode tokens/s over ``repeats`` interleaved rounds of
+    the unquantized model and each scheme, with fp32 and with bf16 weights and activations
+    (fp32 twice: the A/A control), against the unquantized model in the same dtype."""
     from ascend_vlm.models import tiny
 
     inputs = tiny.make_inputs("qwen2_vl", model, n_images=1, text_len=16)
@@ -123,28 +140,37 @@ def bench_decode(model, new_tokens: int, repeats: int) -> list[dict]:
             quantized = copy.deepcopy(base)
             quantize(quantized, scheme, progress=False)
             variants[f"{dtype_name} {name}"] = (quantized, dtype)
-    names = list(variants)
-    best = dict.fromkeys(names, 0.0)
-    for round_index in range(repeats + 1):  # round 0 warms up
-        order = names[round_index % len(names) :] + names[: round_index % len(names)]
-        for name in order:
-            variant, dtype = variants[name]
-            cast = {**inputs, "pixel_values": inputs["pixel_values"].to(dtype)}
-            speed = decode_tokens_per_second(variant, cast, new_tokens)
-            if round_index:
-                best[name] = max(best[name], speed)
-    return [
-        {
-            "variant": name,
-            "tokens_per_s": best[name],
-            "ratio": best[name] / best[name.split(" ")[0]],
-        }
-        for name in names
-    ]
+
+    def decode(variant, dtype: torch.dtype) -> float:
+        cast = {**inputs, "pixel_values": inputs["pixel_values"].to(dtype)}
+        return decode_tokens_per_second(variant, cast, new_tokens)
+
+    calls = {name: (lambda pair=pair: decode(*pair)) for name, pair in variants.items()}
+    speed = {
+        name: statistics.median(runs) for name, runs in interleaved_rounds(calls, repeats).items()
+    }
+    noise = speed["fp32 (A/A)"] / speed["fp32"]
+    rows = []
+    for name, tokens_per_s in speed.items():
+        baseline = speed[name.split(" ")[0]]
+        rows.append(
+            [
+                "decode tokens/s",
+                name,
+                f"{tokens_per_s:.1f}",
+                f"{baseline:.1f}",
+                f"{tokens_per_s / baseline:.2f}",
+                f"{noise:.2f}",
+                "",
+                "",
+            ]
+        )
+    return rows
 
 
-def bench_accuracy(limit: int, batch_size: int) -> list[dict]:
-    """Held-out accuracy of the reference checkpoint in fp32 and per quantization."""
+def bench_accuracy(limit: int, batch_size: int) -> list[list[str]]:
+    """Rows under :data:`HEADER`: held-out accuracy of the reference checkpoint in fp32 and per
+    quantization."""
     from ascend_vlm.evaluation.checkpoints import load_model_and_processor
     from ascend_vlm.evaluation.datasets import shapes_vqa
     from ascend_vlm.evaluation.metrics import normalised_match
@@ -170,7 +196,8 @@ def bench_accuracy(limit: int, batch_size: int) -> list[dict]:
         return [normalised_match(p.prediction, p.answer) for p in result.predictions]
 
     baseline = correct("fp32")
-    rows = [{"scheme": "fp32", "accuracy": sum(baseline) / len(baseline)}]
+    base_row = {"accuracy": sum(baseline) / len(baseline)}
+    results = [("fp32", base_row)]
     settings = {
         "w8 rtn": SCHEMES["w8"],
         "w4g128 rtn": SCHEMES["w4g128"],
@@ -178,42 +205,21 @@ def bench_accuracy(limit: int, batch_size: int) -> list[dict]:
     }
     for label, scheme in settings.items():
         paired = paired_accuracies(baseline, correct(label, scheme))
+        row = {
+            "accuracy": paired["second_accuracy"],
+            "difference": paired["difference"],
+            "interval": tuple(paired["ci95"]),
+            "mcnemar_p": paired["mcnemar_p"],
+        }
+        results.append((label, row))
+    section = f"accuracy, {limit} samples"
+    rows = []
+    for label, row in results:
+        accuracy, interval, p_value = accuracy_cells(row)
         rows.append(
-            {
-                "scheme": label,
-                "accuracy": paired["second_accuracy"],
-                "difference": paired["difference"],
-                "interval": tuple(paired["ci95"]),
-                "mcnemar_p": paired["mcnemar_p"],
-            }
+            [section, label, accuracy, f"{base_row['accuracy']:.3f}", "", "", interval, p_value]
         )
     return rows
-
-
-def _bytes_table(rows: list[dict]) -> str:
-    lines = ["| scheme | layers | fp16 MB | quantized MB | ratio |", "|---|---|---|---|---|"]
-    for row in rows:
-        lines.append(
-            f"| {row['scheme']} | {row['layers']} | {row['fp16_bytes'] / 1e6:.1f} "
-            f"| {row['quantized_bytes'] / 1e6:.1f} | {row['ratio']:.3f}x |"
-        )
-    return "\n".join(lines)
-
-
-def _decode_table(rows: list[dict]) -> str:
-    lines = ["| variant | decode tokens/s | vs unquantized, same dtype |", "|---|---|---|"]
-    for row in rows:
-        lines.append(f"| {row['variant']} | {row['tokens_per_s']:.1f} | {row['ratio']:.2f}x |")
-    return "\n".join(lines)
-
-
-def _accuracy_table(rows: list[dict], samples: int) -> str:
-    lines = [
-        f"| scheme | accuracy ({samples} samples) | vs fp32, 95% paired CI | McNemar p |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| {row['scheme']} | {accuracy_cells(row)} |" for row in rows]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accuracy", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--limit", type=int, default=500, help="held-out samples")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--json", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     for flag in ("layers", "repeats", "threads", "limit", "batch_size"):
         if getattr(args, flag) < 1:
@@ -233,26 +239,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_tokens < 2:
         parser.error("--new-tokens: expected an int >= 2 (decode speed needs two steps)")
     torch.set_num_threads(args.threads)
-    report: dict = {"layers": args.layers, "threads": args.threads}
     with tempfile.TemporaryDirectory() as folder:
         print(f"[bench_quant] building the {args.layers}-layer model", flush=True)
         model = load_bench_model(args.layers, Path(folder))
-        report["bytes"] = bench_bytes(model)
+        rows = bench_bytes(model)
         print("[bench_quant] decode", flush=True)
-        report["decode"] = bench_decode(model, args.new_tokens, args.repeats)
-    print(f"\nWeight bytes of the quantized layers ({args.layers} language layers, bf16 model):\n")
-    print(_bytes_table(report["bytes"]))
-    print(
-        f"\nGreedy decode, {args.new_tokens} tokens, best of {args.repeats}, "
-        f"{args.threads} threads:\n"
-    )
-    print(_decode_table(report["decode"]))
+        rows += bench_decode(model, args.new_tokens, args.repeats)
     if args.accuracy:
-        report["accuracy"] = bench_accuracy(args.limit, args.batch_size)
-        print("\nHeld-out accuracy (reference checkpoint):\n")
-        print(_accuracy_table(report["accuracy"], args.limit))
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2))
+        rows += bench_accuracy(args.limit, args.batch_size)
+    print(
+        f"\nWeight MB of the quantized layers ({args.layers} language layers, bf16 model) against "
+        f"fp16; greedy decode of {args.new_tokens} tokens, median of {args.repeats} interleaved "
+        f"rounds, {args.threads} threads"
+        + ("; held-out accuracy of the reference checkpoint" if args.accuracy else "")
+        + ":\n"
+    )
+    show_table(HEADER, rows, args.json, sys.argv[0], list(sys.argv[1:] if argv is None else argv))
     return 0
 
 

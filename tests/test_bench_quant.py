@@ -17,21 +17,27 @@ def test_bytes_and_decode_rows_are_measured(bench, tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
     argv = ["--layers", "1", "--new-tokens", "3", "--repeats", "1", "--threads", "1"]
     assert bench.main([*argv, "--no-accuracy", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    sizes = {row["scheme"]: row for row in report["bytes"]}
+    record = json.loads(out.read_text())
+    assert record["header"] == bench.HEADER
+    rows = {(row[0], row[1]): dict(zip(bench.HEADER, row, strict=True)) for row in record["rows"]}
     # 7 language linears per layer; int8 plus a 2-byte scale per output channel, int4 plus a
     # 2-byte scale and offset per 128 weights
-    assert sizes["w8"]["layers"] == sizes["w4g128"]["layers"] == 7
-    assert 0.5 < sizes["w8"]["ratio"] <= 0.52
-    assert 0.25 < sizes["w4g128"]["ratio"] <= 0.28
-    rows = {row["variant"]: row for row in report["decode"]}
-    assert set(rows) == {
+    sizes = {setting: row for (section, setting), row in rows.items() if section == "weight MB"}
+    assert set(sizes) == {"w8, 7 layers", "w4g128, 7 layers"}
+    assert 0.5 < float(sizes["w8, 7 layers"]["ratio"]) <= 0.52
+    assert 0.25 < float(sizes["w4g128, 7 layers"]["ratio"]) <= 0.28
+    decode = {
+        setting: row for (section, setting), row in rows.items() if section.startswith("decode")
+    }
+    assert set(decode) == {
         "fp32", "fp32 (A/A)", "fp32 w8", "fp32 w4g128", "bf16", "bf16 w8", "bf16 w4g128",
     }  # fmt: skip
-    assert rows["fp32"]["ratio"] == rows["bf16"]["ratio"] == 1.0
-    assert all(row["tokens_per_s"] > 0 for row in rows.values())
+    assert decode["fp32"]["ratio"] == decode["bf16"]["ratio"] == "1.00"
+    assert all(float(row["value"]) > 0 for row in decode.values())
+    # the A/A column of every decode row is the control's ratio to fp32
+    assert {row["A/A"] for row in decode.values()} == {decode["fp32 (A/A)"]["ratio"]}
     table = capsys.readouterr().out
-    assert "| w4g128 | 7 |" in table and "| bf16 w8 |" in table
+    assert "| weight MB | w4g128, 7 layers |" in table and "| decode tokens/s | bf16 w8 |" in table
 
 
 def test_bad_arguments_are_refused(bench, capsys) -> None:

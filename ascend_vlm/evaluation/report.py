@@ -150,19 +150,20 @@ def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
     atomic_write_text(Path(path), json.dumps(report, indent=1) + "\n")
 
 
-def accuracy_cells(row: dict[str, Any]) -> str:
-    """Three Markdown table cells of a benchmark row: its ``accuracy``, then, when it was
-    compared with a baseline (:func:`paired_accuracies`: ``difference``, ``interval``,
-    ``mcnemar_p``), ``+d pts [low, high]`` in percentage points and the p-value; blank cells
-    for the baseline itself."""
+def accuracy_cells(row: dict[str, Any]) -> list[str]:
+    """The three table cells of a benchmark row: its ``accuracy``, then, when it was compared
+    with a baseline (:func:`paired_accuracies`: ``difference``, ``interval``, ``mcnemar_p``),
+    ``+d pts [low, high]`` in percentage points and the p-value; blank cells for the baseline
+    itself."""
     accuracy = f"{row['accuracy']:.3f}"
     if "difference" not in row:
-        return f"{accuracy} | |"
+        return [accuracy, "", ""]
     low, high = row["interval"]
-    return (
-        f"{accuracy} | {100 * row['difference']:+.1f} pts [{100 * low:+.1f}, {100 * high:+.1f}]"
-        f" | {row['mcnemar_p']:.3g}"
-    )
+    return [
+        accuracy,
+        f"{100 * row['difference']:+.1f} pts [{100 * low:+.1f}, {100 * high:+.1f}]",
+        f"{row['mcnemar_p']:.3g}",
+    ]
 
 
 def _interval(low: float, high: float, signed: bool = False) -> str:
