@@ -38,6 +38,9 @@ GENERATORS = {
 }
 
 
+BENCH_BLOCK = re.compile(r"<!-- BEGIN GENERATED: (bench-\S+) -->")
+
+
 def documents() -> list[Path]:
     """README.md and every Markdown page under docs/."""
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -72,6 +75,14 @@ def main() -> int:
     unused = [name for name in GENERATORS if not any(block(name).search(t) for t in texts.values())]
     if unused:
         raise SystemExit(f"no file holds the generated block markers for {', '.join(unused)}")
+    unrecorded = sorted(
+        {name for text in texts.values() for name in BENCH_BLOCK.findall(text)} - set(GENERATORS)
+    )
+    if unrecorded:
+        files = ", ".join(
+            f"docs/benchmarks/{name.removeprefix('bench-')}.json" for name in unrecorded
+        )
+        raise SystemExit(f"no committed bench run for the generated blocks: {files} missing")
     stale = []
     for path, current in texts.items():
         fresh = render(current)
