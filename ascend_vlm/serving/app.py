@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ascend_vlm.batching import BudgetError, RequestResult
-from ascend_vlm.commands.generate_batch import budget_message
+from ascend_vlm.batching.command_line import budget_message
 from ascend_vlm.serving.conversion import (
     FINISH_REASONS,
     ResponseHeader,
