@@ -38,11 +38,11 @@ def _say(message: str) -> None:
 
 
 def _load(model_path: str | None):
-    from ascend_vlm.default_model import load_default_model
-    from ascend_vlm.evaluation.checkpoints import (
+    from ascend_vlm.commands.checkpoints import (
         checkpoint_folder,
         load_model_and_processor,
     )
+    from ascend_vlm.default_model import load_default_model
 
     if model_path is None:
         _say("loading the embedded default model (tiny Qwen2-VL, random weights) ...")

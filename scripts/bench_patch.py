@@ -37,9 +37,9 @@ from _bench_record import show_table
 from _bench_timing import interleaved_ms
 
 import ascend_vlm
-from ascend_vlm.evaluation.memory import peak_tensor_bytes
 from ascend_vlm.kernel_backend import active_backend
 from ascend_vlm.models.tiny import FAMILIES, SIZES, build_model, make_inputs
+from ascend_vlm.observability.memory import peak_tensor_bytes
 
 # "sdpa_again" is an A/A control: a second, identical unpatched sdpa model. Its ratio to "sdpa"
 # is the noise floor of the table (weight placement in memory and machine load alone).

@@ -48,8 +48,8 @@ from _bench_timing import interleaved_rounds
 
 import ascend_vlm
 from ascend_vlm import pruning
-from ascend_vlm.evaluation.memory import peak_tensor_bytes
 from ascend_vlm.evaluation.report import accuracy_cells
+from ascend_vlm.observability.memory import peak_tensor_bytes
 
 TEXT_TOKENS = 32
 TOKENS_PER_IMAGE_MAX = 1024  # larger prompts take several images (ViT attention is per image)
@@ -260,11 +260,11 @@ def bench_accuracy(
 ) -> list[list[str]]:
     """Rows under :data:`HEADER` of the reference checkpoint's held-out accuracy, unpruned and
     per (method, keep); the speed columns are blank."""
-    from ascend_vlm.evaluation.checkpoints import load_model_and_processor
-    from ascend_vlm.evaluation.datasets import shapes_vqa
-    from ascend_vlm.evaluation.metrics import normalised_match
+    from ascend_vlm.commands.checkpoints import load_model_and_processor
+    from ascend_vlm.data.answer_metrics import normalised_match
+    from ascend_vlm.data.datasets import shapes_vqa
+    from ascend_vlm.data.statistics import paired_accuracies
     from ascend_vlm.evaluation.runner import generate_answers
-    from ascend_vlm.evaluation.statistics import paired_accuracies
     from ascend_vlm.finetune.reference_model import RECIPE, reference_model_path
 
     model, processor = load_model_and_processor(reference_model_path(), "reference")

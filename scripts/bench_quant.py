@@ -171,11 +171,11 @@ def bench_decode(model, new_tokens: int, repeats: int) -> list[list[str]]:
 def bench_accuracy(limit: int, batch_size: int) -> list[list[str]]:
     """Rows under :data:`HEADER`: held-out accuracy of the reference checkpoint in fp32 and per
     quantization."""
-    from ascend_vlm.evaluation.checkpoints import load_model_and_processor
-    from ascend_vlm.evaluation.datasets import shapes_vqa
-    from ascend_vlm.evaluation.metrics import normalised_match
+    from ascend_vlm.commands.checkpoints import load_model_and_processor
+    from ascend_vlm.data.answer_metrics import normalised_match
+    from ascend_vlm.data.datasets import shapes_vqa
+    from ascend_vlm.data.statistics import paired_accuracies
     from ascend_vlm.evaluation.runner import generate_answers
-    from ascend_vlm.evaluation.statistics import paired_accuracies
     from ascend_vlm.finetune.reference_model import RECIPE, reference_model_path
     from ascend_vlm.quantization.calibration import shapes_calibration
 

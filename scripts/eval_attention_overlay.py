@@ -26,9 +26,9 @@ import torch
 from tqdm import tqdm
 
 import ascend_vlm
+from ascend_vlm.commands.checkpoints import load_model_and_processor
 from ascend_vlm.data.shapes_vqa import ShapesVQA
-from ascend_vlm.evaluation.checkpoints import load_model_and_processor
-from ascend_vlm.evaluation.statistics import wilson_interval
+from ascend_vlm.data.statistics import wilson_interval
 from ascend_vlm.finetune.reference_model import RECIPE, reference_model_path
 from ascend_vlm.observability.explain import explain
 from ascend_vlm.observability.visual_grid import cell_pixel_map

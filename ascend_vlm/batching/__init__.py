@@ -5,7 +5,9 @@ max_kv_bytes=..., max_batch_size=...)`` takes :class:`GenerationRequest`s (``sub
 them continuously batched (``run`` yields tokens and results as they come) or all at once
 (``generate_many``, results in input order). Running sequences keep their KV in blocks
 (``kv_block_size``) that joins and leaves never move, and a prefix cache (``prefix_cache``)
-lets a later request reuse the blocks of an earlier prompt it starts with.
+lets a later request reuse the blocks of an earlier prompt it starts with. The command-line
+flags of the budgets and the KV cache, shared by the commands that run a generator, are in
+:mod:`~ascend_vlm.batching.command_line`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Requests wait in arrival order. Each step (see :mod:`~ascend_vlm.batching.budgets`):
 
-1. running sequences that were cancelled leave;
+1. cancelled requests leave, running or waiting;
 2. waiting requests are admitted, first come first served, while every budget holds for the
    step (the first that does not fit waits, so none is overtaken for ever);
 3. one decode step runs for every sequence already running, batched: each sequence keeps its
@@ -171,6 +171,8 @@ class BatchGenerator:
         # Events made by a step and not yet yielded (run() may be left between two).
         self._events: deque[TokenEvent | RequestResult] = deque()
         self.step_usage: list[StepUsage] = []
+        # The request whose prefill raised out of the last failed step (run()'s docstring).
+        self.failed_request: str | None = None
         self._finished = 0
         self._output_tokens = 0
         self._run_seconds = 0.0
@@ -239,7 +241,13 @@ class BatchGenerator:
     def run(self) -> Iterator[TokenEvent | RequestResult]:
         """Step until no request waits or runs, yielding each new token (:class:`TokenEvent`)
         and each finished request (:class:`RequestResult`) as they happen. Requests submitted
-        meanwhile join."""
+        meanwhile join.
+
+        A step that raises leaves run() with its exception; a later run() goes on. When a
+        prefill raised, ``failed_request`` names its request (it waits again, first in line,
+        with the others admitted in that step) and the running sequences are intact; when the
+        decode raised, ``failed_request`` is None and the running sequences end with
+        "error"."""
         while self.pending or self._events:
             if not self._events:
                 self._check_cache_mode()
@@ -321,11 +329,15 @@ class BatchGenerator:
 
     def _step(self) -> None:
         events = self._events
+        self.failed_request = None
         cancelled = [row for row, sequence in enumerate(self._running) if sequence.cancelled]
         for row in cancelled:
             events.append(self._finish(self._running[row], "cancelled"))
         self._leave(cancelled)
-        admitted = self._admit(events)
+        # Every cancelled waiting request leaves now, not once it reaches the head of the line.
+        events.extend(self._finish(s, "cancelled") for s in self._waiting if s.cancelled)
+        self._waiting = deque(s for s in self._waiting if not s.cancelled)
+        admitted = self._admit()
         decode_tokens = len(self._running)
         if self._running:
             try:
@@ -348,6 +360,7 @@ class BatchGenerator:
             except BaseException:
                 # Not started (_prefill handed back the blocks of the one that failed): they
                 # wait again, first in line, for the next run().
+                self.failed_request = sequence.request.request_id
                 for waiting in reversed(admitted[index:]):
                     waiting.tokens, waiting.text, waiting.emitted = [], "", 0
                     waiting.cached_tokens, waiting.first_token, waiting.admitted = 0, None, None
@@ -364,7 +377,7 @@ class BatchGenerator:
         if trace_events.listening():
             trace_events.emit("batching_step", self._base, **asdict(usage))
 
-    def _admit(self, events: Any) -> list[SequenceState]:
+    def _admit(self) -> list[SequenceState]:
         """Waiting requests that fit this step's budgets, first come first served."""
         budgets = self.budgets
         admitted: list[SequenceState] = []
@@ -372,10 +385,6 @@ class BatchGenerator:
         visual = 0
         while self._waiting:
             sequence = self._waiting[0]
-            if sequence.cancelled:
-                self._waiting.popleft()
-                events.append(self._finish(sequence, "cancelled"))
-                continue
             size = sequence.size
             fits = (
                 (budgets.max_batch_size is None

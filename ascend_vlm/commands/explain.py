@@ -52,11 +52,11 @@ def add_command(commands: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run ``explain``; argparse errors (status 2) name the bad option."""
-    from ascend_vlm.data.images import load_image
-    from ascend_vlm.evaluation.checkpoints import (
+    from ascend_vlm.commands.checkpoints import (
         checkpoint_folder,
         load_model_and_processor,
     )
+    from ascend_vlm.data.images import load_image
     from ascend_vlm.observability.explain import explain, save_explanation
 
     parser = args.parser

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascend_vlm.evaluation import features  # noqa: F401  (registers the built-in options)
-from ascend_vlm.evaluation.checkpoints import REFERENCE, checkpoint_folder
-from ascend_vlm.evaluation.datasets import DEFAULT_SHAPES_SAMPLES, EvalDataset
-from ascend_vlm.evaluation.options import REGISTRY, OptionRegistry
+from ascend_vlm.commands import features  # noqa: F401  (registers the built-in options)
+from ascend_vlm.commands.checkpoints import REFERENCE, checkpoint_folder
+from ascend_vlm.commands.options import REGISTRY, OptionRegistry
+from ascend_vlm.data.datasets import DEFAULT_SHAPES_SAMPLES, EvalDataset
 
 HELP = "accuracy, latency and memory of a VLM on held-out questions"
 DESCRIPTION = f"""\
@@ -184,9 +184,9 @@ class EvalCommand:
         return configurations
 
     def _dataset(self, args: argparse.Namespace) -> EvalDataset:
+        from ascend_vlm.data import datasets
         from ascend_vlm.data.shapes_vqa import MIN_IMAGE_SIZE
         from ascend_vlm.data.vqa import BadRecordError
-        from ascend_vlm.evaluation import datasets
 
         parser = self.parser
         if args.data is None:
@@ -241,7 +241,7 @@ class EvalCommand:
     def run(self, args: argparse.Namespace) -> int:
         """Validate ``args`` (errors exit through argparse, status 2), evaluate every
         configuration, print the report and write it to ``--json``; returns 0."""
-        from ascend_vlm.evaluation.checkpoints import load_model_and_processor
+        from ascend_vlm.commands.checkpoints import load_model_and_processor
         from ascend_vlm.evaluation.report import (
             build_report,
             configuration_entry,

@@ -37,10 +37,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ascend_vlm.evaluation.memory import MEASURE
-from ascend_vlm.evaluation.metrics import METRICS, score
+from ascend_vlm.data.answer_metrics import METRICS, score
+from ascend_vlm.data.statistics import latency_summary, paired_accuracies, wilson_interval
 from ascend_vlm.evaluation.runner import RunResult
-from ascend_vlm.evaluation.statistics import latency_summary, paired_accuracies, wilson_interval
+from ascend_vlm.observability.memory import MEASURE
 
 # /2: latency from ascend_vlm.trace; "vision_encode" holds the projector and "prefill" no longer
 # holds the vision stages (in /1 it did).
@@ -145,7 +145,7 @@ def build_report(
 
 def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
     """Write ``report`` to ``path`` atomically (a temporary sibling renamed into place)."""
-    from ascend_vlm.finetune.checkpoint import atomic_write_text
+    from ascend_vlm._files import atomic_write_text
 
     atomic_write_text(Path(path), json.dumps(report, indent=1) + "\n")
 

@@ -1,4 +1,4 @@
-"""Answer every sample of an :class:`~ascend_vlm.evaluation.datasets.EvalDataset` with greedy
+"""Answer every sample of an :class:`~ascend_vlm.data.datasets.EvalDataset` with greedy
 generation, batch by batch, timing each batch's stages and the run's peak memory."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from ascend_vlm.evaluation.datasets import EvalDataset
-from ascend_vlm.evaluation.memory import PeakRSS
+from ascend_vlm.data.datasets import EvalDataset
 from ascend_vlm.evaluation.stages import (
     StageTimes,
     generate_with_stage_times,
 )
+from ascend_vlm.observability.memory import PeakRSS
 from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 from ascend_vlm.vision_input.prefetch import device_prefetcher
 from ascend_vlm.vision_input.staging import StagingPool
@@ -34,7 +34,7 @@ class Prediction:
 @dataclass(frozen=True)
 class RunResult:
     """Predictions in sample order, the :class:`StageTimes` of each batch, and the run's peak
-    memory (:class:`~ascend_vlm.evaluation.memory.PeakRSS`; None where not measurable)."""
+    memory (:class:`~ascend_vlm.observability.memory.PeakRSS`; None where not measurable)."""
 
     predictions: list[Prediction]
     stage_times: list[StageTimes]

@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from ascend_vlm._files import atomic_write_text
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
@@ -42,16 +44,6 @@ _CHECKPOINT_FOLDER = re.compile(r"checkpoint-(\d+)")
 
 def checkpoint_root(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / CHECKPOINTS
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary sibling and ``os.replace``."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with temporary.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 def rng_file(checkpoint: Path, rank: int) -> Path:

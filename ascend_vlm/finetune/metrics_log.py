@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ascend_vlm.finetune import checkpoint
+from ascend_vlm._files import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 # Trainer's log keys that the metrics file names more briefly.
@@ -32,7 +32,7 @@ class MetricsLog:
             for line in self.path.read_text(encoding="utf-8").splitlines()
             if line.strip() and json.loads(line).get("step", 0) <= step
         ]
-        checkpoint.atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
+        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
 
     def read_first(self, key: str) -> Any:
         """The value of ``key`` in the first record holding it, or None (also off rank 0)."""

@@ -246,8 +246,8 @@ def train_config(recipe: Recipe, output_dir: Path, model_path: Path, progress: b
 
 
 def _build(target: Path, recipe: Recipe, progress: bool) -> None:
+    from ascend_vlm._files import atomic_write_text
     from ascend_vlm._version import __version__
-    from ascend_vlm.finetune.checkpoint import atomic_write_text
     from ascend_vlm.finetune.config import FINAL_MODEL
     from ascend_vlm.finetune.held_out import accuracy_per_type
     from ascend_vlm.finetune.placement import init_process_placement

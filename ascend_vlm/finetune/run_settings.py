@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ascend_vlm._files import atomic_write_text
 from ascend_vlm.finetune import checkpoint
 from ascend_vlm.finetune.config import FINAL_ADAPTER, FINAL_MODEL
 from ascend_vlm.finetune.metrics_log import METRICS_FILE
@@ -79,9 +80,9 @@ def record_run_config(config: TrainConfig, placement: ProcessPlacement) -> None:
                 else:
                     target.unlink(missing_ok=True)
         requested = json.dumps(_requested(config), indent=2)
-        checkpoint.atomic_write_text(output_dir / CONFIG_FILE, requested)
+        atomic_write_text(output_dir / CONFIG_FILE, requested)
         if (run_id := torchrun_job_id()) is not None:
-            checkpoint.atomic_write_text(output_dir / RUN_MARKER, run_id)
+            atomic_write_text(output_dir / RUN_MARKER, run_id)
     placement.barrier()
 
 

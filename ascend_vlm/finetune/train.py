@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ascend_vlm._files import atomic_write_text
 from ascend_vlm.adapters.visual_vocabulary import VisualTokens
 from ascend_vlm.data.vqa import VQASample
 from ascend_vlm.finetune import checkpoint
@@ -263,7 +264,7 @@ def _finish(
             base_path=base_path,
             base_description=f"`{base_path}`.",
         )
-        checkpoint.atomic_write_text(final / "README.md", card)
+        atomic_write_text(final / "README.md", card)
         print(f"eval_accuracy: {result.eval_accuracy:.4f}", flush=True)
 
 

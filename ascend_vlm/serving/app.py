@@ -6,9 +6,10 @@ Routes: ``POST /v1/chat/completions`` (JSON, or server-sent events with ``stream
 probe takes the replica out), ``GET /metrics`` (:mod:`~ascend_vlm.serving.metrics`).
 
 Every error is OpenAI's error object (:mod:`~ascend_vlm.serving.errors`): FastAPI's 422 for a
-body that does not validate becomes 400 naming the field; an unknown ``model`` 404; a request
-over a budget of the batch 400 naming the budget's flag; a full queue 429; draining 503; a
-model failure 500. A stream that fails after it started ends with an ``{"error": ...}`` event
+body that does not validate becomes 400 naming the field as the client spelled it; an unknown
+``model`` 404; a request over a budget of the batch 400 naming the budget's flag, one the
+model cannot encode 400 naming ``messages``; a full queue 429; draining 503; any other
+failure (the model's, or the server's while taking the request) 500, logged. A stream that fails after it started ends with an ``{"error": ...}`` event
 and ``data: [DONE]``. A client that leaves (disconnects) cancels its request, which frees its
 batch row at the next step.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import uuid
@@ -30,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ascend_vlm.batching import BudgetError, RequestResult
-from ascend_vlm.commands.generate_batch import budget_message
+from ascend_vlm.batching.command_line import budget_message
 from ascend_vlm.serving.conversion import (
     FINISH_REASONS,
     ResponseHeader,
@@ -54,6 +56,7 @@ from ascend_vlm.serving.metrics import CONTENT_TYPE, ServingMetrics
 from ascend_vlm.serving.middleware import BearerAuth, BodyLimit
 from ascend_vlm.serving.protocol import ChatCompletionRequest
 
+LOG = logging.getLogger(__name__)
 CHAT_PATH = "/v1/chat/completions"
 # The status logged for a request whose client left first (nginx's convention; nobody reads it).
 CLIENT_CLOSED_REQUEST = 499
@@ -72,27 +75,40 @@ class _ClientGone(Exception):
     """The client disconnected while its request waited."""
 
 
-def _param(location: tuple) -> str | None:
-    """A pydantic error location as a dotted request field, without pydantic's union-member
-    names and repeated discriminator tags."""
+def _param(location: tuple, body: Any) -> str | None:
+    """A pydantic error location in the request ``body`` as a dotted request field, without
+    pydantic's union-member names and repeated discriminator tags. The location is followed
+    through ``body``: a key the client sent is kept as sent (``maxTokens`` too), and only an
+    item that is no key of ``body`` and reads as a type's name is pydantic's own."""
     parts: list[str] = []
+    value = body
     for item in location[1:] if location[:1] == ("body",) else location:
-        text = str(item)
-        if isinstance(item, str) and _TYPE_NAMES.search(text):
+        sent = isinstance(value, dict) and item in value
+        sent = sent or (isinstance(value, list) and isinstance(item, int) and item < len(value))
+        if sent:
+            value = value[item]
+        elif isinstance(item, str) and _TYPE_NAMES.search(item):
             continue
+        else:  # a field the client left out, or a discriminator tag
+            value = None
+        text = str(item)
         if not parts or parts[-1] != text:
             parts.append(text)
     return ".".join(parts) or None
 
 
 def _validation_error(error: RequestValidationError) -> ApiError:
+    """The 400 for a body that does not validate: it names the deepest field at fault (a
+    union's members fail at different depths; the deepest is the one the client meant) with
+    what was wrong there."""
     problems = error.errors()
     first = problems[0] if problems else {"loc": (), "msg": "invalid request body"}
     if first.get("type") == "json_invalid":
         why = first.get("ctx", {}).get("error", "not JSON")
         return ApiError(400, f"body: expected a JSON object ({why})", None, "invalid_json")
-    param = _param(tuple(first["loc"]))
-    messages = list(dict.fromkeys(problem["msg"] for problem in problems))[:3]
+    located = [(_param(tuple(problem["loc"]), error.body), problem["msg"]) for problem in problems]
+    param = max((where for where, _ in located), key=lambda where: len((where or "").split(".")))
+    messages = list(dict.fromkeys(message for where, message in located if where == param))[:3]
     return ApiError(400, f"{param or 'body'}: {'; or '.join(messages)}", param, "invalid_value")
 
 
@@ -141,14 +157,22 @@ class _Exchange:
             getter.cancel()
 
     async def admit(self, request: Request) -> Admitted:
-        """Wait for the engine to accept the request; ApiError when it refused it."""
+        """Wait for the engine to accept the request; ApiError when it refused it: 400 for the
+        request's fault (a budget, or messages the model cannot encode), else 500 (logged,
+        counted)."""
         item = await self.next(request)
         if isinstance(item, BudgetError):
             raise _budget_error(item)
-        if isinstance(item, Exception):
+        if isinstance(item, ValueError):
             raise ApiError(
                 400, f"messages: cannot be encoded ({item})", "messages", "invalid_value"
             )
+        if isinstance(item, Exception):
+            LOG.error("%s: the generator raised at submission", self.header.request_id,
+                      exc_info=item)  # fmt: skip
+            self.metrics.count("error")
+            message = f"the server failed to take the request: {type(item).__name__}: {item}"
+            raise ApiError(500, message, code="server_error")
         self.admitted = item
         self.metrics.prompt_tokens.inc(item.prompt_tokens)
         self.metrics.visual_tokens.inc(item.visual_tokens)

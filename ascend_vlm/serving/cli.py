@@ -1,11 +1,12 @@
 """``python -m ascend_vlm serve``: load a model, apply the feature options, and serve it with
 the OpenAI API (:mod:`ascend_vlm.serving.app`) until SIGTERM drains it.
 
-The feature options are ``eval``'s (:mod:`ascend_vlm.evaluation.features`: ``--quantize``,
-``--patch`` / ``--no-patch``, ``--prune`` / ``--kv``, ``--vision-cache``), applied in the same
-order, except that ``--adapter NAME=PATH`` loads every adapter side by side for requests to
-choose by ``model`` (``eval``'s ``--use-adapter`` has no meaning here). The budget flags are
-``generate-batch``'s. A user's mistake (a bad flag, a model or adapter that does not load, an
+The feature options are the command line's, as ``eval`` has them
+(:mod:`ascend_vlm.commands.features`: ``--quantize``, ``--patch`` / ``--no-patch``,
+``--prune`` / ``--kv``, ``--vision-cache``), applied in the same order, except that
+``--adapter NAME=PATH`` loads every adapter side by side for requests to choose by ``model``
+(``eval``'s ``--use-adapter`` has no meaning here). The budget flags are the batch generator's,
+as ``generate-batch`` has them (:mod:`ascend_vlm.batching.command_line`). A user's mistake (a bad flag, a model or adapter that does not load, an
 address it cannot listen on) prints one ``error:`` line and exits 2, before anything listens.
 """
 
@@ -18,15 +19,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ascend_vlm.commands.generate_batch import (
+from ascend_vlm.batching.command_line import (
     add_budget_arguments,
     add_kv_cache_arguments,
     budget_settings,
     kv_cache_settings,
 )
-from ascend_vlm.evaluation import features  # noqa: F401  (registers the feature options)
-from ascend_vlm.evaluation.adapter_option import named_path
-from ascend_vlm.evaluation.options import REGISTRY
+from ascend_vlm.commands import features  # noqa: F401  (registers the feature options)
+from ascend_vlm.commands.adapter_option import named_path
+from ascend_vlm.commands.options import REGISTRY
 from ascend_vlm.serving.limits import LIMIT_FLAGS, MIB, ServingLimits
 
 ADAPTER_OPTION = "adapter"
@@ -134,8 +135,8 @@ def _limits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Servin
 def _prepared_model(args: argparse.Namespace, path: Path) -> tuple[Any, Any, Any]:
     """``(model, processor, adapter set or None)``: the checkpoint with every feature option
     applied in the registry's order. ValueError naming the flag a model refuses."""
-    from ascend_vlm.evaluation.adapter_option import load_adapter_set
-    from ascend_vlm.evaluation.checkpoints import load_model_and_processor
+    from ascend_vlm.commands.adapter_option import load_adapter_set
+    from ascend_vlm.commands.checkpoints import load_model_and_processor
     from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
     model, processor = load_model_and_processor(path, "--model")
@@ -162,7 +163,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run ``serve`` until a signal drains it; 0 then."""
     from ascend_vlm.adapters import BASE_ADAPTER
     from ascend_vlm.batching import BatchGenerator
-    from ascend_vlm.evaluation.checkpoints import checkpoint_folder
+    from ascend_vlm.commands.checkpoints import checkpoint_folder
     from ascend_vlm.reuse import vision_cache_of
     from ascend_vlm.serving.app import build_app
     from ascend_vlm.serving.conversion import ServedModels

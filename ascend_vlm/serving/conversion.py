@@ -5,7 +5,11 @@ response objects (``chat.completion`` and ``chat.completion.chunk``).
 Settings: ``temperature`` 0 decodes greedily, anything else samples (OpenAI's default
 temperature is 1) with ``top_p`` and ``seed`` (a fresh random seed when none is given);
 ``max_completion_tokens`` (or ``max_tokens``) defaults to, and may not pass, the server's
-``--max-completion-tokens``. ``usage`` counts ``prompt_tokens`` (text and image tokens),
+``--max-completion-tokens``. An image part's ``detail`` "low" gives the model the image shrunk
+to fit :data:`LOW_DETAIL_SIDE` pixels a side (aspect kept), as OpenAI's low-resolution mode
+does, so it costs fewer image tokens; "high" and "auto" give it as sent (the processor's own
+size rules apply to every image). A message's ``name`` is accepted and not shown to the model
+(the chat templates have no place for it), as vLLM does. ``usage`` counts ``prompt_tokens`` (text and image tokens),
 ``completion_tokens`` and ``total_tokens``; ``prompt_tokens_details.image_tokens`` is the image
 tokens among the prompt's, an extra field OpenAI's clients keep.
 """
@@ -27,6 +31,8 @@ from ascend_vlm.serving.protocol import ChatCompletionRequest, ImagePart
 # The generator's finish reasons as OpenAI names them ("cancelled" and "error" never reach a
 # client as a finish reason).
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+# The longest side of an image sent with detail "low" (OpenAI's low-resolution mode: 512 x 512).
+LOW_DETAIL_SIDE = 512
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,10 @@ def _content(content: Any, where: str, limits: ServingLimits) -> Any:
     for index, part in enumerate(content):
         if isinstance(part, ImagePart):
             param = f"{where}.{index}.image_url.url"
-            parts.append({"type": "image", "image": read_image(part.image_url.url, param, limits)})
+            image = read_image(part.image_url.url, param, limits)
+            if part.image_url.detail == "low":
+                image.thumbnail((LOW_DETAIL_SIDE, LOW_DETAIL_SIDE))  # only ever shrinks
+            parts.append({"type": "image", "image": image})
         else:
             parts.append({"type": "text", "text": part.text})
     return parts

@@ -11,9 +11,16 @@ hands every event to the request's stream with ``loop.call_soon_threadsafe``, so
 queue behind a stream is only ever touched on its event loop.
 
 A stream yields, in order: :class:`Admitted` (the prompt was encoded and fits every budget) or
-the exception that refused it (``BudgetError``, ``ValueError``), then a ``str`` per new
-token (the text it adds, "" while a character or a possible stop string is held back), then the :class:`~ascend_vlm.batching.RequestResult`, or an :class:`EngineFailure`
-when a step raised (every pending request fails then: a step's state is not recoverable).
+the exception :meth:`~ascend_vlm.batching.BatchGenerator.submit` raised (``BudgetError`` and
+``ValueError`` are the request's fault, anything else the server's), then a ``str`` per new
+token (the text it adds, "" while a character or a possible stop string is held back), then
+the :class:`~ascend_vlm.batching.RequestResult`, or an :class:`EngineFailure` when a step
+raised. A prefill that raises fails its own request only (the generator names it, and the
+running batch goes on); a decode step that raises fails every pending request (the shared
+batch state of that step is lost).
+
+A cancelled request (its client left) frees its place in ``max_queue`` at once, whether it
+runs or waits; the generator frees its row at the next step.
 """
 
 from __future__ import annotations
@@ -125,7 +132,8 @@ class Engine:
         return stream
 
     def cancel(self, request_id: str) -> None:
-        """End ``request_id`` at the next step and free its row (nothing if it ended)."""
+        """Its client left: free ``request_id``'s place in the queue at once and its row at the
+        next step; its stream gets nothing more (nothing if it ended)."""
         self._inbox.put(("cancel", request_id))
 
     def stop_admitting(self) -> None:
@@ -167,10 +175,9 @@ class Engine:
                 events = None
                 self.running_rows = self.kv_bytes = 0
                 continue
-            except Exception as error:  # the model failed: no pending request can go on
-                LOG.exception("a batch step raised; failing every pending request")
+            except Exception as error:
                 events = None
-                self._fail_all(error)
+                self._step_failed(error)
                 continue
             self._deliver(event)
 
@@ -189,9 +196,7 @@ class Engine:
             if kind == "submit":
                 self._submit(*message[1:])
             elif kind == "cancel":
-                handle = self._handles.get(message[1])
-                if handle is not None:
-                    handle.cancel()
+                self._drop(message[1])
             elif kind == "cancel_all":
                 for handle in self._handles.values():
                     handle.cancel()
@@ -213,23 +218,39 @@ class Engine:
             if stream is not None:
                 stream.put(event.text)  # "" too: a token came, its text is held back
             usage = self.generator.step_usage
-            if usage:
+            if usage:  # the first event since a step ended: read that step's usage once
                 self.running_rows, self.kv_bytes = usage[-1].batch_size, self.generator.kv_bytes()
-                # A server runs for ever: keep only the last step's usage.
-                del usage[:-1]
+                # A server runs for ever: keep no step's usage once read.
+                usage.clear()
             return
         self._handles.pop(event.request_id, None)
         if self._streams.pop(event.request_id, None) is not None:
             stream.put(event)
             self._finished()
 
-    def _fail_all(self, error: Exception) -> None:
+    def _step_failed(self, error: Exception) -> None:
+        """Fail the request whose prefill raised, or every pending one when the decode did."""
         failure = EngineFailure(f"the model failed: {type(error).__name__}: {error}")
-        for request_id, stream in list(self._streams.items()):
-            stream.put(failure)
-            self._handles.pop(request_id).cancel()
-            del self._streams[request_id]
-            self._finished()
+        failed = self.generator.failed_request
+        if failed is not None:
+            LOG.exception("the prefill of %s raised; failing that request alone", failed)
+            self._drop(failed, failure)
+            return
+        LOG.exception("a batch step raised; failing every pending request")
+        for request_id in list(self._streams):
+            self._drop(request_id, failure)
+
+    def _drop(self, request_id: str, last_item: Any = None) -> None:
+        """Cancel ``request_id`` in the generator and free its place in the queue now; its
+        stream gets ``last_item`` (None: nothing, its client left). Nothing if it ended."""
+        handle = self._handles.pop(request_id, None)
+        if handle is None:
+            return
+        handle.cancel()
+        stream = self._streams.pop(request_id)
+        if last_item is not None:
+            stream.put(last_item)
+        self._finished()
 
     def _finished(self) -> None:
         with self._state:

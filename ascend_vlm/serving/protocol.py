@@ -23,7 +23,8 @@ class _Strict(BaseModel):
 
 class ImageUrl(_Strict):
     """An image: a ``data:image/...;base64,`` URL, an http(s) URL or a ``file://`` / plain
-    path (the last two only when the server allows them)."""
+    path (the last two only when the server allows them); ``detail`` "low" shrinks it to
+    OpenAI's low resolution (:mod:`~ascend_vlm.serving.conversion`)."""
 
     url: str = Field(min_length=1)
     detail: Literal["auto", "low", "high"] | None = None
@@ -43,7 +44,8 @@ ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
 class ChatMessage(_Strict):
-    """One turn: ``content`` is a string or a list of text and image parts."""
+    """One turn: ``content`` is a string or a list of text and image parts; ``name`` is
+    accepted and not shown to the model (as vLLM does)."""
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]

@@ -1,5 +1,5 @@
-"""Faults injected on purpose into the mock NPU's kernels, to test that `ascend_vlm.verify`
-finds them (test-only).
+"""Faults injected on purpose (test-only): into the mock NPU's kernels, to test that
+`ascend_vlm.verify` finds them, and into one object's method, to test that a caller survives it.
 
 Each context manager replaces one kernel of the installed mock ``torch_npu`` by a wrapper that
 perturbs its call, for the block only, and yields a :class:`Fault` counting the perturbed
@@ -15,6 +15,9 @@ call, so every patched module running that kernel is faulty inside the block:
   ``other`` swapped (the tokens routed to one get the other's).
 
 RuntimeError when the mock NPU is not installed (a real torch_npu is never perturbed).
+
+:func:`method_raises` makes one object's method raise for the calls a predicate picks (e.g. a
+model's forward for one prompt's prefill, so a server fails that request alone).
 """
 
 from __future__ import annotations
@@ -93,3 +96,31 @@ def moe_expert_swapped(expert: int = 0, other: int = 1) -> contextlib.AbstractCo
         return kernel(x, [weight[0][order], *weight[1:]], **kwargs)
 
     return _perturbed("npu_grouped_matmul", perturb)
+
+
+@contextlib.contextmanager
+def method_raises(
+    owner: Any, method: str, error: Exception, when: Callable[..., bool] = lambda *a, **k: True
+) -> Iterator[Fault]:
+    """``owner.method(*args, **kwargs)`` raises ``error`` for the block whenever ``when(*args,
+    **kwargs)`` is true (and runs as before otherwise); the fault counts the raising calls.
+    Only the instance ``owner`` changes (its class and other instances do not)."""
+    original = getattr(owner, method)
+    own = vars(owner)
+    had_own, previous = method in own, own.get(method)
+    fault = Fault(f"{type(owner).__name__}.{method}")
+
+    def faulty(*args: Any, **kwargs: Any) -> Any:
+        if when(*args, **kwargs):
+            fault.calls += 1
+            raise error
+        return original(*args, **kwargs)
+
+    setattr(owner, method, faulty)
+    try:
+        yield fault
+    finally:
+        if had_own:
+            setattr(owner, method, previous)
+        else:
+            delattr(owner, method)

@@ -123,9 +123,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _dataset(args: argparse.Namespace) -> Any:
+    from ascend_vlm.commands.checkpoints import REFERENCE
+    from ascend_vlm.data import datasets
     from ascend_vlm.data.vqa import BadRecordError
-    from ascend_vlm.evaluation import datasets
-    from ascend_vlm.evaluation.checkpoints import REFERENCE
 
     if args.data == SHAPES_VQA:
         if args.model != REFERENCE:
@@ -169,7 +169,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run ``verify`` (module docstring); returns the exit status."""
     from transformers import AutoModelForImageTextToText
 
-    from ascend_vlm.evaluation.checkpoints import checkpoint_folder, load_model_and_processor
+    from ascend_vlm.commands.checkpoints import checkpoint_folder, load_model_and_processor
     from ascend_vlm.verification.verifier import verify
 
     parser = args.parser

@@ -13,7 +13,7 @@ Then both generate greedily (``max_new_tokens``): the first index where the two 
 differ and the two tokens there, decoded. When samples carry gold answers (ShapesVQA, JSONL
 files: :class:`~ascend_vlm.data.vqa.VQASample`), each answer is scored with the evaluation's
 primary metric and the two accuracies are compared with the paired test of
-:func:`~ascend_vlm.evaluation.statistics.paired_accuracies` (``difference`` = model -
+:func:`~ascend_vlm.data.statistics.paired_accuracies` (``difference`` = model -
 reference, its 95% interval, McNemar's p).
 """
 
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
+from ascend_vlm.data.answer_metrics import METRICS, PRIMARY_METRIC
+from ascend_vlm.data.statistics import paired_accuracies
 from ascend_vlm.data.vqa import VQASample, collate, encode_sample, pad_token_id_of
-from ascend_vlm.evaluation.metrics import METRICS, PRIMARY_METRIC
-from ascend_vlm.evaluation.statistics import paired_accuracies
 
 DEFAULT_MAX_NEW_TOKENS = 16
 

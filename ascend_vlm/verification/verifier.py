@@ -27,8 +27,8 @@ from torch import nn
 
 from ascend_vlm._base_model import base_model
 from ascend_vlm.data.vqa import VQASample
-from ascend_vlm.evaluation.memory import PeakRSS
 from ascend_vlm.kernel_backend import active_backend
+from ascend_vlm.observability.memory import PeakRSS
 from ascend_vlm.patching import is_patched
 from ascend_vlm.verification.capture import CaptureKey, capturing
 from ascend_vlm.verification.capture_points import CapturePoint, capture_points

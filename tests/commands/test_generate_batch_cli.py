@@ -40,7 +40,7 @@ def _requests(tmp_path) -> tuple:
 
 
 def test_results_come_in_input_order_and_equal_generate(tmp_path):
-    from ascend_vlm.evaluation.checkpoints import load_model_and_processor
+    from ascend_vlm.commands.checkpoints import load_model_and_processor
 
     path, _ = _requests(tmp_path)
     out = tmp_path / "results.jsonl"

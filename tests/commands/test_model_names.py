@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from ascend_vlm.commands.checkpoints import resolve_model
 from ascend_vlm.default_model import default_model_path
-from ascend_vlm.evaluation.checkpoints import resolve_model
 
 HUB_ID = "ascend-vlm-tests/tiny-qwen2-vl"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

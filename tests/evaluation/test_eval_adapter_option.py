@@ -14,8 +14,8 @@ import torch
 from tiny_finetune import tiny_config
 
 from ascend_vlm.__main__ import main
-from ascend_vlm.evaluation.adapter_option import named_path
-from ascend_vlm.evaluation.datasets import shapes_vqa
+from ascend_vlm.commands.adapter_option import named_path
+from ascend_vlm.data.datasets import shapes_vqa
 from ascend_vlm.evaluation.runner import generate_answers
 
 EVAL_ERROR = "python -m ascend_vlm eval: error: "

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
+from ascend_vlm.commands.options import REGISTRY, OptionRegistry
 from ascend_vlm.evaluation.cli import EvalCommand
-from ascend_vlm.evaluation.options import REGISTRY, OptionRegistry
 
 
 def _no_arguments(group) -> None:

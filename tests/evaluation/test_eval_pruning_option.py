@@ -14,7 +14,7 @@ import torch
 
 from ascend_vlm import pruning
 from ascend_vlm.__main__ import main
-from ascend_vlm.evaluation.pruning_option import apply_pruning, kv_spec, prune_spec
+from ascend_vlm.commands.pruning_option import apply_pruning, kv_spec, prune_spec
 from ascend_vlm.pruning import PruneConfig, SnapKVConfig
 
 EVAL_ERROR = "python -m ascend_vlm eval: error: "

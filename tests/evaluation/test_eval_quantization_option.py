@@ -11,7 +11,7 @@ import json
 import pytest
 
 from ascend_vlm.__main__ import main
-from ascend_vlm.evaluation.quantization_option import parse_scheme
+from ascend_vlm.commands.quantization_option import parse_scheme
 from ascend_vlm.quantization import QuantizationConfig
 
 EVAL_ERROR = "python -m ascend_vlm eval: error: "

@@ -7,11 +7,11 @@ import re
 
 import pytest
 
+from ascend_vlm.data import datasets
+from ascend_vlm.data.answer_metrics import exact_match, normalised_match, score
 from ascend_vlm.data.shapes_vqa import QUESTION_TYPES, ShapesVQA, render_scene
 from ascend_vlm.data.vqa import BadRecordError
-from ascend_vlm.evaluation import datasets
-from ascend_vlm.evaluation.memory import PeakRSS
-from ascend_vlm.evaluation.metrics import exact_match, normalised_match, score
+from ascend_vlm.observability.memory import PeakRSS
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ascend_vlm.data.statistics import paired_accuracies
 from ascend_vlm.evaluation.report import accuracy_cells
-from ascend_vlm.evaluation.statistics import paired_accuracies
 
 
 def test_a_baseline_has_blank_comparison_cells():

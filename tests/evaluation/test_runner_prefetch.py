@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
+from ascend_vlm.data.datasets import shapes_vqa
 from ascend_vlm.default_model import load_default_model
-from ascend_vlm.evaluation.datasets import shapes_vqa
 from ascend_vlm.evaluation.runner import generate_answers
 
 

@@ -1,5 +1,6 @@
-"""A client that disconnects cancels its request and frees its row for the next; a full queue
-answers 429 with OpenAI's error object."""
+"""A client that disconnects cancels its request and frees its row for the next, and its place
+in the queue at once even while it waits behind another; a full queue answers 429 with
+OpenAI's error object."""
 
 from __future__ import annotations
 
@@ -102,3 +103,33 @@ def test_a_waiting_client_that_gives_up_cancels_its_request(model_and_processor)
         _wait_for(lambda: server.engine.queue_depth == 0 and server.engine.running_rows == 0,
                   "a cancelled request kept its place")  # fmt: skip
         assert server.metric("ascend_vlm_generated_tokens_total") == 0
+
+
+def test_a_waiting_client_that_leaves_frees_its_queue_place_at_once(model_and_processor):
+    model, processor = model_and_processor
+    limits = ServingLimits(max_queue=3, max_completion_tokens=LONG)
+    with running_server(model, processor, limits, max_batch_size=1) as server:
+        running = _RawClient(server, "a long answer please", LONG, stream=True)
+        next(running.events())
+        _wait_for(lambda: server.engine.running_rows == 1, "the first request never ran")
+        # The next in line waits for the only row; behind it a client gives up.
+        next_in_line = _RawClient(server, "the next one", LONG, stream=True)
+        _wait_for(lambda: server.engine.queue_depth == 1, "the second request was not queued")
+        leaving = _RawClient(server, "wait", 4, stream=False)
+        _wait_for(lambda: server.engine.queue_depth == 2, "the third request was not queued")
+        leaving.leave()
+        _wait_for(lambda: _cancelled(server) == 1, "the waiting client's departure was missed")
+        # Its place is free while the one ahead of it still waits: a new request gets it.
+        _wait_for(lambda: server.engine.queue_depth == 1, "the cancelled request kept its place")
+        admitted = _RawClient(server, "one more", LONG, stream=True)
+        assert json.loads(next(admitted.events())[6:])["choices"][0]["delta"]["role"]
+        refused = requests.post(
+            f"{server.url}/v1/chat/completions", timeout=60,
+            json={"model": MODEL_NAME, "messages": chat_messages("too many")},
+        )  # fmt: skip
+        assert refused.status_code == 429, refused.text
+        assert server.engine.queue_depth == 2  # the next in line and the new one
+        for client in (running, next_in_line, admitted):
+            client.leave()
+        _wait_for(lambda: server.engine.queue_depth == 0 and server.engine.running_rows == 0,
+                  "a cancelled request kept its place")  # fmt: skip

@@ -46,7 +46,7 @@ def test_bad_flags_exit_2_naming_the_flag(command_error, argv, words):
 )
 def test_kv_cache_flags_become_the_batch_generators_keywords(flags, expected):
     from ascend_vlm.__main__ import build_parser
-    from ascend_vlm.commands.generate_batch import kv_cache_settings
+    from ascend_vlm.batching.command_line import kv_cache_settings
 
     args = build_parser().parse_args(["serve", "--model", "x", *flags])
     assert kv_cache_settings(args, args.parser) == expected

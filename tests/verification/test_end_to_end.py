@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import ascend_vlm
+from ascend_vlm.data.datasets import shapes_vqa
+from ascend_vlm.data.statistics import paired_accuracies
 from ascend_vlm.data.vqa import VQASample, collate, encode_sample, pad_token_id_of
-from ascend_vlm.evaluation.datasets import shapes_vqa
-from ascend_vlm.evaluation.statistics import paired_accuracies
 from ascend_vlm.verification.end_to_end import compare_end_to_end
 
 pytestmark = pytest.mark.usefixtures("single_threaded_torch")

@@ -1,6 +1,6 @@
 """The feature options of ``python -m ascend_vlm eval``, registered in one place.
 
-Each feature adds one :func:`~ascend_vlm.evaluation.options.register_option` call below; its
+Each feature adds one :func:`~ascend_vlm.commands.options.register_option` call below; its
 ``add_arguments`` / ``apply`` functions may live here or in the feature's own module.
 """
 
@@ -9,18 +9,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ascend_vlm.evaluation.adapter_option import add_adapter_arguments, apply_adapters
-from ascend_vlm.evaluation.options import register_option
-from ascend_vlm.evaluation.pruning_option import (
+from ascend_vlm.commands.adapter_option import add_adapter_arguments, apply_adapters
+from ascend_vlm.commands.options import register_option
+from ascend_vlm.commands.pruning_option import (
     add_pruning_arguments,
     apply_pruning,
     finish_pruning,
 )
-from ascend_vlm.evaluation.quantization_option import (
+from ascend_vlm.commands.quantization_option import (
     add_quantization_arguments,
     apply_quantization,
 )
-from ascend_vlm.evaluation.vision_cache_option import (
+from ascend_vlm.commands.vision_cache_option import (
     add_vision_cache_arguments,
     apply_vision_cache,
     finish_vision_cache,

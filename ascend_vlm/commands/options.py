@@ -10,7 +10,7 @@ caching ...) registers itself once with :func:`register_option`; from then on
   ``"summary"`` string is printed in the text report,
 * its presets are configuration names ``--compare`` accepts (e.g. ``unpatched``).
 
-The registrations live in :mod:`ascend_vlm.evaluation.features`; adding a feature means adding
+The registrations live in :mod:`ascend_vlm.commands.features`; adding a feature means adding
 one :func:`register_option` call there.
 """
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ascend_vlm.evaluation.statistics import (
+from ascend_vlm.data.statistics import (
     latency_summary,
     mcnemar_exact_p,
     paired_difference_interval,
