@@ -23,15 +23,25 @@ _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 # Messages are padded to a multiple of this many bytes, so that every rank's slot in the
 # receive buffer starts aligned for the int32 ids and for any float dtype.
 MESSAGE_ALIGN = 8
+# The density sample (:func:`_sample_says_dense`): how many elements it reads, the sampling
+# error it allows for (eight standard deviations of a fraction over that many samples, at
+# most), and the bucket size under which a full mask costs about as little as the sample.
+DENSITY_SAMPLES = 1024
+DENSITY_SAMPLE_MARGIN = 0.125
+DENSITY_SAMPLE_MIN_NUMEL = 16 * DENSITY_SAMPLES
+GOLDEN_RATIO_FRACTION = (5**0.5 - 1) / 2
 
 
 def rows_reduce(reduction: BucketReduction, bucket_index: int, rows: ParameterRows) -> None:
     """Start one bucket's exact reduction over its parameter rows.
 
-    1. Mask the rows holding any bit pattern other than +0.0 (one pass over the bucket).
+    1. If a sample of the bucket's elements (:func:`_sample_says_dense`) shows this rank alone
+       makes it too dense (step 3), skip the mask: announce the whole bucket as touched.
+       Else mask the rows holding any bit pattern other than +0.0 (one pass over the bucket)
+       and count them per segment.
     2. All-gather each rank's ``[rows touched, elements touched]`` (queued, pipelined) and,
        while those travel, pack ``[int32 ids | values / world]`` unless this rank alone
-       already makes the bucket too dense (step 3).
+       already makes the bucket too dense (decided from the counts, before listing ids).
     3. If the padded messages, all gathered, would carry more than ``density_threshold`` of
        the dense ring all-reduce's ``2 * bucket bytes``, fall back to it (see
        :class:`~ascend_vlm.distributed.sparse_allreduce.SparseAllReduceState`).
@@ -44,16 +54,14 @@ def rows_reduce(reduction: BucketReduction, bucket_index: int, rows: ParameterRo
         reduction.send(buffer)
         return
     chunks = rows.chunks(buffer)
-    own_ids = rows.nonzero_mask(chunks).bool().nonzero().view(-1)
-    parts = rows.split(own_ids)
-    numel = rows.packed_numel(parts)
-    sizes = torch.tensor([own_ids.numel(), numel], dtype=torch.int64, device=buffer.device)
+    own = _OwnRows(rows, chunks, buffer, state)
+    sizes = torch.tensor([own.count, own.numel], dtype=torch.int64, device=buffer.device)
     gathered = sizes.new_empty(group.size() * 2)
     work = _all_gather_flat(gathered, sizes, group=group, async_op=True)
     state._count(bytes_sent=sizes.numel() * sizes.element_size())
-    own = _OwnRows(own_ids, parts, numel)
-    own_bytes = _message_bytes(own_ids.numel(), numel, buffer)
-    if own_ids.numel() and not _too_dense(state, own_bytes, buffer):
+    own_bytes = _message_bytes(own.count, own.numel, buffer)
+    if own.count and not _too_dense(state, own_bytes, buffer):
+        own.list_ids(rows)
         send, _ = state._message_space(bucket_index, own_bytes, 0, buffer.device)
         own.pack(send, chunks, buffer, group.size())
     reduction.after_round(
@@ -62,15 +70,62 @@ def rows_reduce(reduction: BucketReduction, bucket_index: int, rows: ParameterRo
     )
 
 
+def _sample_says_dense(state: Any, buffer: torch.Tensor) -> bool:
+    """Whether :data:`DENSITY_SAMPLES` spread elements of ``buffer`` show, beyond sampling
+    error, that this rank's message alone would make the bucket too dense.
+
+    Every element in a touched row travels, so the fraction of elements whose bits are not
+    +0.0 is at most the message's share of the bucket: the sample can only under-state it, and
+    the margin :data:`DENSITY_SAMPLE_MARGIN` keeps a sparse bucket from being taken as dense
+    (for positions unrelated to the gradient's pattern, Hoeffding's bound puts the chance
+    below 1e-13). Taken as dense wrongly, a bucket is still reduced exactly, only densely.
+    Buckets under
+    :data:`DENSITY_SAMPLE_MIN_NUMEL` elements are always masked in full.
+    """
+    numel = buffer.numel()
+    if numel < DENSITY_SAMPLE_MIN_NUMEL:
+        return False
+    # Golden-ratio steps spread the positions evenly without touching any RNG stream.
+    steps = torch.arange(DENSITY_SAMPLES, dtype=torch.float64, device=buffer.device)
+    positions = (steps.mul_(GOLDEN_RATIO_FRACTION).frac_().mul_(numel)).long()
+    bits = buffer.view(SAME_WIDTH_INT[buffer.dtype])[positions]
+    fraction = float(bits.ne(0).sum()) / DENSITY_SAMPLES - DENSITY_SAMPLE_MARGIN
+    if fraction <= 0.0:
+        return False
+    lowest_bytes = int(fraction * numel * buffer.element_size())
+    return _too_dense(state, lowest_bytes, buffer)
+
+
 class _OwnRows:
-    """This rank's touched chunks of one bucket: sorted ids, their :meth:`ParameterRows.split`,
-    their element count, and (once packed) the values section of the outgoing message."""
+    """This rank's touched chunks of one bucket: how many (``count``) and their elements
+    (``numel``); once :meth:`list_ids` ran, their sorted ``ids`` and :meth:`ParameterRows.split`
+    (``parts``); once packed, the values section of the outgoing message (``values``).
 
-    __slots__ = ("ids", "numel", "parts", "values")
+    If the sample already shows the bucket too dense (:func:`_sample_says_dense`), the whole
+    bucket is announced (``count`` and ``numel`` of all of it) and nothing is masked.
+    """
 
-    def __init__(self, ids: torch.Tensor, parts: list, numel: int) -> None:
-        self.ids, self.parts, self.numel = ids, parts, numel
+    __slots__ = ("count", "ids", "mask", "numel", "parts", "values")
+
+    def __init__(
+        self, rows: ParameterRows, chunks: list[GradientChunks], buffer: torch.Tensor, state: Any
+    ) -> None:
+        self.ids = torch.empty(0, dtype=torch.int64, device=buffer.device)
+        self.parts: list = []
         self.values: torch.Tensor | None = None
+        if _sample_says_dense(state, buffer):
+            self.mask = None
+            self.count, self.numel = rows.count, rows.numel
+            return
+        self.mask = rows.nonzero_mask(chunks)
+        touched = [int(part.sum()) for part in self.mask.split([r for _, r, _ in rows.segments])]
+        self.count = sum(touched)
+        self.numel = sum(t * width for t, (_, _, width) in zip(touched, rows.segments, strict=True))
+
+    def list_ids(self, rows: ParameterRows) -> None:
+        """Turn the mask into sorted ``ids`` and their ``parts``."""
+        self.ids = self.mask.bool().nonzero().view(-1)
+        self.parts = rows.split(self.ids)
 
     def pack(
         self, send: torch.Tensor, chunks: list[GradientChunks], buffer: torch.Tensor, world: int
@@ -89,8 +144,9 @@ class _OwnRows:
             chunks[segment].scatter_(
                 local, False, self.values[offset : offset + local.numel() * width]
             )
+        # -0.0 is the smallest same-width integer: one min pass, no mask tensor.
         bits = self.values.view(SAME_WIDTH_INT[self.values.dtype])
-        return bool(bits.eq(torch.iinfo(bits.dtype).min).any())
+        return bool(bits.amin() == torch.iinfo(bits.dtype).min)
 
 
 def _message_bytes(num_ids: int, numel: int, like: torch.Tensor) -> int:

@@ -407,7 +407,10 @@ def sparse_allreduce_hook(
        group has one rank, do what the default hook does (``buffer /= world_size``;
        all-reduce SUM) and stop.
     2. Local mask: a row chunk (see :class:`ParameterRows`) is touched if any element's bit
-       pattern is not +0.0; one vectorised pass per run of equally wide rows.
+       pattern is not +0.0; one vectorised pass per run of equally wide rows. Skipped (the
+       whole bucket announced as touched) when a sample of spread elements already shows this
+       rank alone makes the bucket too dense (step 4), so a dense bucket's probe costs about
+       nothing but step 3.
     3. All-gather every rank's (rows touched, elements touched). Not waited for here: the next
        bucket's hook (or this one, if it is the last) waits and carries on, so the sizes
        travel while the next bucket's gradients are computed. Every collective is issued from
