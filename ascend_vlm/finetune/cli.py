@@ -207,6 +207,15 @@ def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
     )
     add("--bf16", action="store_true", help="train under bf16 autocast (mixed precision)")
     add(
+        "--fsdp",
+        action="store_true",
+        help="shard the base over the ranks while loading it (FSDP2, one unit per decoder and "
+        "vision layer) and train LoRA beside the shards, instead of a full copy per rank "
+        "under DDP (default: off); needs 2+ ranks and --modules-to-save '', refuses "
+        "--full-finetune, --quantize, --new-tokens and --resume; the sparse hook is DDP's "
+        "and stays off",
+    )
+    add(
         "--overwrite-output-dir",
         action="store_true",
         help="start a new run in a folder holding one, deleting its checkpoints, metrics and result",

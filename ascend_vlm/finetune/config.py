@@ -89,6 +89,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     bf16: bool = False
     overwrite_output_dir: bool = False
+    fsdp: bool = False
 
     def __post_init__(self) -> None:
         # Absolute paths: the saved adapter names its base by a path that loads from anywhere,
@@ -172,6 +173,8 @@ class TrainConfig:
                 "save_merged: expected only with LoRA (a full fine-tune saves the whole model "
                 f"in <output_dir>/{FINAL_MODEL} already), got full_finetune=True"
             )
+        if self.fsdp:
+            self._check_fsdp()
         if self.quantize is not None:
             if self.quantize not in DEFAULT_GROUP_SIZE:
                 raise ValueError(
@@ -184,6 +187,29 @@ class TrainConfig:
                     "frozen and cannot take a merged adapter), got "
                     f"full_finetune={self.full_finetune}, save_merged={self.save_merged!r}"
                 )
+
+    def _check_fsdp(self) -> None:
+        """ValueError naming the first setting ``fsdp`` cannot run with: it shards the base's
+        layers while loading them, trains only LoRA beside the shards, and Trainer saves no
+        optimizer state for such a model."""
+        excluded = {
+            "full_finetune": (self.full_finetune, "FSDP2 trains LoRA beside the shards"),
+            "quantize": (self.quantize, "quantized linears are not sharded"),
+            "new_tokens": (self.new_tokens, "trainable token rows live in a sharded table"),
+            "modules_to_save": (
+                self.modules_to_save,
+                "PEFT copies a module to save whole, which FSDP2 holds as shards; pass "
+                "--modules-to-save ''",
+            ),
+            "resume": (
+                self.resume,
+                "Trainer checkpoints no optimizer state of a model sharded while loading, so "
+                "a run cannot continue exactly",
+            ),
+        }
+        for name, (value, why) in excluded.items():
+            if value:
+                raise ValueError(f"fsdp: expected no {name} ({why}), got {name}={value!r}")
 
     def shapes_dataset(self, split: str, size: int, question_types: Sequence[str]) -> ShapesVQA:
         """``size`` ShapesVQA records of ``split`` asking ``question_types``, drawn as this

@@ -70,13 +70,19 @@ def save_final(
 ) -> Path:
     """Rank 0 writes the LoRA adapter to ``<output_dir>/adapter`` (PEFT format, with
     ``visual_tokens.json`` when the run added tokens) or, for full training, model + processor
-    to ``<output_dir>/model``; via a staging dir + rename. Returns that folder."""
+    to ``<output_dir>/model``; via a staging dir + rename. Returns that folder.
+
+    Every rank calls this: each builds the state dict, which for a model sharded while loading
+    (``fsdp``) gathers every sharded tensor in a collective all ranks must join."""
     full = config.full_finetune
     final = output_dir / (FINAL_MODEL if full else FINAL_ADAPTER)
+    staging = output_dir / f".{final.name}.staging"
     if placement.is_main:
-        staging = output_dir / f".{final.name}.staging"
         shutil.rmtree(staging, ignore_errors=True)
-        model.save_pretrained(staging, safe_serialization=True)
+    model.save_pretrained(staging, safe_serialization=True, is_main_process=placement.is_main)
+    # PEFT makes the folder on every rank after its gather: rank 0 moves it once all have.
+    placement.barrier()
+    if placement.is_main:
         saved = staging
         if not full and config.adapter_name != DEFAULT_ADAPTER_NAME:
             # PEFT writes an adapter not named "default" into a subfolder of that name.

@@ -3,6 +3,8 @@ per ShapesVQA question type before and after training."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +17,7 @@ from ascend_vlm.data.vqa import (
     normalise_answer,
     pad_token_id_of,
 )
+from ascend_vlm.integrations.fsdp import roots_unsharded
 
 if TYPE_CHECKING:
     from ascend_vlm.finetune.config import TrainConfig
@@ -34,31 +37,46 @@ def evaluate(
     placement: ProcessPlacement,
     batch_size: int,
     max_new_tokens: int,
+    sharded: bool = False,
 ) -> float:
     """Exact-match accuracy of greedy answers over ``samples``, sharded across ranks.
 
     Rank r answers samples r, r + world, ...; correct and total counts are summed over ranks.
+    ``sharded``: the model's parameters are sharded over the ranks (FSDP2), so every forward
+    is a collective: every rank runs the same number of ``generate`` calls (a rank short of
+    samples answers its first batch again and does not count it) and each call runs until
+    every rank's answers end (``synced_gpus``).
     """
     encoded = EncodedDataset(samples, processor, with_answer=False)
     pad_id = pad_token_id_of(processor)
     indices = list(range(placement.rank, len(samples), placement.world_size))
+    starts = list(range(0, len(indices), batch_size))
+    if sharded:
+        most = math.ceil(math.ceil(len(samples) / placement.world_size) / batch_size)
+        starts += [0] * (most - len(starts))
     correct = 0
     model.eval()
-    with torch.no_grad(), placement.autocast():
-        for start in range(0, len(indices), batch_size):
+    gathered = roots_unsharded(model) if sharded else contextlib.nullcontext()
+    with torch.no_grad(), placement.autocast(), gathered:
+        for call, start in enumerate(starts):
             chunk = indices[start : start + batch_size]
             batch = collate([encoded[i] for i in chunk], pad_id, padding_side="left")
             inputs = model_inputs(batch, placement.device)
             output = model.generate(
-                **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id
+                **inputs,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+                synced_gpus=sharded,
             )
             answers = processor.batch_decode(
                 output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
             )
-            correct += sum(
-                normalise_answer(answer) == normalise_answer(samples[i].answer)
-                for answer, i in zip(answers, chunk, strict=True)
-            )
+            if call * batch_size < len(indices):  # not a repeat to keep the ranks in step
+                correct += sum(
+                    normalise_answer(answer) == normalise_answer(samples[i].answer)
+                    for answer, i in zip(answers, chunk, strict=True)
+                )
     total_correct, total = placement.all_reduce_sum([correct, len(indices)])
     return total_correct / total
 
@@ -81,6 +99,7 @@ def accuracy_per_type(
             placement,
             config.eval_batch_size,
             config.max_new_tokens,
+            sharded=config.fsdp,
         )
         for question_type in question_types
     }

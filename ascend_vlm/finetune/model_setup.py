@@ -61,10 +61,13 @@ def lora_target_modules(
 
 
 def load_base_model(
-    model_path: str, device: torch.device, dtype: torch.dtype = torch.float32
+    model_path: str, device: torch.device, dtype: torch.dtype = torch.float32, fsdp: bool = False
 ) -> tuple[Any, Any]:
-    """``(model, processor)`` from a local ``from_pretrained`` folder, weights in ``dtype``."""
-    from transformers import AutoModelForImageTextToText
+    """``(model, processor)`` from a local ``from_pretrained`` folder, weights in ``dtype``;
+    with ``fsdp`` sharded over the process group's ranks while loading (FSDP2, one unit per
+    layer: :func:`ascend_vlm.integrations.fsdp.fsdp_distributed_config`). ValueError naming
+    ``fsdp`` for one rank or a transformers without load-time FSDP."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
 
     from ascend_vlm.default_model import load_processor
 
@@ -72,7 +75,16 @@ def load_base_model(
         raise FileNotFoundError(
             f"model_path: expected a local checkpoint folder with config.json, got {model_path!r}"
         )
-    model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=dtype)
+    loading: dict[str, Any] = {"dtype": dtype}
+    if fsdp:
+        from ascend_vlm.integrations.fsdp import fsdp_distributed_config
+
+        try:
+            sharding = fsdp_distributed_config(AutoConfig.from_pretrained(model_path))
+        except (RuntimeError, ValueError) as error:  # a user's choice this setup cannot run
+            raise ValueError(f"fsdp: {error} (launch 2 or more ranks with torchrun)") from None
+        loading["distributed_config"] = sharding
+    model = AutoModelForImageTextToText.from_pretrained(model_path, **loading)
     return model.to(device), load_processor(model_path)
 
 

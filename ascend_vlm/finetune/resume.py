@@ -69,6 +69,7 @@ _REASONS = {
     **dict.fromkeys(_ORDER, "the saved data position and batches follow it"),
     **dict.fromkeys(_OPTIMIZER, "the saved optimizer state and learning-rate schedule follow it"),
     "bf16": "the steps already taken ran in its precision",
+    "fsdp": "a run sharded with it saves no optimizer state to continue from",
 }
 _MODEL_REASON = "it defines which weights are trained and their shapes"
 

@@ -63,6 +63,7 @@ from ascend_vlm.finetune.run_settings import (
 from ascend_vlm.finetune.samples import build_samples
 from ascend_vlm.finetune.trainer_setup import build_trainer
 from ascend_vlm.integrations.callback import AscendVLMCallback
+from ascend_vlm.integrations.fsdp import held_parameter_elements
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,9 @@ def prepare(config: TrainConfig) -> PreparedRun:
             "model_path: expected a local from_pretrained folder, got None "
             "(python -m ascend_vlm finetune defaults it to the reference checkpoint)"
         )
-    model, processor = load_base_model(config.model_path, placement.device, DTYPES[config.dtype])
+    model, processor = load_base_model(
+        config.model_path, placement.device, DTYPES[config.dtype], config.fsdp
+    )
     if config.quantize is not None:
         from ascend_vlm.quantization import QuantizationConfig, quantize
 
@@ -161,6 +164,9 @@ def prepare(config: TrainConfig) -> PreparedRun:
             lora_targets,
             sum(p.numel() for p in model.parameters() if p.requires_grad),
         )
+    if config.fsdp:
+        held, whole = held_parameter_elements(model)
+        logger.info("fsdp: rank %d holds %d of %d parameter elements", placement.rank, held, whole)
     return PreparedRun(
         config, placement, model, processor, train_samples, eval_samples, visual, step_fields
     )
@@ -194,7 +200,10 @@ def run(prepared: PreparedRun) -> TrainResult:
 
     interruption = RunInterruption(config.stop_after_steps)
     callbacks = [
-        AscendVLMCallback(patch=config.patch, sparse_allreduce=config.comm_hook == "sparse"),
+        # FSDP2 reduces the gradients of its shards itself: the sparse hook is DDP's.
+        AscendVLMCallback(
+            patch=config.patch, sparse_allreduce=config.comm_hook == "sparse" and not config.fsdp
+        ),
         checkpoint.TensorRngCheckpoints(output_dir, placement.rank, resume_from),
         MetricsLogCallback(metrics, prepared.step_fields),
         interruption,
@@ -249,6 +258,7 @@ def _finish(
         placement,
         config.eval_batch_size,
         config.max_new_tokens,
+        sharded=config.fsdp,
     )
     metrics.write({"step": step, "eval_accuracy": result.eval_accuracy})
     base_path = config.model_path

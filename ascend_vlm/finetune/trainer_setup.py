@@ -44,6 +44,8 @@ def training_arguments(config: TrainConfig, placement: ProcessPlacement) -> Trai
         logging_steps=1,
         save_strategy="steps",
         save_steps=config.save_every,
+        # Trainer checkpoints no optimizer state of a model sharded while loading (--fsdp).
+        save_only_model=config.fsdp,
         eval_strategy="steps" if config.eval_steps else "no",
         eval_steps=config.eval_steps,
         report_to=list(config.report_to) or "none",

@@ -24,7 +24,9 @@ the trainable ones (FSDP2 keeps ``requires_grad`` per parameter).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -185,3 +187,45 @@ def shard_model(
             fully_shard(module, reshard_after_forward=reshard_after_forward, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def held_parameter_elements(model: nn.Module) -> tuple[int, int]:
+    """``(held, whole)``: the parameter elements this rank holds (its local shard of each
+    ``DTensor``, all of a plain tensor) and the elements of the whole parameters."""
+    held = sum(
+        p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters()
+    )
+    return held, sum(p.numel() for p in model.parameters())
+
+
+def _outermost_units(module: nn.Module) -> list[nn.Module]:
+    """The FSDP2 units in `module` (itself included) that no other unit contains."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(module, FSDPModule):
+        return [module]
+    return [unit for child in module.children() for unit in _outermost_units(child)]
+
+
+@contextlib.contextmanager
+def roots_unsharded(model: nn.Module) -> Iterator[nn.Module]:
+    """Gather the parameters of `model`'s outermost FSDP2 units for the duration (a no-op for
+    a model without any), resharding them after.
+
+    An outermost unit gathers its own parameters (embeddings, a vision tower's patch embedding,
+    the head) only around its forward; ``generate`` encodes images through the vision tower
+    before that forward runs, so without this its first call meets sharded weights. Every
+    rank must enter it together (gathering is a collective); the inner units still gather
+    around their own forwards."""
+    roots = _outermost_units(model)
+    for root in roots:
+        # A unit becomes the root at its first forward; before any (a report ahead of training)
+        # the inner units met first would each claim it. torch (2.13) has no public call for
+        # this; the private one is a no-op once a forward ran.
+        root._get_fsdp_state()._lazy_init()
+        root.unshard()
+    try:
+        yield model
+    finally:
+        for root in roots:
+            root.reshard()

@@ -87,6 +87,12 @@ def _argv(output_dir: Path, *extra: str) -> list[str]:
         (["--train-data=missing.jsonl"], "error: path: expected a JSONL file, got "),
         (["--model-path=/no/such/model"], "error: model_path: expected a local checkpoint folder"),
         (["--max-steps=0"], "error: max_steps: expected a positive int, got 0"),
+        (["--fsdp"], "error: fsdp: expected no modules_to_save (PEFT copies a module"),
+        (["--fsdp", "--modules-to-save=", "--quantize=4"], "error: fsdp: expected no quantize"),
+        (["--fsdp", "--modules-to-save=", "--resume=latest"], "error: fsdp: expected no resume"),
+        # One process: "fsdp_size: expected at least 2 ranks" (or, on a transformers without
+        # load-time FSDP, why not).
+        (["--fsdp", "--modules-to-save="], "error: fsdp: "),
     ],
 )
 def test_a_mistake_is_one_error_line_and_leaves_the_folder_free(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import torch
 from tiny_finetune import COMMON, ROOT, finetune_command, finetune_env, tiny_config
 
+from ascend_vlm._compat.distributed_loading import load_time_fsdp_problem
 from ascend_vlm.data.shapes_vqa import ShapesVQA
 from ascend_vlm.data.vqa import BadRecordError, EncodedDataset, collate, pad_token_id_of
 from ascend_vlm.default_model import default_model_path
@@ -27,8 +29,8 @@ from ascend_vlm.finetune.schedule import scheduled_lr
 from ascend_vlm.finetune.train import train
 
 
-def _run(output_dir: Path, nproc: int, *extra: str) -> str:
-    """Run the command (under torchrun when ``nproc`` > 1) and return its stdout."""
+def _completed(output_dir: Path, nproc: int, *extra: str) -> subprocess.CompletedProcess:
+    """Run the command (under torchrun when ``nproc`` > 1); a hang fails on the timeout."""
     model = f"--model-path={default_model_path()}"  # the random tiny model, not the reference
     done = subprocess.run(
         [*finetune_command(nproc), f"--output-dir={output_dir}", model, *COMMON, *extra],
@@ -39,7 +41,12 @@ def _run(output_dir: Path, nproc: int, *extra: str) -> str:
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return done
+
+
+def _run(output_dir: Path, nproc: int, *extra: str) -> str:
+    """Run the command (under torchrun when ``nproc`` > 1) and return its stdout."""
+    return _completed(output_dir, nproc, *extra).stdout
 
 
 def _step_records(output_dir: Path) -> list[dict]:
@@ -79,6 +86,48 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(two_rank_run, tmp_p
         assert -1024 <= record["comm_bytes_saved"] <= 0
         assert 0 < record["comm_density"] <= 1
     assert _checkpoints(two_dir) == ["checkpoint-2", "checkpoint-4", "latest"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(load_time_fsdp_problem() is not None, reason=str(load_time_fsdp_problem()))
+def test_fsdp_trains_to_the_ddp_losses_with_half_the_parameters_per_rank(tmp_path):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    # 5 eval samples in batches of 2: rank 0 makes 2 generate calls, rank 1 one; the report
+    # before training runs before the sharded root's first forward.
+    extra = [
+        "--modules-to-save=",
+        "--eval-size=5",
+        "--eval-batch-size=2",
+        "--report-question-types=count",
+    ]
+    ddp_dir, fsdp_dir = tmp_path / "ddp", tmp_path / "fsdp"
+    ddp_stdout = _run(ddp_dir, 2, *extra)
+    done = _completed(fsdp_dir, 2, *extra, "--fsdp")
+    assert done.stdout.strip().splitlines()[-1] == ddp_stdout.strip().splitlines()[-1]
+    # Sharded layers reduce their gradients in another order than DDP's buckets.
+    ddp = _losses(ddp_dir)
+    assert sorted(ddp) == [1, 2, 3, 4]
+    assert _losses(fsdp_dir) == pytest.approx(ddp, rel=1e-4)
+    held = re.findall(r"fsdp: rank (\d) holds (\d+) of (\d+) parameter elements", done.stderr)
+    assert sorted(rank for rank, _, _ in held) == ["0", "1"]
+    for _, part, whole in held:
+        assert abs(int(part) / int(whole) - 0.5) < 0.1, (part, whole)
+    assert _checkpoints(fsdp_dir) == ["checkpoint-2", "checkpoint-4", "latest"]
+    for folder in (fsdp_dir / "adapter", fsdp_dir / "checkpoints" / "checkpoint-2"):
+        base = AutoModelForImageTextToText.from_pretrained(default_model_path())
+        adapted = PeftModel.from_pretrained(base, folder)
+        assert not any(hasattr(p, "to_local") for p in adapted.parameters())  # no DTensor
+    assert not list(fsdp_dir.glob(".*.staging"))
+    sharded, replicated = (
+        load_file(folder / "adapter" / "adapter_model.safetensors")
+        for folder in (fsdp_dir, ddp_dir)
+    )
+    assert sorted(sharded) == sorted(replicated)
+    for name, tensor in sharded.items():
+        torch.testing.assert_close(tensor, replicated[name], atol=1e-4, rtol=1e-3, msg=name)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from ascend_vlm.integrations.fsdp import (
     fsdp_distributed_config,
     fsdp_plan,
     fsdp_training_arguments,
+    held_parameter_elements,
     shard_model,
     sharded_layer_classes,
 )
@@ -174,14 +175,6 @@ def _train(model: torch.nn.Module, batches: list[dict]) -> list[float]:
     return losses
 
 
-def _held(model: torch.nn.Module) -> tuple[int, int]:
-    """(elements of the parameters this rank holds, elements of the whole parameters)."""
-    local = sum(
-        p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters()
-    )
-    return local, sum(p.numel() for p in model.parameters())
-
-
 def _trainer_run(model: torch.nn.Module, output_dir: Path) -> tuple[list[float], list[int]]:
     """Trainer's losses over STEPS steps (batch PER_RANK_BATCH per rank, logged averaged over
     the ranks) and the (held, whole) element counts of the trained model's parameters."""
@@ -196,7 +189,7 @@ def _trainer_run(model: torch.nn.Module, output_dir: Path) -> tuple[list[float],
     trainer = Trainer(model=model, args=arguments, train_dataset=samples, data_collator=_collate)
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    return losses, list(_held(trainer.model_wrapped))
+    return losses, list(held_parameter_elements(trainer.model_wrapped))
 
 
 def _rank(rank: int, world_size: int, port: int, folder: str) -> None:
@@ -220,9 +213,9 @@ def _rank(rank: int, world_size: int, port: int, folder: str) -> None:
         result["trainer_fsdp"] = _trainer_run(model, Path(folder) / "fsdp")
     batches = _batches(rank, world_size)
     ddp = torch.nn.parallel.DistributedDataParallel(_lora_model(checkpoint))
-    result["loop_ddp"] = (_train(ddp, batches), list(_held(ddp)))
+    result["loop_ddp"] = (_train(ddp, batches), list(held_parameter_elements(ddp)))
     sharded = shard_model(_lora_model(checkpoint))
-    result["loop_fsdp"] = (_train(sharded, batches), list(_held(sharded)))
+    result["loop_fsdp"] = (_train(sharded, batches), list(held_parameter_elements(sharded)))
     (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
 
 
