@@ -67,6 +67,7 @@ def loopback_http(tmp_path_factory) -> Iterator[tuple[Path, str]]:
     thread.start()
     yield folder, f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+    server.server_close()
     thread.join()
 
 
