@@ -75,7 +75,7 @@ def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
     """The run's settings from the command line ``argv`` (``SystemExit`` 2 naming a bad flag,
     ``ValueError`` naming a bad value, ``FileNotFoundError`` naming a ``--model-path`` that is
     neither a folder nor a Hub id that can be fetched)."""
-    from ascend_vlm.evaluation.checkpoints import resolve_model
+    from ascend_vlm.evaluation.checkpoints import REFERENCE, resolve_model
 
     defaults = TrainConfig()
     parser = RankZeroParser(
@@ -101,8 +101,8 @@ def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
     add("--output-dir", help="checkpoints, metrics, final adapter")
     add(
         "--model-path",
-        help="local from_pretrained folder or Hugging Face Hub id (default: the reference "
-        "checkpoint)",
+        help="local from_pretrained folder, Hugging Face Hub id, or 'reference' (default: the "
+        "reference checkpoint)",
     )
     add("--train-data", help="JSONL of VQA / LLaVA records (default: ShapesVQA)")
     add("--eval-data", help="JSONL for the final eval (default: ShapesVQA eval)")
@@ -220,7 +220,9 @@ def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
         help="start a new run in a folder holding one, deleting its checkpoints, metrics and result",
     )
     values = vars(parser.parse_args(argv))
-    if values["model_path"] is not None:  # a Hub id becomes its snapshot folder in the cache
+    if values["model_path"] == REFERENCE:  # the default base, which main() resolves
+        values["model_path"] = None
+    elif values["model_path"] is not None:  # a Hub id becomes its snapshot folder in the cache
         values["model_path"] = str(resolve_model(values["model_path"], "model_path"))
     sequences = ("question_types", "eval_question_types", "report_question_types", "report_to")
     for name in ("lora_targets", "modules_to_save", "new_tokens", *sequences):
