@@ -176,13 +176,17 @@ def build_model_type(name: str) -> str:
 
 class CommandHelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions kept as written; an option's help ends with its default when it has one
-    and does not say it already (flags, and options whose default is None or empty, say theirs
-    in words if at all)."""
+    and does not say it already: an ``--x/--no-x`` pair names the flag that is the default;
+    other flags, and options whose default is None or empty, say theirs in words if at all."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if "default" in text or not action.option_strings or action.nargs == 0:
+        if "default" in text or not action.option_strings:
+            return text
+        if isinstance(action, argparse.BooleanOptionalAction) and isinstance(default, bool):
+            return f"{text} (default: {action.option_strings[0 if default else 1]})"
+        if action.nargs == 0:
             return text
         if default is None or default is argparse.SUPPRESS or default in ("", [], ()):
             return text

@@ -1,13 +1,16 @@
 """Suite-wide pytest set-up: the mock NPU fixture/marker (ascend_vlm.testing.pytest_plugin),
 the small VLMs with processors (chat_vlms.py), the tiny default model's checkpoint and
 processor, the command-line error check shared by the `python -m ascend_vlm` command tests,
-and the loader of `scripts/` modules."""
+a loopback HTTP server for image URLs, and the loader of `scripts/` modules."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import importlib.util
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -50,6 +53,22 @@ def command_error(capsys) -> Callable[[list[str]], str]:
         return lines[-1]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def loopback_http(tmp_path_factory) -> Iterator[tuple[Path, str]]:
+    """``(folder, base URL)``: a loopback HTTP server (``http://127.0.0.1:PORT``) over an empty
+    folder the test fills, for the module's tests."""
+    folder = tmp_path_factory.mktemp("served")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield folder, f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
 
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"

@@ -91,6 +91,13 @@ def test_bash_examples_name_real_commands_scripts_and_targets():
     assert checked > 10
 
 
+def test_the_readme_is_a_landing_page():
+    # The manual lives in docs/; the README keeps to what it is, install, the two commands, a
+    # quick start, the supported-models table and links (issue 41).
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README.md: expected at most 200 lines, got {len(lines)}"
+
+
 def test_relative_links_point_at_files():
     link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
     for page in PAGES:

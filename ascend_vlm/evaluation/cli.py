@@ -81,8 +81,8 @@ class EvalCommand:
     def _add_configuration_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--model",
-            help=f"local checkpoint folder, or '{REFERENCE}' for the trained reference "
-            "checkpoint (built on first use)",
+            help=f"local checkpoint folder, Hugging Face Hub id, or '{REFERENCE}' for the trained "
+            "reference checkpoint (built on first use)",
         )
         self.registry.add_arguments(parser)
 

@@ -73,7 +73,10 @@ def _rank() -> int:
 
 def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
     """The run's settings from the command line ``argv`` (``SystemExit`` 2 naming a bad flag,
-    ``ValueError`` naming a bad value)."""
+    ``ValueError`` naming a bad value, ``FileNotFoundError`` naming a ``--model-path`` that is
+    neither a folder nor a Hub id that can be fetched)."""
+    from ascend_vlm.commands.checkpoints import REFERENCE, resolve_model
+
     defaults = TrainConfig()
     parser = RankZeroParser(
         prog=f"{program} finetune",
@@ -85,17 +88,22 @@ def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
 
     def add(*flags: str, help: str, **kwargs) -> None:
         """Add an option for the ``TrainConfig`` field it names, defaulting to that field's
-        default; its help ends with the default when there is one worth showing."""
+        default; its help ends with the default when there is one worth showing (an empty
+        one says so in words, if at all)."""
         if kwargs.get("action") is None and "default" not in kwargs:
             default = getattr(defaults, flags[0][2:].replace("-", "_"))
             is_list = isinstance(default, (tuple, list))
             kwargs["default"] = ",".join(default) if is_list else default
-        if kwargs.get("default") is not None and kwargs.get("action") is None:
+        if kwargs.get("default") not in (None, "") and kwargs.get("action") is None:
             help += " (default: %(default)s)"
         parser.add_argument(*flags, help=help, **kwargs)
 
     add("--output-dir", help="checkpoints, metrics, final adapter")
-    add("--model-path", help="local from_pretrained folder (default: the reference checkpoint)")
+    add(
+        "--model-path",
+        help="local from_pretrained folder, Hugging Face Hub id, or 'reference' (default: the "
+        "reference checkpoint)",
+    )
     add("--train-data", help="JSONL of VQA / LLaVA records (default: ShapesVQA)")
     add("--eval-data", help="JSONL for the final eval (default: ShapesVQA eval)")
     add("--train-size", type=int, help="ShapesVQA train records")
@@ -221,6 +229,10 @@ def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
         help="start a new run in a folder holding one, deleting its checkpoints, metrics and result",
     )
     values = vars(parser.parse_args(argv))
+    if values["model_path"] == REFERENCE:  # the default base, which main() resolves
+        values["model_path"] = None
+    elif values["model_path"] is not None:  # a Hub id becomes its snapshot folder in the cache
+        values["model_path"] = str(resolve_model(values["model_path"], "model_path"))
     sequences = ("question_types", "eval_question_types", "report_question_types", "report_to")
     for name in ("lora_targets", "modules_to_save", "new_tokens", *sequences):
         values[name] = tuple(part.strip() for part in values[name].split(",") if part.strip())

@@ -43,6 +43,17 @@ def test_defaults_shown_are_the_real_ones():
     assert "--no-progress no progress bar" in text  # flags say nothing about defaults
 
 
+def test_on_off_pairs_name_the_default_flag():
+    for name, parser in SUBCOMMANDS.items():
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            if isinstance(action, argparse.BooleanOptionalAction) and "default" not in action.help:
+                flag = action.option_strings[0 if action.default else 1]
+                assert f"(default: {flag})" in text, f"{name} {action.option_strings[0]}"
+    text = " ".join(SUBCOMMANDS["generate-batch"].format_help().split())
+    assert "same images, same adapter) (default: --prefix-cache)" in text
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -62,6 +63,25 @@ def test_results_come_in_input_order_and_equal_generate(tmp_path):
         expected = model.generate(**inputs, max_new_tokens=4, do_sample=False)
     assert results[1]["tokens"] == expected[0, inputs["input_ids"].shape[1] :].tolist()
     assert "[ascend_vlm] 4 requests, 18 tokens" in printed.getvalue()
+
+
+def test_images_may_be_http_and_data_urls(tmp_path, loopback_http):
+    folder, url = loopback_http
+    Image.new("RGB", (64, 64), "red").save(folder / "red.png")
+    Image.new("RGB", (64, 64), "red").save(tmp_path / "red.png")
+    data = "data:image/png;base64," + base64.b64encode((folder / "red.png").read_bytes()).decode()
+    sources = {"file": "red.png", "http": f"{url}/red.png", "data": data}
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(
+        json.dumps({"id": key, "prompt": "what colour", "images": [source], "max_new_tokens": 3})
+        + "\n" for key, source in sources.items()
+    ))  # fmt: skip
+    out = tmp_path / "results.jsonl"
+    argv = ["--model", str(default_model_path()), "--requests", str(path), "--out", str(out)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["generate-batch", *argv, "--no-patch", "--no-progress"]) == 0
+    results = {r["id"]: r["tokens"] for r in map(json.loads, out.read_text().splitlines())}
+    assert results["http"] == results["data"] == results["file"] and len(results["file"]) == 3
 
 
 def test_usage_errors_name_the_option_or_the_line(tmp_path, command_error):

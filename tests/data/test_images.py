@@ -4,11 +4,8 @@ with a ValueError naming the image."""
 from __future__ import annotations
 
 import base64
-import functools
-import http.server
 import io
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -32,18 +29,11 @@ def _png_bytes(image: Image.Image) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """A loopback HTTP server over a folder holding picture.png; yields its base URL."""
-    folder = tmp_path_factory.mktemp("served")
+def served(loopback_http):
+    """The base URL of a loopback HTTP server over a folder holding picture.png."""
+    folder, url = loopback_http
     (folder / "picture.png").write_bytes(_png_bytes(_picture()))
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join()
+    return url
 
 
 def _same(image: Image.Image, expected: Image.Image) -> None:

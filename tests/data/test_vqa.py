@@ -138,6 +138,15 @@ def test_bad_record_fails_fast_naming_its_number(image_folder, record, expected)
         JsonlVQA(path, on_bad_record="fail")
 
 
+def test_a_truncated_image_is_a_bad_record_naming_it(image_folder):
+    # The header reads, the pixel data ends early: refused at load, not mid-evaluation.
+    (image_folder / "truncated.png").write_bytes((image_folder / "scene.png").read_bytes()[:-40])
+    path = _write_jsonl(image_folder, [{"image": "truncated.png", "question": "q?", "answer": "a"}])
+    message = rf"data\.jsonl: record 1: image '{image_folder / 'truncated.png'}' is unreadable"
+    with pytest.raises(BadRecordError, match=message):
+        JsonlVQA(path, on_bad_record="fail")
+
+
 def test_bad_arguments_are_named(image_folder):
     with pytest.raises(ValueError, match="on_bad_record: expected one of"):
         JsonlVQA(_write_jsonl(image_folder, [GOOD_FLAT]), on_bad_record="ignore")

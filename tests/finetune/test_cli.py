@@ -24,7 +24,8 @@ def test_help_shows_the_defaults_on_rank_zero(monkeypatch, capsys):
         "usage: python -m ascend_vlm finetune [-h]",
         "--max-steps MAX_STEPS optimizer steps of LoRA (default: 1200)",
         "--batch-size BATCH_SIZE samples per rank per micro (default: 16)",
-        "--model-path MODEL_PATH local from_pretrained folder (default: the reference checkpoint)",
+        "--model-path MODEL_PATH local from_pretrained folder, Hugging Face Hub id, or "
+        "'reference' (default: the reference checkpoint)",
         "--eval-question-types EVAL_QUESTION_TYPES ShapesVQA question types of the final "
         "eval_accuracy (default: vertical)",
         "--dtype {fp32,bf16} weight dtype to load, train and save in (default: fp32)",
@@ -35,6 +36,20 @@ def test_help_shows_the_defaults_on_rank_zero(monkeypatch, capsys):
         "--overwrite-output-dir start a new run in a folder holding one",
     ):
         assert expected in text
+
+
+def test_help_shows_no_empty_default(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--report-to REPORT_TO comma-separated Trainer report_to integrations" in text
+    assert "(default: )" not in text
+
+
+def test_model_path_reference_is_the_default_base(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    assert cli.parse_args(["--model-path", "reference"]).model_path is None
 
 
 def test_the_package_command_line_runs_the_sub_command(monkeypatch, capsys):

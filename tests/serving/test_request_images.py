@@ -5,10 +5,7 @@ a pixel limit read from the header. Every refusal names the field and the flag."
 from __future__ import annotations
 
 import base64
-import functools
-import http.server
 import io
-import threading
 
 import pytest
 from PIL import Image
@@ -60,21 +57,8 @@ def test_local_files_only_under_the_named_directory(tmp_path):
     assert "no such image file" in _refusal("dog.png", limits)
 
 
-@pytest.fixture
-def image_site(tmp_path):
-    """A loopback HTTP server of ``tmp_path``'s files."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    handler.log_message = lambda *args: None
-    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=site.serve_forever, daemon=True)
-    thread.start()
-    yield tmp_path, f"http://127.0.0.1:{site.server_address[1]}"
-    site.shutdown()
-    site.server_close()
-
-
-def test_urls_only_when_allowed_and_capped(image_site):
-    folder, url = image_site
+def test_urls_only_when_allowed_and_capped(loopback_http):
+    folder, url = loopback_http
     (folder / "small.png").write_bytes(_png())
     (folder / "large.png").write_bytes(_png((600, 600)) + bytes(2 << 20))
     assert "--allow-image-urls" in _refusal(f"{url}/small.png", ServingLimits())

@@ -115,3 +115,19 @@ def test_file_paths_load_as_hugging_faces_do(tmp_path):
     paths = saved_files(tmp_path)
     expected = reference(images=paths, return_tensors="pt")["pixel_values"]
     assert torch.equal(ResizeCropPixels(reference, workers=2)(paths)["pixel_values"], expected)
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip-384"])
+def test_empty_images_are_refused_and_tensors_and_float_arrays_equal_the_reference(name):
+    reference = _references()[name]
+    pixels = ResizeCropPixels(reference, workers=1)
+    for empty, size in ((Image.new("RGB", (0, 7)), "0x7"), (Image.new("RGB", (7, 0)), "7x0")):
+        with pytest.raises(
+            ValueError, match=rf"images\[0\]: expected a non-empty image, got {size}"
+        ):
+            pixels([empty])  # SigLIP's plain resize would turn it into a black image
+    image = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    unit = image.astype(np.float32) / 255.0
+    for source in (unit, torch.from_numpy(unit).permute(2, 0, 1), torch.from_numpy(image)):
+        expected = reference(images=[source], return_tensors="pt")["pixel_values"]
+        assert torch.equal(pixels([source])["pixel_values"], expected)
