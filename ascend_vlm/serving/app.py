@@ -329,6 +329,7 @@ def build_app(
         queue_depth=lambda: engine.queue_depth,
         running_rows=lambda: engine.running_rows,
         kv_bytes=lambda: engine.kv_bytes,
+        kv_tokens=lambda: engine.kv_tokens,
         vision_cache=lambda: vision_cache,
     )
     created = int(time.time())

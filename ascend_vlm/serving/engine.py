@@ -88,6 +88,7 @@ class Engine:
         # Written by the engine thread after each step, read by the metrics at scrape.
         self.running_rows = 0
         self.kv_bytes = 0
+        self.kv_tokens = 0  # tokens whose KV the running rows hold
 
     # ------------------------------------------------------------------ any thread
 
@@ -165,7 +166,7 @@ class Engine:
                 event = next(events)
             except StopIteration:
                 events = None
-                self.running_rows = self.kv_bytes = 0
+                self.running_rows = self.kv_bytes = self.kv_tokens = 0
                 continue
             except Exception as error:  # the model failed: no pending request can go on
                 LOG.exception("a batch step raised; failing every pending request")
@@ -215,6 +216,7 @@ class Engine:
             usage = self.generator.step_usage
             if usage:
                 self.running_rows, self.kv_bytes = usage[-1].batch_size, self.generator.kv_bytes()
+                self.kv_tokens = sum(self.generator.running_kv_tokens())
                 # A server runs for ever: keep only the last step's usage.
                 del usage[:-1]
             return
