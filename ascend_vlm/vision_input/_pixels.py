@@ -13,8 +13,8 @@ decodes (a file path, or a PIL image opened lazily) and then processes the image
 Paths load as Hugging Face's ``load_image`` loads them (EXIF orientation applied, RGB); PIL
 images and arrays are used as they are, as by Hugging Face. With a ``pixel_cache`` (a
 :class:`~ascend_vlm.vision_input.content_cache.ContentCache`), an image whose pixels were
-processed before (same mode, size and pixels: :func:`~ascend_vlm.vision_input.content_cache.
-image_key`) gets its kept rows copied instead of being processed again.
+processed before (:func:`~ascend_vlm.vision_input.content_cache.image_key`: same mode, size,
+palette, transparency and pixels) gets its kept rows copied instead of being processed again.
 """
 
 from __future__ import annotations

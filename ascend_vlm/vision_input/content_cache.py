@@ -24,9 +24,12 @@ def bytes_key(data: bytes | memoryview) -> bytes:
 
 
 def image_key(image: Image.Image) -> bytes:
-    """A 128-bit content hash of a loaded PIL image's mode, size and pixels: equal for images
-    whose pixels are equal, whatever file they came from."""
-    digest = xxhash.xxh3_128(f"{image.mode}{image.size}".encode())
+    """A 128-bit content hash of a loaded PIL image's mode, size, palette and transparency
+    colour (RGB conversion reads both) and pixels: equal for images whose pixels are equal,
+    whatever file they came from."""
+    palette = image.getpalette() if image.mode in ("P", "PA") else None
+    transparency = image.info.get("transparency")
+    digest = xxhash.xxh3_128(f"{image.mode}{image.size}{palette}{transparency!r}".encode())
     digest.update(np.asarray(image))
     return digest.digest()
 
