@@ -34,13 +34,24 @@ Conversation: ``--conversations`` conversations of ``--turns`` turns (three imag
 question first, then short questions, every turn repeating the conversation so far as clients
 do), each with fresh images, alternately on a server started with ``--reuse-args`` added (the
 flags that turn its reuse on, e.g. ``--vision-cache 256``) and on one without them; the rows
-give the last turn's TTFT. Without ``--reuse-args`` they are left out. A benchmark, not a test: numbers depend on the machine and its load.
+give the last turn's TTFT. Without ``--reuse-args`` they are left out; ``--only-conversations``
+leaves out everything else.
+
+KV memory: while the workload runs, a thread reads ``ascend_vlm serve``'s ``/metrics`` every
+``KV_SAMPLE_SECONDS``: the running rows, the KV bytes they hold (``ascend_vlm_kv_bytes``) and
+the tokens whose KV they hold (``ascend_vlm_kv_tokens``). A second table gives, over the
+samples with a running row, the KV bytes per running row, what its tokens need (tokens x the
+model's KV bytes per token) and their ratio: blocks cost at most a partly filled block per row
+beyond the tokens, where a padded batch costs the longest row's length per row. (With a prefix
+cache, rows sharing blocks count them once, so the ratio can fall below 1.)
+
+A benchmark, not a test: numbers depend on the machine and its load.
 
 Usage::
 
     python scripts/bench_serve.py [--clients 16] [--requests 32] [--rounds 3] [--layers 8]
         [--min-new 4] [--max-new 128] [--threads N] [--model PATH] [--serve-args ARGS]
-        [--reuse-args ARGS] [--turns 3] [--conversations 6]
+        [--reuse-args ARGS] [--turns 3] [--conversations 6] [--only-conversations]
         [--json PATH]  (PATH: the table as JSON for docs/benchmarks/, see _bench_record.py)
 """
 
@@ -61,6 +72,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -71,7 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a so
 
 import torch
 from _bench_models import bench_processor, load_bench_model, random_images
-from _bench_record import show_table
+from _bench_record import show_table, table
 from PIL import Image
 
 IMAGE_SIDE = 224
@@ -83,6 +95,12 @@ OURS, THEIRS, SEQUENTIAL, OURS_AGAIN = (
     "generate, sequential",
     "ascend_vlm serve (A/A)",
 )
+# Seconds between two reads of the server's KV gauges.
+KV_SAMPLE_SECONDS = 0.25
+KV_HEADER = [
+    "contender", "samples", "running rows (mean)", "KV bytes per running row",
+    "what its tokens need", "KV / need",
+]  # fmt: skip
 HEADER = [
     "clients", "contender", "requests/s", "tokens/s", "TTFT p50 s", "TTFT p95 s", "vs",
     "throughput x", "TTFT p50 speed-up", "TTFT p95 speed-up", "A/A",
@@ -218,6 +236,73 @@ async def run_clients(base_url: str, requests: list[ChatRequest], clients: int) 
     wall = time.perf_counter() - start
     await client.close()
     return Run(samples=tuple(samples), wall=wall)
+
+
+class KVSample(NamedTuple):
+    """The server's KV gauges at one read: running rows, KV bytes and tokens they hold."""
+
+    rows: int
+    kv_bytes: float
+    kv_tokens: float
+
+
+def read_kv_gauges(base_url: str) -> KVSample:
+    """The KV gauges of the ``ascend_vlm serve`` at ``base_url`` (its ``/v1`` URL)."""
+    metrics_url = base_url.removesuffix("/v1") + "/metrics"
+    with urllib.request.urlopen(metrics_url, timeout=10) as answer:
+        lines = answer.read().decode().splitlines()
+    values = {}
+    for line in lines:
+        name, _, value = line.partition(" ")
+        if name in ("ascend_vlm_running_rows", "ascend_vlm_kv_bytes", "ascend_vlm_kv_tokens"):
+            values[name] = float(value)
+    return KVSample(
+        int(values["ascend_vlm_running_rows"]),
+        values["ascend_vlm_kv_bytes"],
+        values["ascend_vlm_kv_tokens"],
+    )
+
+
+@contextlib.contextmanager
+def kv_samples(base_url: str) -> Iterator[list[KVSample]]:
+    """While the block runs, read the server's KV gauges every ``KV_SAMPLE_SECONDS`` into the
+    list yielded, keeping the reads with a running row."""
+    samples: list[KVSample] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(KV_SAMPLE_SECONDS):
+            with contextlib.suppress(OSError):
+                read = read_kv_gauges(base_url)
+                if read.rows and read.kv_tokens:
+                    samples.append(read)
+
+    sampler = threading.Thread(target=sample, name="bench-kv-sampler", daemon=True)
+    sampler.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        sampler.join()
+
+
+def kv_rows(samples: list[KVSample], bytes_per_token: int) -> list[list[str]]:
+    """The KV memory row: KV bytes per running row against what its tokens need."""
+    if not samples:
+        return [[OURS, "0", "", "", "", ""]]
+    held = sum(s.kv_bytes for s in samples)
+    needed = sum(s.kv_tokens for s in samples) * bytes_per_token
+    rows = sum(s.rows for s in samples)
+    return [
+        [
+            OURS,
+            str(len(samples)),
+            f"{rows / len(samples):.1f}",
+            f"{held / rows:,.0f}",
+            f"{needed / rows:,.0f}",
+            f"{held / needed:.3f}",
+        ]
+    ]
 
 
 def free_port() -> int:
@@ -441,10 +526,12 @@ def conversation_rows(turns: int, ttfts: dict[str, list[float]]) -> list[list[st
     return rows
 
 
-def measure_throughput(args, folder: Path, logs: Path) -> list[list[str]]:
-    """Warm-up, then ``--rounds`` interleaved rounds of the workload on every contender."""
+def measure_throughput(args, folder: Path, logs: Path) -> tuple[list[list[str]], list[list[str]]]:
+    """Warm-up, then ``--rounds`` interleaved rounds of the workload on every contender; the
+    throughput rows and the KV memory rows of ``ascend_vlm serve``."""
     from transformers import AutoModelForImageTextToText
 
+    from ascend_vlm.batching.budgets import kv_bytes_per_token
     from ascend_vlm.default_model import load_processor
 
     requests = workload(args.requests, args.min_new, args.max_new, args.seed)
@@ -468,11 +555,13 @@ def measure_throughput(args, folder: Path, logs: Path) -> list[list[str]]:
             asyncio.run(run_clients(url, warm_up, args.clients))
         generate_sequentially(model, processor, warm_up[:2], args.clients)
         runs: dict[str, list[Run]] = {name: [] for name in calls}
-        for round_index in range(args.rounds):
-            for name in rotated(list(calls), round_index):
-                print(f"[bench_serve] round {round_index + 1}: {name}", flush=True)
-                runs[name].append(calls[name]())
-    return throughput_rows(args.clients, {name: summarize(r) for name, r in runs.items()})
+        with kv_samples(ours) as samples:
+            for round_index in range(args.rounds):
+                for name in rotated(list(calls), round_index):
+                    print(f"[bench_serve] round {round_index + 1}: {name}", flush=True)
+                    runs[name].append(calls[name]())
+    summaries = {name: summarize(r) for name, r in runs.items()}
+    return throughput_rows(args.clients, summaries), kv_rows(samples, kv_bytes_per_token(model))
 
 
 def measure_conversations(args, folder: Path, logs: Path) -> list[list[str]]:
@@ -509,6 +598,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--conversations", type=int, default=6)
+    parser.add_argument(
+        "--only-conversations", action="store_true",
+        help="measure the conversation rows alone (needs --reuse-args)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     for flag in ("clients", "requests", "rounds", "layers", "min_new", "threads", "conversations"):
@@ -516,6 +609,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{flag.replace('_', '-')}: expected an int >= 1")
     if args.max_new < args.min_new:
         parser.error(f"--max-new: expected >= --min-new ({args.min_new}), got {args.max_new}")
+    if args.only_conversations and not args.reuse_args:
+        parser.error("--only-conversations: expected --reuse-args too (the rows compare reuse)")
     if args.turns < 2:
         parser.error(f"--turns: expected >= 2 (a later turn to measure), got {args.turns}")
     return args
@@ -527,12 +622,17 @@ def main(argv: list[str] | None = None) -> int:
     print("$ python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]))
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.model or build_model_folder(Path(scratch) / "model", args.layers)
-        rows = measure_throughput(args, folder, Path(scratch))
+        rows, memory = [], []
+        if not args.only_conversations:
+            rows, memory = measure_throughput(args, folder, Path(scratch))
         if args.reuse_args:
             rows += measure_conversations(args, folder, Path(scratch))
         else:
             print("[bench_serve] no --reuse-args: the conversation rows are left out")
     show_table(HEADER, rows, args.json, sys.argv[0], list(argv or sys.argv[1:]))
+    if memory:
+        print("\nKV memory of ascend_vlm serve while the workload ran:")
+        print(table(KV_HEADER, memory))
     return 0
 
 

@@ -16,9 +16,15 @@ import pytest
 import torch
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 FIRST_TEXT_DELAY = 0.05
+# What the fake server's /metrics says: two running rows holding 40 tokens in 3 KiB.
+FAKE_METRICS = (
+    "# HELP ascend_vlm_running_rows Sequences in the running batch\n"
+    "ascend_vlm_running_rows 2.0\nascend_vlm_kv_bytes 3072.0\nascend_vlm_kv_tokens 40.0\n"
+    "ascend_vlm_kv_bytes_other 1.0\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +43,7 @@ class FakeServer:
         self.app.get("/health")(lambda: {"status": "ok"})
         self.app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": "fake", "object": "model", "created": 0, "owned_by": "me"}]})  # fmt: skip
         self.app.post("/v1/chat/completions")(self.chat)
+        self.app.get("/metrics")(lambda: PlainTextResponse(FAKE_METRICS))
 
     def chunk(self, delta: dict, usage: dict | None = None) -> str:
         choices = [] if usage else [{"index": 0, "delta": delta, "finish_reason": None}]
@@ -176,6 +183,26 @@ def test_the_conversation_rows_give_the_speed_up_of_reuse(bench):
     assert (on["TTFT p50 s"], on["TTFT p50 speed-up"], on["A/A"]) == ("0.200", "7.50", "1.00")
 
 
+def test_the_kv_gauges_are_sampled_while_the_block_runs(bench, fake, monkeypatch):
+    monkeypatch.setattr(bench, "KV_SAMPLE_SECONDS", 0.01)
+    assert bench.read_kv_gauges(fake.url) == bench.KVSample(2, 3072.0, 40.0)
+    with bench.kv_samples(fake.url) as samples:
+        deadline = time.monotonic() + 30
+        while len(samples) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert len(samples) >= 3 and set(samples) == {bench.KVSample(2, 3072.0, 40.0)}
+
+
+def test_the_kv_row_compares_bytes_per_row_with_what_its_tokens_need(bench):
+    samples = [bench.KVSample(2, 3072.0, 40.0), bench.KVSample(1, 1024.0, 10.0)]
+    row = dict(zip(bench.KV_HEADER, bench.kv_rows(samples, 64)[0], strict=True))
+    # 4096 bytes over 3 rows; 50 tokens x 64 bytes = 3200 bytes needed over 3 rows.
+    assert row["KV bytes per running row"] == "1,365"
+    assert row["what its tokens need"] == "1,067"
+    assert row["KV / need"] == "1.280"
+    assert bench.kv_rows([], 64)[0][1] == "0"
+
+
 class _Clock:
     """A ``time`` module stand-in whose clock only the fake model moves."""
 
@@ -262,3 +289,6 @@ def test_bad_arguments_are_refused(bench, capsys):
         bench.main(["--turns", "1"])
     assert exit_info.value.code == 2
     assert "--turns: expected >= 2 (a later turn to measure), got 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--only-conversations"])
+    assert "--only-conversations: expected --reuse-args too" in capsys.readouterr().err

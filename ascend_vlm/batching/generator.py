@@ -446,6 +446,7 @@ class BatchGenerator:
             if blocks is not None:
                 blocks.release([sequence])
             raise
+        sequence.reused_tokens = start
         self._prefilled += sequence.size.prompt_tokens - start
         self._prefix_hits += bool(start)
         self._reused += start
@@ -542,6 +543,7 @@ class BatchGenerator:
             admitted=sequence.admitted,
             first_token=sequence.first_token,
             finished=self._now(),
+            cached_tokens=sequence.reused_tokens,
         )
 
     def _now(self) -> float:

@@ -27,7 +27,7 @@ def image_digest(inputs: dict[str, torch.Tensor]) -> bytes:
     for name in images:
         tensor = inputs[name].detach().contiguous().cpu()
         digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.view(torch.uint8).numpy())  # its buffer, not a copy
     return digest.digest() if images else b""
 
 

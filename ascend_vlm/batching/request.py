@@ -87,7 +87,8 @@ class RequestResult:
     "length", "eos", "stop", "cancelled" or "error" (the step it was running in raised)), the
     prompt length and times in seconds since the generator started: ``submitted``,
     ``admitted`` (its prefill began; None if it never did), ``first_token`` (None if none
-    came) and ``finished``."""
+    came) and ``finished``; ``cached_tokens``: the prompt's leading tokens whose prefill the
+    prefix cache skipped (their KV was taken from cached blocks)."""
 
     request_id: str
     tokens: tuple[int, ...]
@@ -98,6 +99,7 @@ class RequestResult:
     admitted: float | None
     first_token: float | None
     finished: float
+    cached_tokens: int = 0
 
     @property
     def queue_time(self) -> float | None:
@@ -153,6 +155,8 @@ class SequenceState:
     # Its KV blocks in order, and the tokens they hold (batching.kv_blocks).
     blocks: list[int] = field(default_factory=list)
     cached_tokens: int = 0
+    # The prompt's leading tokens the prefix cache gave it at its prefill.
+    reused_tokens: int = 0
     # What its prompt's prefix-cache keys hash beside the tokens (batching.prefix_keys).
     image_digest: bytes = b""
     first_image: int | None = None

@@ -7,10 +7,12 @@ or torch tensor (HxWxC or CxHxW with 1, 3 or 4 channels; uint8, or floats in [0,
 transformers' ``to_pil_image`` rescales them). Whatever cannot become a non-empty image raises
 ``ValueError`` naming the image (``name``: an option, a request line, ``images[2]``) and what is
 accepted; nothing is half-read: the pixels are decoded here, so a truncated file fails here too.
+:func:`load_image_bytes` reads an image file's bytes already in memory the same way.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 from typing import Any
@@ -110,10 +112,27 @@ def load_image(
         image = _from_array(source, name)
     else:
         raise TypeError(f"{name}: expected {ACCEPTED_IMAGES}, got {type(source).__name__}")
+    # Files and URLs are turned upright, as transformers does.
+    return _loaded_rgb(image, name, upright=isinstance(source, str))
+
+
+def load_image_bytes(data: bytes, *, name: str = "image") -> Image.Image:
+    """An image file's encoded ``data`` as :func:`load_image` reads the file: upright, RGB,
+    its pixels read. ``ValueError`` naming ``name`` when it is no image or an empty one."""
+    try:
+        image = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError, SyntaxError, struct.error) as error:
+        raise ValueError(f"{name}: cannot read the data as an image ({error})") from None
+    return _loaded_rgb(image, name, upright=True)
+
+
+def _loaded_rgb(image: Image.Image, name: str, upright: bool) -> Image.Image:
+    """``image`` with its pixels read, turned upright by its EXIF orientation when
+    ``upright``, in RGB."""
     check_image_size(image, name)
     try:
         image.load()
-        if isinstance(source, str):  # files and URLs are turned upright, as transformers does
+        if upright:
             image = ImageOps.exif_transpose(image)
         return image.convert("RGB")
     except (OSError, SyntaxError, struct.error) as error:  # PIL decodes the data only now

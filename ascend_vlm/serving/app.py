@@ -234,7 +234,7 @@ class _Exchange:
                 if error is not None:
                     yield _sse(error.body())
                 else:
-                    counts = usage(self.admitted, len(item.tokens))
+                    counts = usage(self.admitted, item)
                     reason = FINISH_REASONS[item.finish_reason]
                     yield _sse(chunk(self.header, {}, reason, None if include_usage else counts))
                     if include_usage:
@@ -277,19 +277,25 @@ class _ChatCompletions:
     """The ``POST /v1/chat/completions`` handler over ``engine``."""
 
     def __init__(
-        self, engine: Engine, served: ServedModels, limits: ServingLimits, metrics: ServingMetrics
+        self,
+        engine: Engine,
+        served: ServedModels,
+        limits: ServingLimits,
+        metrics: ServingMetrics,
+        decoded_images: Any = None,
     ) -> None:
         self.engine = engine
         self.served = served
         self.limits = limits
         self.metrics = metrics
+        self.decoded_images = decoded_images
 
     async def _submit(self, body: ChatCompletionRequest, request_id: str) -> RequestStream:
         """The request handed to the engine; ApiError (counted) when it is refused."""
         try:
             adapter = self.served.adapter_for(body.model)
             generation = await run_in_threadpool(
-                generation_request, body, adapter, self.limits, request_id
+                generation_request, body, adapter, self.limits, request_id, self.decoded_images
             )
             return self.engine.submit(generation, asyncio.get_running_loop())
         except ApiError:
@@ -336,14 +342,18 @@ def build_app(
     limits: ServingLimits,
     api_key: str | None = None,
     vision_cache: Any = None,
+    decoded_images: Any = None,
 ) -> Any:
     """The server's ASGI app over a started ``engine``: FastAPI with the routes, inside the
     body-size limit and, with ``api_key``, the bearer check. ``vision_cache``: the model's
-    :class:`~ascend_vlm.reuse.VisionCache`, whose hits and misses ``/metrics`` reports."""
+    :class:`~ascend_vlm.reuse.VisionCache`, whose hits and misses ``/metrics`` reports.
+    ``decoded_images``: the cache of decoded request images
+    (:func:`~ascend_vlm.serving.images.decoded_image_cache`; None: every image decoded)."""
     metrics = ServingMetrics(
         queue_depth=lambda: engine.queue_depth,
         running_rows=lambda: engine.running_rows,
         kv_bytes=lambda: engine.kv_bytes,
+        kv_tokens=lambda: engine.kv_tokens,
         vision_cache=lambda: vision_cache,
     )
     created = int(time.time())
@@ -378,7 +388,7 @@ def build_app(
     app.post(
         CHAT_PATH,
         summary="OpenAI's chat completion: JSON, or server-sent events with stream: true",
-    )(_ChatCompletions(engine, served, limits, metrics).__call__)
+    )(_ChatCompletions(engine, served, limits, metrics, decoded_images).__call__)
     guarded: Any = BodyLimit(
         app,
         limits.max_body_bytes,

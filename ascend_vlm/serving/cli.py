@@ -70,6 +70,12 @@ def _add_server_arguments(parser: Any) -> None:
         help="let requests name http(s) image URLs, fetched with --image-url-timeout and "
         "--image-url-max-mib",
     )  # fmt: skip
+    group.add_argument(
+        "--image-cache", metavar="MIB", type=int, default=0,
+        help="keep up to MIB MiB of decoded request images and MIB MiB of their preprocessed "
+        "pixels (least recently used evicted), so a conversation's repeated images are neither "
+        "decoded nor preprocessed again (default 0: off)",
+    )  # fmt: skip
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
                        help="uvicorn's log level")  # fmt: skip
     limits = parser.add_argument_group("limits")
@@ -118,6 +124,8 @@ def _limits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Servin
     local = args.allow_local_images
     if local is not None and not local.is_dir():
         parser.error(f"--allow-local-images: expected a directory, got {local}")
+    if args.image_cache < 0:
+        parser.error(f"--image-cache: expected MiB >= 0, got {args.image_cache}")
     return ServingLimits(
         max_body_bytes=args.max_body_mib * MIB,
         max_images=args.max_images,
@@ -149,7 +157,8 @@ def _prepared_model(args: argparse.Namespace, path: Path) -> tuple[Any, Any, Any
         extra = (processor,) if option.needs_processor else ()
         print(f"[ascend_vlm] {option.apply(model, args, *extra)['summary']}", flush=True)
     # Every request is encoded on the engine thread; the fast image part gives the same tensors.
-    return model, with_fast_pixels(processor, workers=2), adapters
+    fast = with_fast_pixels(processor, workers=2, cache_bytes=args.image_cache * MIB)
+    return model, fast, adapters
 
 
 def _loopback(host: str) -> bool:
@@ -168,6 +177,7 @@ def run_command(args: argparse.Namespace) -> int:
     from ascend_vlm.serving.app import build_app
     from ascend_vlm.serving.conversion import ServedModels
     from ascend_vlm.serving.engine import Engine
+    from ascend_vlm.serving.images import decoded_image_cache
     from ascend_vlm.serving.server import DrainingServer, bind_socket
 
     parser = args.parser
@@ -195,7 +205,8 @@ def run_command(args: argparse.Namespace) -> int:
     )
     engine = Engine(generator, limits.max_queue)
     engine.start()
-    app = build_app(engine, served, limits, args.api_key, vision_cache_of(model))
+    decoded = decoded_image_cache(args.image_cache * MIB) if args.image_cache else None
+    app = build_app(engine, served, limits, args.api_key, vision_cache_of(model), decoded)
     host, port = listener.getsockname()[:2]
     print(f"[ascend_vlm] serving {', '.join([served.name, *served.adapters])} on "
           f"http://{args.host}:{port}/v1", flush=True)  # fmt: skip

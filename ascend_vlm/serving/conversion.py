@@ -9,9 +9,11 @@ temperature is 1) with ``top_p`` and ``seed`` (a fresh random seed when none is 
 to fit :data:`LOW_DETAIL_SIDE` pixels a side (aspect kept), as OpenAI's low-resolution mode
 does, so it costs fewer image tokens; "high" and "auto" give it as sent (the processor's own
 size rules apply to every image). A message's ``name`` is accepted and not shown to the model
-(the chat templates have no place for it), as vLLM does. ``usage`` counts ``prompt_tokens`` (text and image tokens),
-``completion_tokens`` and ``total_tokens``; ``prompt_tokens_details.image_tokens`` is the image
-tokens among the prompt's, an extra field OpenAI's clients keep.
+(the chat templates have no place for it), as vLLM does. ``usage`` counts ``prompt_tokens``
+(text and image tokens), ``completion_tokens`` and ``total_tokens``;
+``prompt_tokens_details.cached_tokens`` is the prompt tokens whose prefill the prefix cache
+skipped (OpenAI's meaning), and ``prompt_tokens_details.image_tokens`` the image tokens among
+the prompt's, an extra field OpenAI's clients keep.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ascend_vlm.serving.errors import ApiError
 from ascend_vlm.serving.images import read_image
 from ascend_vlm.serving.limits import LIMIT_FLAGS, ServingLimits
 from ascend_vlm.serving.protocol import ChatCompletionRequest, ImagePart
+from ascend_vlm.vision_input.content_cache import ContentCache
 
 # The generator's finish reasons as OpenAI names them ("cancelled" and "error" never reach a
 # client as a finish reason).
@@ -70,14 +73,14 @@ class ServedModels:
         return {"object": "list", "data": cards}
 
 
-def _content(content: Any, where: str, limits: ServingLimits) -> Any:
+def _content(content: Any, where: str, limits: ServingLimits, decoded: ContentCache | None) -> Any:
     if isinstance(content, str):
         return content
     parts = []
     for index, part in enumerate(content):
         if isinstance(part, ImagePart):
             param = f"{where}.{index}.image_url.url"
-            image = read_image(part.image_url.url, param, limits)
+            image = read_image(part.image_url.url, param, limits, decoded)
             if part.image_url.detail == "low":
                 image.thumbnail((LOW_DETAIL_SIDE, LOW_DETAIL_SIDE))  # only ever shrinks
             parts.append({"type": "image", "image": image})
@@ -103,10 +106,15 @@ def _max_new_tokens(body: ChatCompletionRequest, limits: ServingLimits) -> int:
 
 
 def generation_request(
-    body: ChatCompletionRequest, adapter: str | None, limits: ServingLimits, request_id: str
+    body: ChatCompletionRequest,
+    adapter: str | None,
+    limits: ServingLimits,
+    request_id: str,
+    decoded: ContentCache | None = None,
 ) -> GenerationRequest:
     """The generator's request for ``body`` answered by ``adapter``; its images are read here
-    (blocking: URL fetches and decoding). ApiError 400 naming the field or limit at fault."""
+    (blocking: URL fetches and decoding, skipped for the images ``decoded`` holds). ApiError
+    400 naming the field or limit at fault."""
     count = sum(
         isinstance(part, ImagePart)
         for message in body.messages
@@ -123,7 +131,7 @@ def generation_request(
         )
     messages = [
         {"role": message.role,
-         "content": _content(message.content, f"messages.{index}.content", limits)}
+         "content": _content(message.content, f"messages.{index}.content", limits, decoded)}
         for index, message in enumerate(body.messages)
     ]  # fmt: skip
     temperature = 1.0 if body.temperature is None else body.temperature
@@ -141,13 +149,18 @@ def generation_request(
     )
 
 
-def usage(admitted: Admitted, completion_tokens: int) -> dict[str, Any]:
-    """OpenAI's ``usage`` object, with the image tokens among the prompt's."""
+def usage(admitted: Admitted, result: RequestResult) -> dict[str, Any]:
+    """OpenAI's ``usage`` object of the finished request ``result``, with the prompt tokens the
+    prefix cache gave it and the image tokens among the prompt's."""
+    completion_tokens = len(result.tokens)
     return {
         "prompt_tokens": admitted.prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": admitted.prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0, "image_tokens": admitted.visual_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": result.cached_tokens,
+            "image_tokens": admitted.visual_tokens,
+        },
     }
 
 
@@ -178,7 +191,7 @@ def completion(header: ResponseHeader, result: RequestResult, admitted: Admitted
     return {
         **header.fields("chat.completion"),
         "choices": [choice],
-        "usage": usage(admitted, len(result.tokens)),
+        "usage": usage(admitted, result),
     }
 
 

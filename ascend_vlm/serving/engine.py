@@ -95,6 +95,7 @@ class Engine:
         # Written by the engine thread after each step, read by the metrics at scrape.
         self.running_rows = 0
         self.kv_bytes = 0
+        self.kv_tokens = 0  # tokens whose KV the running rows hold
 
     # ------------------------------------------------------------------ any thread
 
@@ -173,7 +174,7 @@ class Engine:
                 event = next(events)
             except StopIteration:
                 events = None
-                self.running_rows = self.kv_bytes = 0
+                self.running_rows = self.kv_bytes = self.kv_tokens = 0
                 continue
             except Exception as error:
                 events = None
@@ -220,6 +221,7 @@ class Engine:
             usage = self.generator.step_usage
             if usage:  # the first event since a step ended: read that step's usage once
                 self.running_rows, self.kv_bytes = usage[-1].batch_size, self.generator.kv_bytes()
+                self.kv_tokens = sum(self.generator.running_kv_tokens())
                 # A server runs for ever: keep no step's usage once read.
                 usage.clear()
             return

@@ -2,15 +2,21 @@
 (:class:`~ascend_vlm.serving.limits.ServingLimits`).
 
 * ``data:image/...;base64,`` URLs are always read;
-* ``http(s)://`` URLs only with ``allow_image_urls``: fetched with a timeout and a size cap,
-  redirects followed to http(s) only;
+* ``http(s)://`` URLs only with ``allow_image_urls``: fetched within ``url_timeout`` seconds for
+  the whole fetch (connection, headers and body: a server that sends slowly is cut off at the
+  deadline) and at most ``url_max_bytes`` bytes, redirects followed to http(s) only;
 * anything else is a local path (``file://`` or plain), read only under the ``local_images``
-  directory: symlinks are resolved first, and a path that resolves outside it is refused.
+  directory (symlinks are resolved first, and a path that resolves outside it is refused), at
+  most ``url_max_bytes`` bytes, read once.
 
 Each image's width x height is read from its header before its pixels are decoded and must
-not pass ``max_image_pixels``; then :func:`ascend_vlm.data.images.load_image` reads it as every
-other command does (upright, RGB). Every refusal is an :class:`~ascend_vlm.serving.errors.
-ApiError` (400) whose message names the field and the limit or flag.
+not pass ``max_image_pixels``; then :func:`ascend_vlm.data.images.load_image_bytes` decodes its
+bytes as every other command reads an image file (upright, RGB). With a ``decoded`` cache (a
+:class:`~ascend_vlm.vision_input.content_cache.ContentCache`), an image read before is the
+image decoded then, not decoded again (keyed by the content hash of its bytes, or of its data
+URL's text). Every
+refusal is an :class:`~ascend_vlm.serving.errors.ApiError` (400) whose message names the field
+and the limit or flag.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,11 +33,14 @@ from urllib.parse import unquote, urlparse
 
 from PIL import Image
 
-from ascend_vlm.data.images import DATA_URL_PREFIX, URL_SCHEMES, load_image
+from ascend_vlm.data.images import DATA_URL_PREFIX, URL_SCHEMES, load_image_bytes
 from ascend_vlm.serving.errors import ApiError
 from ascend_vlm.serving.limits import LIMIT_FLAGS, ServingLimits
+from ascend_vlm.vision_input.content_cache import ContentCache, bytes_key
 
 FILE_URL_PREFIX = "file://"
+# Bytes a fetch reads at a time (between two looks at its deadline).
+FETCH_CHUNK_BYTES = 1 << 16
 
 
 def _refuse(param: str, message: str, code: str = "invalid_image") -> ApiError:
@@ -43,21 +54,59 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _fetch(url: str, param: str, limits: ServingLimits) -> bytes:
+def _too_large(param: str, what: str, limits: ServingLimits) -> ApiError:
+    return _refuse(
+        param,
+        f"{what} is larger than {LIMIT_FLAGS['url_max_bytes']} ({limits.url_max_bytes} bytes)",
+        code="image_too_large",
+    )
+
+
+def _download(url: str, limits: ServingLimits, deadline: float, outcome: dict) -> None:
+    """Fetch ``url`` into ``outcome["data"]`` (at most ``url_max_bytes`` + 1 bytes), its error
+    into ``outcome["error"]``, or ``outcome["late"] = True`` when ``deadline`` (a
+    ``time.monotonic()`` value) came first."""
     opener = urllib.request.build_opener(_HttpOnlyRedirects)
     try:
         with opener.open(url, timeout=limits.url_timeout) as response:
-            data = response.read(limits.url_max_bytes + 1)
+            chunks, size = [], 0
+            while size <= limits.url_max_bytes and time.monotonic() < deadline:
+                chunk = response.read1(min(FETCH_CHUNK_BYTES, limits.url_max_bytes + 1 - size))
+                if not chunk:
+                    outcome["data"] = b"".join(chunks)
+                    return
+                chunks.append(chunk)
+                size += len(chunk)
+            outcome["data"] = b"".join(chunks)  # over the cap
+            outcome["late"] = size <= limits.url_max_bytes  # or cut at the deadline
     except (OSError, ValueError) as error:  # URLError, timeouts, malformed URLs
-        message = f"cannot fetch {url[:80]!r} ({type(error).__name__}: {error})"
-        raise _refuse(param, message) from None
-    if len(data) > limits.url_max_bytes:
-        raise _refuse(
-            param,
-            f"the image at {url[:80]!r} is larger than {LIMIT_FLAGS['url_max_bytes']} "
-            f"({limits.url_max_bytes} bytes)",
-            code="image_too_large",
+        outcome["error"] = error
+
+
+def _fetch(url: str, param: str, limits: ServingLimits) -> bytes:
+    # The fetch runs in a thread of its own so that the deadline holds however the server
+    # paces its bytes: each socket operation's own timeout bounds only that operation.
+    deadline = time.monotonic() + limits.url_timeout
+    outcome: dict = {}
+    fetcher = threading.Thread(
+        target=_download, args=(url, limits, deadline, outcome), name="ascend_vlm-fetch",
+        daemon=True,
+    )  # fmt: skip
+    fetcher.start()
+    fetcher.join(limits.url_timeout)
+    if fetcher.is_alive() or outcome.get("late"):
+        message = (
+            f"cannot fetch {url[:80]!r} within {LIMIT_FLAGS['url_timeout']} "
+            f"({limits.url_timeout:g} s)"
         )
+        raise _refuse(param, message)
+    if "error" in outcome:
+        error = outcome["error"]
+        message = f"cannot fetch {url[:80]!r} ({type(error).__name__}: {error})"
+        raise _refuse(param, message)
+    data = outcome["data"]
+    if len(data) > limits.url_max_bytes:
+        raise _too_large(param, f"the image at {url[:80]!r}", limits)
     return data
 
 
@@ -106,25 +155,59 @@ def _data_url_bytes(url: str, param: str) -> bytes:
         raise _refuse(param, f"the data URL's payload is not base64 ({error})") from None
 
 
-def read_image(url: str, param: str, limits: ServingLimits) -> Image.Image:
-    """The image ``url`` names (see the module docstring), as an RGB PIL image; ``param`` is
-    the request field it came from, named by every refusal."""
+def _file_bytes(path: Path, param: str, limits: ServingLimits) -> bytes:
+    try:
+        with path.open("rb") as file:
+            data = file.read(limits.url_max_bytes + 1)
+    except OSError as error:
+        raise _refuse(param, f"cannot read {path} ({type(error).__name__}: {error})") from None
+    if len(data) > limits.url_max_bytes:
+        raise _too_large(param, f"the image file {path}", limits)
+    return data
+
+
+def _image_bytes(url: str, param: str, limits: ServingLimits) -> bytes:
+    """The encoded image ``url`` names, under the limits (module docstring)."""
     if url.startswith(DATA_URL_PREFIX):
-        data = _data_url_bytes(url, param)
-        source: str = url
-    elif url.startswith(URL_SCHEMES):
+        return _data_url_bytes(url, param)
+    if url.startswith(URL_SCHEMES):
         if not limits.allow_image_urls:
             raise _refuse(
                 param, "http(s) image URLs are off (start the server with --allow-image-urls)"
             )
-        data = _fetch(url, param, limits)
-        source = DATA_URL_PREFIX + "image/*;base64," + base64.b64encode(data).decode()
-    else:
-        path = _local_file(url, param, limits)
-        data = path.read_bytes()
-        source = str(path)
+        return _fetch(url, param, limits)
+    return _file_bytes(_local_file(url, param, limits), param, limits)
+
+
+def read_image(
+    url: str, param: str, limits: ServingLimits, decoded: ContentCache | None = None
+) -> Image.Image:
+    """The image ``url`` names (see the module docstring), as an RGB PIL image; ``param`` is
+    the request field it came from, named by every refusal. ``decoded``: the images decoded
+    before, by the content hash of their bytes, or of their data URL's text, which names the
+    bytes and is hashed without decoding it (the image returned may be one of them: never
+    change it)."""
+    data = None if url.startswith(DATA_URL_PREFIX) else _image_bytes(url, param, limits)
+    key = None
+    if decoded is not None:
+        key = bytes_key(url.encode() if data is None else data)
+        image = decoded.get(key)
+        if image is not None:
+            return image
+    if data is None:
+        data = _image_bytes(url, param, limits)
     _check_pixels(data, param, limits)
     try:
-        return load_image(source, name=param)
+        image = load_image_bytes(data, name=param)
     except ValueError as error:
         raise _refuse(param, str(error).removeprefix(f"{param}: ")) from None
+    if key is not None:
+        decoded.put(key, image)
+    return image
+
+
+def decoded_image_cache(max_bytes: int) -> ContentCache:
+    """A cache of decoded images for :func:`read_image`, of at most ``max_bytes`` of pixels."""
+    return ContentCache(
+        max_bytes, size_of=lambda image: len(image.getbands()) * image.width * image.height
+    )

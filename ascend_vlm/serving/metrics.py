@@ -9,8 +9,10 @@ The names are a contract (the Kubernetes autoscaler of ``deploy/kubernetes`` sca
 * counters ``ascend_vlm_prompt_tokens_total``, ``ascend_vlm_visual_tokens_total`` (the image
   tokens among the prompt tokens) and ``ascend_vlm_generated_tokens_total``;
 * gauges ``ascend_vlm_queue_depth`` (requests accepted and not yet running),
-  ``ascend_vlm_running_rows`` (sequences in the running batch) and ``ascend_vlm_kv_bytes`` (KV
-  bytes the running sequences hold now), read from the engine at scrape;
+  ``ascend_vlm_running_rows`` (sequences in the running batch), ``ascend_vlm_kv_bytes`` (KV
+  bytes the running sequences hold now) and ``ascend_vlm_kv_tokens`` (tokens whose KV they
+  hold: bytes over tokens shows what the blocks cost beyond the tokens' need), read from the
+  engine at scrape;
 * counters ``ascend_vlm_vision_cache_hits_total`` / ``ascend_vlm_vision_cache_misses_total``,
   read from the model's vision cache at scrape (0 without one).
 """
@@ -57,8 +59,8 @@ class _VisionCacheCounters(Collector):
 
 
 class ServingMetrics:
-    """The metrics of one server. ``queue_depth``, ``running_rows`` and ``kv_bytes`` are
-    read at scrape from the callables given; ``vision_cache()`` returns the model's
+    """The metrics of one server. ``queue_depth``, ``running_rows``, ``kv_bytes`` and
+    ``kv_tokens`` are read at scrape from the callables given; ``vision_cache()`` returns the model's
     :class:`~ascend_vlm.reuse.VisionCache` or None."""
 
     def __init__(
@@ -66,6 +68,7 @@ class ServingMetrics:
         queue_depth: Callable[[], float],
         running_rows: Callable[[], float],
         kv_bytes: Callable[[], float],
+        kv_tokens: Callable[[], float],
         vision_cache: Callable[[], Any],
     ) -> None:
         self.registry = CollectorRegistry()
@@ -101,6 +104,7 @@ class ServingMetrics:
             ("ascend_vlm_queue_depth", "Requests accepted and not running yet", queue_depth),
             ("ascend_vlm_running_rows", "Sequences in the running batch", running_rows),
             ("ascend_vlm_kv_bytes", "KV bytes the running sequences hold", kv_bytes),
+            ("ascend_vlm_kv_tokens", "Tokens whose KV the running sequences hold", kv_tokens),
         ):
             Gauge(name, what, registry=registry).set_function(read)
         registry.register(_VisionCacheCounters(vision_cache))

@@ -11,7 +11,10 @@ call is written into its rows of one float32 buffer for the whole batch (optiona
 ``pixel_values`` shares. PIL and NumPy release the GIL, so a pool of ``workers`` threads
 decodes (a file path, or a PIL image opened lazily) and then processes the images of a call.
 Paths load as Hugging Face's ``load_image`` loads them (EXIF orientation applied, RGB); PIL
-images and arrays are used as they are, as by Hugging Face.
+images and arrays are used as they are, as by Hugging Face. With a ``pixel_cache`` (a
+:class:`~ascend_vlm.vision_input.content_cache.ContentCache`), an image whose pixels were
+processed before (:func:`~ascend_vlm.vision_input.content_cache.image_key`: same mode, size,
+palette, transparency and pixels) gets its kept rows copied instead of being processed again.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 from PIL import Image, ImageOps
 
 from ascend_vlm.data.images import ACCEPTED_IMAGES, check_image_size, is_remote, load_image
+from ascend_vlm.vision_input.content_cache import ContentCache, image_key
 
 if TYPE_CHECKING:
     from ascend_vlm.vision_input.staging import StagingPool
@@ -73,6 +77,8 @@ class ImagePixels(abc.ABC):
 
     family = "a Hugging Face image processor"
     required_attributes: tuple[str, ...] = ("size", "image_mean", "image_std", "rescale_factor")
+    # Each processed image's rows by image_key (module docstring); None: every image processed.
+    pixel_cache: ContentCache | None = None
 
     def __init__(self, reference: Any, workers: int = 2) -> None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -286,8 +292,27 @@ class ImagePixels(abc.ABC):
                 prepared, layouts, starts[:-1], starts[1:], strict=True
             )
         ]
-        self._map(self._fill, jobs)
+        self._fill_all(jobs)
         return BatchFeature(data={"pixel_values": pixel_values, **self._features(layouts)})
+
+    def _fill_all(self, jobs: list[tuple[Image.Image, Any, np.ndarray]]) -> None:
+        """Run every ``(image, layout, out)`` job of :meth:`_fill`, the ones the
+        ``pixel_cache`` holds by copying their kept rows."""
+        cache = self.pixel_cache
+        if cache is None:
+            self._map(self._fill, jobs)
+            return
+        keys = [image_key(image) for image, _, _ in jobs]
+        missed = []
+        for key, job in zip(keys, jobs, strict=True):
+            kept = cache.get(key)
+            if kept is None:
+                missed.append((key, job))
+            else:
+                job[2][...] = kept
+        self._map(self._fill, [job for _, job in missed])
+        for key, (_, _, out) in missed:
+            cache.put(key, out.copy())
 
     preprocess = __call__
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ascend_vlm.data.images import ACCEPTED_IMAGES, load_image
+from ascend_vlm.data.images import ACCEPTED_IMAGES, load_image, load_image_bytes
 
 ACCEPTED = re.escape(ACCEPTED_IMAGES)
 
@@ -101,3 +101,20 @@ def test_bad_images_are_refused_naming_the_image(source, message):
 def test_other_kinds_are_a_type_error():
     with pytest.raises(TypeError, match=r"^image: expected a local image file, .* got int$"):
         load_image(3)
+
+
+def test_bytes_load_as_their_file_does(tmp_path):
+    # An EXIF orientation of 6 (rotate 90 degrees): the file and its bytes both load upright.
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    _picture().save(buffer, format="PNG", exif=exif)
+    path = tmp_path / "turned.png"
+    path.write_bytes(buffer.getvalue())
+    from_file = load_image(path)
+    assert from_file.size == (5, 7)
+    _same(load_image_bytes(buffer.getvalue(), name="images[0]"), from_file)
+    with pytest.raises(ValueError, match=r"^images\[0\]: cannot read the data as an image"):
+        load_image_bytes(b"not an image", name="images[0]")
+    with pytest.raises(ValueError, match=r"^images\[0\]: cannot read the image's pixels"):
+        load_image_bytes(_png_bytes(Image.new("RGB", (64, 64), "red"))[:-40], name="images[0]")

@@ -49,7 +49,7 @@ def serve_arguments():
 
 def server_counters() -> set[str]:
     """The counters the server exports at /metrics, as Prometheus names their series."""
-    metrics = ServingMetrics(lambda: 0, lambda: 0, lambda: 0, lambda: None)
+    metrics = ServingMetrics(lambda: 0, lambda: 0, lambda: 0, lambda: 0, lambda: None)
     families = text_string_to_metric_families(metrics.exposition().decode())
     return {f"{family.name}_total" for family in families if family.type == "counter"}
 

@@ -65,14 +65,18 @@ def running_server(
     api_key: str | None = None,
     adapters: Any = None,
     served: ServedModels | None = None,
+    decoded_images: Any = None,
     **budgets: Any,
 ) -> Iterator[RunningServer]:
-    """Serve ``model`` on 127.0.0.1 at a free port while inside."""
+    """Serve ``model`` on 127.0.0.1 at a free port while inside (``decoded_images``: as
+    ``build_app`` takes it)."""
     limits = limits or ServingLimits(max_completion_tokens=64)
     generator = BatchGenerator(model, processor, adapters=adapters, **budgets)
     engine = Engine(generator, limits.max_queue)
     engine.start()
-    app = build_app(engine, served or ServedModels(MODEL_NAME), limits, api_key)
+    app = build_app(
+        engine, served or ServedModels(MODEL_NAME), limits, api_key, decoded_images=decoded_images
+    )
     listener = bind_socket("127.0.0.1", 0)
     server = DrainingServer(app, engine, limits.drain_seconds, log_level="warning")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)

@@ -56,14 +56,17 @@ def test_concurrent_streams_each_equal_generate_alone(tiny_server, model_and_pro
         chunks = list(stream)
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
 
-    rows_seen = []
+    rows_seen, kv_seen = [], []
     with ThreadPoolExecutor(CLIENTS) as pool:
         futures = [pool.submit(ask, index) for index in range(CLIENTS)]
         while not all(future.done() for future in futures):
-            rows_seen.append(tiny_server.engine.running_rows)
+            engine = tiny_server.engine
+            rows_seen.append(engine.running_rows)
+            kv_seen.append(engine.kv_tokens)
             time.sleep(0.01)  # a sample per step or so, leaving the cores to the server
         answers = [future.result() for future in futures]
     for index, (text, chunks) in enumerate(answers):
         assert text == expected[index % len(questions)], index
         assert chunks[-1].usage.completion_tokens <= NEW_TOKENS
     assert max(rows_seen) > 1  # the clients shared the running batch
+    assert max(kv_seen) > 0  # the running rows held their tokens

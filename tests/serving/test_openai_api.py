@@ -26,6 +26,7 @@ METRIC_NAMES = (
     "ascend_vlm_queue_depth",
     "ascend_vlm_running_rows",
     "ascend_vlm_kv_bytes",
+    "ascend_vlm_kv_tokens",
     "ascend_vlm_vision_cache_hits_total",
     "ascend_vlm_vision_cache_misses_total",
 )

@@ -5,13 +5,16 @@ a pixel limit read from the header. Every refusal names the field and the flag."
 from __future__ import annotations
 
 import base64
+import http.server
 import io
+import threading
+import time
 
 import pytest
 from PIL import Image
 
 from ascend_vlm.serving.errors import ApiError
-from ascend_vlm.serving.images import read_image
+from ascend_vlm.serving.images import decoded_image_cache, read_image
 from ascend_vlm.serving.limits import ServingLimits
 
 FIELD = "messages.0.content.0.image_url.url"
@@ -66,3 +69,67 @@ def test_urls_only_when_allowed_and_capped(loopback_http):
     assert read_image(f"{url}/small.png", FIELD, allowed).size == (8, 6)
     assert "larger than --image-url-max-mib" in _refusal(f"{url}/large.png", allowed)
     assert "cannot fetch" in _refusal(f"{url}/missing.png", allowed)
+
+
+def test_local_files_are_capped_and_read_once(tmp_path, monkeypatch):
+    (tmp_path / "cat.png").write_bytes(_png())
+    (tmp_path / "large.png").write_bytes(_png((600, 600)) + bytes(2 << 20))
+    limits = ServingLimits(local_images=tmp_path, url_max_bytes=1 << 20)
+    assert "the image file" in _refusal("large.png", limits)
+    assert "larger than --image-url-max-mib" in _refusal("large.png", limits)
+    opened = []
+    real_open = open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith("cat.png"):
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)
+    assert read_image("cat.png", FIELD, limits).size == (8, 6)
+    assert len(opened) == 1
+
+
+class _SlowImage(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with a PNG body sent two bytes every 50 ms: each socket read is
+    quick, the whole fetch is slow."""
+
+    def do_GET(self):
+        body = _png()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        for start in range(0, len(body), 2):
+            self.wfile.write(body[start : start + 2])
+            self.wfile.flush()
+            time.sleep(0.05)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_url_timeout_bounds_the_whole_fetch():
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowImage)
+    site.daemon_threads = True
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{site.server_address[1]}/slow.png"
+        limits = ServingLimits(allow_image_urls=True, url_timeout=0.5)
+        assert "within --image-url-timeout (0.5 s)" in _refusal(url, limits)
+        patient = ServingLimits(allow_image_urls=True, url_timeout=60)
+        assert read_image(url, FIELD, patient).size == (8, 6)
+    finally:
+        site.shutdown()
+        site.server_close()
+
+
+def test_decoded_images_are_kept_by_content():
+    cache = decoded_image_cache(1 << 20)
+    url = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    first = read_image(url, FIELD, ServingLimits(), cache)
+    assert read_image(url, FIELD, ServingLimits(), cache) is first
+    other = "data:image/png;base64," + base64.b64encode(_png(colour="blue")).decode()
+    assert read_image(other, FIELD, ServingLimits(), cache).getpixel((0, 0)) == (0, 0, 255)
+    assert (cache.hits, cache.misses, len(cache)) == (1, 2, 2)
+    assert first.getpixel((0, 0)) == (255, 0, 0)

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
         (["--model", "x", "--kv-block-size", "0"], "--kv-block-size: expected an int >= 1"),
         (["--model", "x", "--allow-local-images", "/no/dir"], "--allow-local-images: expected"),
         (["--model", "x", "--adapter", "noequals"], "--adapter: expected NAME=PATH"),
+        (["--model", "x", "--image-cache", "-1"], "--image-cache: expected MiB >= 0, got -1"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(command_error, argv, words):
@@ -56,7 +57,7 @@ def test_kv_cache_flags_become_the_batch_generators_keywords(flags, expected):
 def test_sigterm_drains_the_request_in_flight_and_exits_0(tiny_model_path):
     command = [sys.executable, "-m", "ascend_vlm", "serve", "--model", str(tiny_model_path),
                "--port", "0", "--no-patch", "--served-model-name", "tiny", "--drain-seconds",
-               "120", "--log-level", "warning"]  # fmt: skip
+               "120", "--log-level", "warning", "--image-cache", "8"]  # fmt: skip
     process = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -198,3 +198,36 @@ def test_a_torchvision_backend_reference_is_refused_and_with_fast_pixels_falls_b
     fast = with_fast_pixels(processor)
     assert isinstance(fast.image_processor, QwenVLPixels) and fast.tokenizer == "t"
     assert processor.image_processor is reference  # the original is left as it was
+
+
+def test_a_pixel_cache_copies_what_it_processed_before(reference):
+    from ascend_vlm.vision_input.content_cache import ContentCache
+
+    images = corpus()[:4]
+    expected = reference(images=images, return_tensors="pt")
+    pixels = QwenVLPixels(reference, workers=2)
+    pixels.pixel_cache = ContentCache(1 << 30, size_of=lambda rows: rows.nbytes)
+    first = pixels(images[:2], return_tensors="pt")
+    # Equal images (a copy, not the same object) hit; the others are processed.
+    again = pixels([images[1].copy(), *images[2:], images[0]], return_tensors="pt")
+    assert (pixels.pixel_cache.hits, pixels.pixel_cache.misses) == (2, 4)
+    rows = [int(t * h * w) for t, h, w in expected["image_grid_thw"].tolist()]
+    per_image = torch.split(expected["pixel_values"], rows)
+    assert torch.equal(first["pixel_values"], torch.cat(per_image[:2]))
+    reordered = [per_image[1], *per_image[2:], per_image[0]]
+    assert torch.equal(again["pixel_values"], torch.cat(reordered))
+
+
+def test_the_pixel_cache_tells_palettes_apart(reference):
+    from ascend_vlm.vision_input.content_cache import ContentCache
+
+    indices = Image.fromarray(noise(60, 80, seed=3)[..., 0] % 4)
+    red, blue = indices.copy(), indices.copy()
+    red.putpalette([255, 0, 0, 0, 0, 0, 9, 9, 9, 90, 90, 90])
+    blue.putpalette([0, 0, 255, 0, 0, 0, 9, 9, 9, 90, 90, 90])
+    pixels = QwenVLPixels(reference, workers=1)
+    pixels.pixel_cache = ContentCache(1 << 30, size_of=lambda rows: rows.nbytes)
+    for image in (red, blue):
+        got = pixels([image], return_tensors="pt")["pixel_values"]
+        assert torch.equal(got, reference(images=[image], return_tensors="pt")["pixel_values"])
+    assert pixels.pixel_cache.hits == 0
