@@ -6,6 +6,11 @@ micro-batches per optimizer step, DDP across ranks. The loss is the model's toke
 entropy over the answer tokens of the whole global step (Trainer passes the step's supervised
 token count, summed over micro-batches and ranks, as ``num_items_in_batch``), so the result does
 not depend on how the step is split across ranks or micro-batches.
+
+Per step the ranks meet only where the run needs it: the step's token count, the gradient
+all-reduce, the logged loss (and the signal check of :mod:`.interruption`, which does not wait).
+DDP does not broadcast buffers a model never changes, and the floating-point-operation count is
+summed over ranks only when a checkpoint is saved or training ends (:class:`FineTuneTrainer`).
 """
 
 from __future__ import annotations
@@ -20,15 +25,19 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 from ascend_vlm.data.vqa import EncodedDataset, VQASample, collate, pad_token_id_of
 from ascend_vlm.finetune.checkpoint import checkpoint_root
 from ascend_vlm.finetune.schedule import scheduled_lr
+from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
 if TYPE_CHECKING:
     from ascend_vlm.finetune.config import TrainConfig
     from ascend_vlm.finetune.placement import ProcessPlacement
 
 
-def training_arguments(config: TrainConfig, placement: ProcessPlacement) -> TrainingArguments:
+def training_arguments(
+    config: TrainConfig, placement: ProcessPlacement, broadcast_buffers: bool = True
+) -> TrainingArguments:
     """Trainer's arguments for ``config``: checkpoints every ``save_every`` steps (and at the
-    last) under ``<output_dir>/checkpoints``, a log record every step."""
+    last) under ``<output_dir>/checkpoints``, a log record every step; DDP broadcasts rank 0's
+    buffers before every forward only with ``broadcast_buffers``."""
     on_cpu = placement.device.type == "cpu"
     return TrainingArguments(
         output_dir=str(checkpoint_root(config.output_dir)),
@@ -56,6 +65,7 @@ def training_arguments(config: TrainConfig, placement: ProcessPlacement) -> Trai
         # One process has no process group; accelerate wants no backend named then.
         ddp_backend=None if placement.world_size == 1 else "gloo" if on_cpu else "hccl",
         ddp_find_unused_parameters=False,
+        ddp_broadcast_buffers=broadcast_buffers,
         ddp_timeout=int(config.collective_timeout),
         dataloader_drop_last=True,
         remove_unused_columns=False,
@@ -63,6 +73,30 @@ def training_arguments(config: TrainConfig, placement: ProcessPlacement) -> Trai
         disable_tqdm=not config.progress,
         restore_callback_states_from_checkpoint=False,
     )
+
+
+def changes_buffers(model: torch.nn.Module) -> bool:
+    """True when ``model`` has a persistent buffer (one its ``state_dict`` saves, such as a
+    norm's running statistics), which training may change; the VLMs' rotary frequencies are
+    non-persistent constants made from the config, the same on every rank."""
+    saved = set(model.state_dict())
+    return any(name in saved for name, _ in model.named_buffers())
+
+
+class FineTuneTrainer(Trainer):
+    """Trainer, with the count of floating-point operations (``state.total_flos``) summed over
+    ranks only when a checkpoint is saved or training ends, instead of by an all-gather at every
+    log: with a log every step that collective would make the ranks wait for each other once
+    more per step. The flags read are the same on every rank, so every rank takes part."""
+
+    _unsummed_flos = 0.0
+
+    def store_flos(self) -> None:
+        self._unsummed_flos += self.current_flos
+        self.current_flos = 0
+        if self.control.should_save or self.control.should_training_stop:
+            self.current_flos, self._unsummed_flos = self._unsummed_flos, 0.0
+            super().store_flos()
 
 
 class ScheduleFromStep(TrainerCallback):
@@ -84,7 +118,7 @@ def build_trainer(
     processor: Any,
     samples: tuple[Sequence[VQASample], Sequence[VQASample]],
     callbacks: Sequence[TrainerCallback],
-) -> Trainer:
+) -> FineTuneTrainer:
     """A Trainer for ``model`` on the (train, eval) ``samples``: AdamW over the trainable
     parameters with :func:`~ascend_vlm.finetune.schedule.scheduled_lr`, the eval set used only
     with ``eval_steps``, and ``callbacks`` in their order; without ``progress`` Trainer prints
@@ -99,11 +133,12 @@ def build_trainer(
         optimizer, lambda index: scheduled_lr(index + 1, peak, warmup, steps) / peak
     )
     train_samples, eval_samples = samples
-    trainer = Trainer(
+    encoding = with_fast_pixels(processor)  # the same tensors, made faster
+    trainer = FineTuneTrainer(
         model=model,
-        args=training_arguments(config, placement),
-        train_dataset=EncodedDataset(train_samples, processor),
-        eval_dataset=EncodedDataset(eval_samples, processor) if config.eval_steps else None,
+        args=training_arguments(config, placement, changes_buffers(model)),
+        train_dataset=EncodedDataset(train_samples, encoding),
+        eval_dataset=EncodedDataset(eval_samples, encoding) if config.eval_steps else None,
         data_collator=functools.partial(collate, pad_token_id=pad_token_id_of(processor)),
         optimizers=(optimizer, schedule),
         callbacks=[ScheduleFromStep(), *callbacks],
