@@ -239,6 +239,16 @@ def parse_args(argv: list[str], program: str = PROGRAM) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def _naming_the_flag(message: str) -> str:
+    """``message`` with its leading ``TrainConfig`` field name (``max_steps: ...``, as the
+    config's own checks name it for API users) written as the flag a command-line user typed
+    (``--max-steps: ...``)."""
+    field, colon, rest = message.partition(": ")
+    if colon and field in {spec.name for spec in dataclasses.fields(TrainConfig)}:
+        return f"--{field.replace('_', '-')}: {rest}"
+    return message
+
+
 def main(argv: list[str], program: str = PROGRAM) -> int:
     """Fine-tune per ``argv`` in this process; returns the exit status: 0, 2 for a user's
     mistake (one ``error:`` line on rank 0), 128 + the signal's number when SIGINT or SIGTERM
@@ -257,7 +267,7 @@ def main(argv: list[str], program: str = PROGRAM) -> int:
     except USER_ERRORS as error:
         close_process_group()
         if _rank() == 0:
-            print(f"error: {error}", file=sys.stderr, flush=True)
+            print(f"error: {_naming_the_flag(str(error))}", file=sys.stderr, flush=True)
         return 2
     try:
         result = run(prepared)

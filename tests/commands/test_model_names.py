@@ -87,7 +87,7 @@ def test_finetune_takes_a_hub_id_and_names_an_uncached_one(
         capsys.readouterr()
         .err.splitlines()[-1]
         .startswith(
-            "error: model_path: expected a local checkpoint folder or a Hugging Face Hub id, got "
+            "error: --model-path: expected a local checkpoint folder or a Hugging Face Hub id, got "
             "'nobody/not-cached': no such folder"
         )
     )

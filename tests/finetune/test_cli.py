@@ -98,16 +98,19 @@ def _argv(output_dir: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize(
     ("mistake", "message"),
     [
-        (["--lora-targets=no_such_proj"], "error: lora_targets: expected names of linear layers"),
+        (["--lora-targets=no_such_proj"], "error: --lora-targets: expected names of linear layers"),
         (["--train-data=missing.jsonl"], "error: path: expected a JSONL file, got "),
-        (["--model-path=/no/such/model"], "error: model_path: expected a local checkpoint folder"),
-        (["--max-steps=0"], "error: max_steps: expected a positive int, got 0"),
-        (["--fsdp"], "error: fsdp: expected no modules_to_save (PEFT copies a module"),
-        (["--fsdp", "--modules-to-save=", "--quantize=4"], "error: fsdp: expected no quantize"),
-        (["--fsdp", "--modules-to-save=", "--resume=latest"], "error: fsdp: expected no resume"),
+        (
+            ["--model-path=/no/such/model"],
+            "error: --model-path: expected a local checkpoint folder",
+        ),
+        (["--max-steps=0"], "error: --max-steps: expected a positive int, got 0"),
+        (["--fsdp"], "error: --fsdp: expected no modules_to_save (PEFT copies a module"),
+        (["--fsdp", "--modules-to-save=", "--quantize=4"], "error: --fsdp: expected no quantize"),
+        (["--fsdp", "--modules-to-save=", "--resume=latest"], "error: --fsdp: expected no resume"),
         # One process: "fsdp_size: expected at least 2 ranks" (or, on a transformers without
         # load-time FSDP, why not).
-        (["--fsdp", "--modules-to-save="], "error: fsdp: "),
+        (["--fsdp", "--modules-to-save="], "error: --fsdp: "),
     ],
 )
 def test_a_mistake_is_one_error_line_and_leaves_the_folder_free(
@@ -141,7 +144,7 @@ def test_a_mistake_under_torchrun_is_one_error_line_without_worker_tracebacks(tm
     )
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: lora_targets: expected names of linear layers in the model, got "
+        "error: --lora-targets: expected names of linear layers in the model, got "
         "['no_such_proj'] (vision=False, projector=False) matching none"
     ]
     assert "ValueError" not in done.stderr  # the workers raise nothing
