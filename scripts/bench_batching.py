@@ -16,7 +16,9 @@ three, prompts of 2 to 40 words, greedy answers of ``--min-new`` to ``--max-new`
 
 Throughput counts the tokens requests asked for (output tokens / wall time); latency is each
 request's finish time from the workload's start (p50, p95). Static and continuous run
-``--repeats`` interleaved rounds (default 3) and each keeps its fastest; one by one runs once
+``--repeats`` interleaved rotating rounds (default 3) and each keeps its fastest; static runs a
+second time in every round (the A/A row: its ratio to the first is the noise floor of every
+ratio, in the A/A column); one by one runs once
 (its answers are the reference continuous batching's answers are checked against).
 
 Two more sections (``--sections``, all by default):
@@ -294,19 +296,30 @@ def throughput(model, processor, requests, tokens: int, args) -> list[list[str]]
     """One by one, static and continuous (module docstring); the table printed, its rows."""
     print("[bench_batching] one by one", flush=True)
     answers, alone_finished, alone_wall = one_by_one(model, processor, requests)
-    static_runs, continuous_runs = [], []
-    for round_index in range(args.repeats):  # interleaved rounds: best of each, as the others
+    # Static batches run twice per round: the second ("A/A") is the noise floor of the ratios.
+    runs: dict[str, list] = {"static": [], "continuous": [], "static (A/A)": []}
+    contenders = {
+        "static": lambda: static_batches(model, processor, requests, args.batch_size),
+        "continuous": lambda: continuous(model, processor, requests, args.batch_size),
+        "static (A/A)": lambda: static_batches(model, processor, requests, args.batch_size),
+    }
+    names = list(contenders)
+    for round_index in range(args.repeats):  # interleaved rotating rounds: best of each
         print(f"[bench_batching] static batches and continuous, round {round_index + 1}")
-        static_runs.append(static_batches(model, processor, requests, args.batch_size))
-        continuous_runs.append(continuous(model, processor, requests, args.batch_size))
-    static_finished, static_wall = min(static_runs, key=lambda run: run[1])
-    batched, batched_finished, batched_wall, stats = min(continuous_runs, key=lambda run: run[2])
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name].append(contenders[name]())
+    static_finished, static_wall = min(runs["static"], key=lambda run: run[1])
+    again_finished, again_wall = min(runs["static (A/A)"], key=lambda run: run[1])
+    batched, batched_finished, batched_wall, stats = min(runs["continuous"], key=lambda run: run[2])
     mismatched = [key for key in answers if answers[key] != batched[key]]
     rows = [
         _row("one by one", tokens, alone_wall, alone_finished),
         _row(f"static, batches of {args.batch_size}", tokens, static_wall, static_finished),
         _row(f"continuous, up to {args.batch_size}", tokens, batched_wall, batched_finished),
+        _row(f"static, batches of {args.batch_size} (A/A)", tokens, again_wall, again_finished),
     ]
+    noise = f"{static_wall / again_wall:.2f}"
     print(
         f"\n{args.requests} requests ({tokens} output tokens), {args.layers} language layers, "
         f"{args.threads} threads:\n"
@@ -322,7 +335,7 @@ def throughput(model, processor, requests, tokens: int, args) -> list[list[str]]
     for row in rows:
         records += [
             ["throughput", f"{row['method']}: output tokens/s", f"{row['tokens_per_s']:.1f}",
-             f"{static:.1f}", f"{row['tokens_per_s'] / static:.2f}", "-"],
+             f"{static:.1f}", f"{row['tokens_per_s'] / static:.2f}", noise],
             ["throughput", f"{row['method']}: p50, p95 latency s", f"{row['p50_s']:.2f}",
              f"{row['p95_s']:.2f}", "-", "-"],
         ]  # fmt: skip
