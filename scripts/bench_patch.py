@@ -19,8 +19,8 @@ that no number of rounds removes (the A/A column shows what is left: with 3 inst
 up to 12% at the tiny size on a 2-core VM, with 8 by up to 3%, one row 6%). Ratios are unpatched
 / patched time (> 1 means patched is faster) and patched / sdpa memory. torch runs with a fixed
 thread count (`--threads`, default 1). The defaults are a quick look; docs/benchmarks.md's
-records use `--sizes tiny --repeats 40 --instances 8` and `--sizes small --repeats 20
---instances 4`.
+records use `--sizes tiny --repeats 20 --instances 4` and `--sizes small --repeats 10
+--instances 2` (each record names its command).
 Run: python scripts/bench_patch.py [--sizes tiny small] [--families qwen2_vl llava_clip]
 [--repeats 20] [--instances 2] [--json OUT]
 """
