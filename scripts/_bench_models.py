@@ -1,6 +1,6 @@
 """Shared by the benchmark scripts: a Qwen2-VL-shaped model with the embedded default model's
 tokenizer and chat template at a CPU-friendly size where the vision tower is a realistic share
-of prefill (a 4-layer vision tower of width 256, a ``layers``-deep language model of width 256),
+of prefill (a 4-layer vision tower of width 256, a ``layers``-deep language model of width 256 unless told otherwise),
 random weights saved and loaded with ``from_pretrained``; its processor at a fixed image size;
 random images."""
 
@@ -14,19 +14,23 @@ from PIL import Image
 from ascend_vlm.default_model import default_model_path, load_processor, token_ids
 
 
-def load_bench_model(folder: Path, layers: int = 8):
-    """The benchmark model, saved to ``folder`` and loaded back as users do."""
+def load_bench_model(folder: Path, layers: int = 8, width: int = 256):
+    """The benchmark model, saved to ``folder`` and loaded back as users do; ``width`` (a
+    multiple of 64) is the language model's hidden size, its heads 64 wide, its MLP 2.75x
+    wider, as Qwen2-VL's."""
+    if width < 64 or width % 64:
+        raise ValueError(f"width: expected a multiple of 64, got {width}")
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     reference = Qwen2VLConfig.from_pretrained(default_model_path())
     text = reference.text_config.to_dict()
     text.pop("layer_types", None)
     text.update(
-        hidden_size=256,
-        intermediate_size=704,
+        hidden_size=width,
+        intermediate_size=width * 11 // 4,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=width // 64,
+        num_key_value_heads=max(width // 128, 1),
         max_position_embeddings=8192,
         rope_parameters={
             "rope_type": "default",
@@ -35,7 +39,7 @@ def load_bench_model(folder: Path, layers: int = 8):
         },
     )
     vision = reference.vision_config.to_dict()
-    vision.update(depth=4, embed_dim=256, hidden_size=256, num_heads=4, mlp_ratio=4)
+    vision.update(depth=4, embed_dim=256, hidden_size=width, num_heads=4, mlp_ratio=4)
     config = Qwen2VLConfig(text_config=text, vision_config=vision, **token_ids(reference))
     torch.manual_seed(0)
     Qwen2VLForConditionalGeneration(config).save_pretrained(folder)

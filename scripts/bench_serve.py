@@ -4,10 +4,12 @@ in-process, on the same model folder and machine; then a conversation's later tu
 server's reuse (whichever of its caches ``--reuse-args`` turns on) on and off.
 
 The model is the benchmark Qwen2-VL of ``scripts/_bench_models.py`` (``--layers`` language
-layers of width 256, a 4-layer vision tower, the default model's tokenizer and chat template),
-saved with ``save_pretrained`` into a temporary folder together with its processor (images
+layers of width ``--width``, by default 8 of 256, a 4-layer vision tower, the default model's
+tokenizer and chat template), saved with ``save_pretrained`` into a temporary folder together with its processor (images
 224x224, 64 visual tokens each) and no end-of-sequence token, so every answer runs to the
-``max_tokens`` its request asks; ``--model PATH`` serves a folder of your own instead.
+``max_tokens`` its request asks. Its output head keeps only whole-word tokens, so its answers,
+like a trained model's, re-tokenize to the tokens it generated when a conversation sends them
+back. ``--model PATH`` serves a folder of your own instead.
 
 Workload: ``--requests`` chat requests in a fixed random order, 40% text only, 40% with one
 image, 20% with three (PNG data URLs), prompts of 2 to 40 words, greedy answers of ``--min-new``
@@ -49,7 +51,7 @@ A benchmark, not a test: numbers depend on the machine and its load.
 
 Usage::
 
-    python scripts/bench_serve.py [--clients 16] [--requests 32] [--rounds 3] [--layers 8]
+    python scripts/bench_serve.py [--clients 16] [--requests 32] [--rounds 3] [--layers 8] [--width 256]
         [--min-new 4] [--max-new 128] [--threads N] [--model PATH] [--serve-args ARGS]
         [--reuse-args ARGS] [--turns 3] [--conversations 6] [--only-conversations]
         [--json PATH]  (PATH: the table as JSON for docs/benchmarks/, see _bench_record.py)
@@ -468,13 +470,38 @@ def conversation_ttfts(urls: dict[str, str], turns: int, count: int) -> dict[str
     return ttfts
 
 
-def build_model_folder(folder: Path, layers: int) -> Path:
-    """The benchmark model and its processor saved in ``folder``, with no end-of-sequence
-    token (every answer runs to its ``max_tokens``)."""
-    model = load_bench_model(folder, layers)
+def answer_in_whole_words(model, tokenizer) -> int:
+    """Zero the output-head rows of every token but whole words (a space, then ASCII letters);
+    returns how many tokens keep their rows.
+
+    A random model's greedy answer is otherwise a run of arbitrary byte pieces whose text does
+    not re-tokenize to the tokens it generated, so when a client sends the answer back a prefix
+    cache stops at its first piece. A trained model answers in text that round-trips; so does
+    this one: every kept row's logit beats the zeroed rows' 0 for some kept token (the maximum
+    of dozens of random logits is positive), and words separated by spaces tokenize alone."""
+    words = [
+        index
+        for piece, index in tokenizer.get_vocab().items()
+        if piece.startswith("Ġ") and piece[1:].isascii() and piece[1:].isalpha()
+    ]
+    keep = torch.zeros(model.lm_head.weight.shape[0], dtype=torch.bool)
+    keep[words] = True
+    with torch.no_grad():
+        model.lm_head.weight[~keep] = 0.0
+    return len(words)
+
+
+def build_model_folder(folder: Path, layers: int, width: int) -> Path:
+    """The benchmark model and its processor saved in ``folder``: answers in whole words
+    (``answer_in_whole_words``) and with no end-of-sequence token (every answer runs to its
+    ``max_tokens``)."""
+    model = load_bench_model(folder, layers, width)
+    processor = bench_processor(IMAGE_SIDE)
+    kept = answer_in_whole_words(model, processor.tokenizer)
+    print(f"[bench_serve] answers drawn from {kept} whole-word tokens", flush=True)
     model.generation_config.eos_token_id = None
-    model.generation_config.save_pretrained(folder)
-    bench_processor(IMAGE_SIDE).save_pretrained(folder)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
     return folder
 
 
@@ -584,6 +611,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layers", type=int, default=8, help="language-model depth")
+    parser.add_argument(
+        "--width", type=int, default=256, help="language-model hidden size, a multiple of 64"
+    )
     parser.add_argument("--min-new", type=int, default=4)
     parser.add_argument("--max-new", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
@@ -611,6 +641,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--max-new: expected >= --min-new ({args.min_new}), got {args.max_new}")
     if args.only_conversations and not args.reuse_args:
         parser.error("--only-conversations: expected --reuse-args too (the rows compare reuse)")
+    if args.width < 64 or args.width % 64:
+        parser.error(f"--width: expected a multiple of 64 (64-wide heads), got {args.width}")
     if args.turns < 2:
         parser.error(f"--turns: expected >= 2 (a later turn to measure), got {args.turns}")
     return args
@@ -621,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print("$ python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]))
     with tempfile.TemporaryDirectory() as scratch:
-        folder = args.model or build_model_folder(Path(scratch) / "model", args.layers)
+        folder = args.model or build_model_folder(Path(scratch) / "model", args.layers, args.width)
         rows, memory = [], []
         if not args.only_conversations:
             rows, memory = measure_throughput(args, folder, Path(scratch))

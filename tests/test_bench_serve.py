@@ -292,3 +292,26 @@ def test_bad_arguments_are_refused(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--only-conversations"])
     assert "--only-conversations: expected --reuse-args too" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--width", "100"])
+    assert "--width: expected a multiple of 64 (64-wide heads), got 100" in capsys.readouterr().err
+
+
+def test_the_model_answers_in_words_that_re_tokenize_to_its_tokens(bench, tmp_path):
+    """Greedy answers of the served model, sent back in a conversation's next request, are
+    the tokens it generated: the prefix cache can reach past them."""
+    model = bench.load_bench_model(tmp_path, layers=1)
+    processor = bench.bench_processor(bench.IMAGE_SIDE)
+    tokenizer = processor.tokenizer
+    kept = bench.answer_in_whole_words(model, tokenizer)
+    assert 10 < kept < len(tokenizer) // 2
+    for question in ("how many shapes", "where is the red circle", "count the squares"):
+        messages = [{"role": "user", "content": [{"type": "text", "text": question}]}]
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+        answer = out[0, ids.shape[1] :].tolist()
+        assert all(tokenizer.convert_ids_to_tokens(token).startswith("Ġ") for token in answer)
+        sent_back = tokenizer(prompt + tokenizer.decode(answer), return_tensors="pt").input_ids
+        assert sent_back[0, ids.shape[1] :].tolist() == answer
