@@ -1,6 +1,6 @@
 """The tiny fine-tune settings that fine-tune, eval and cluster tests share: an in-process
 config, the command line of a few steps of ``python -m ascend_vlm finetune``, and the
-environment and checked run of such a subprocess."""
+environment, start and checked run of such a subprocess."""
 
 from __future__ import annotations
 
@@ -38,6 +38,19 @@ def finetune_env() -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
+
+
+def start_process(command: list[str]) -> subprocess.Popen:
+    """Start ``command`` from this checkout in :func:`finetune_env`, its stdout and stderr piped
+    as text."""
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=finetune_env(),
+        cwd=ROOT,
+    )
 
 
 def run_checked(command: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
