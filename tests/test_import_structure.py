@@ -140,6 +140,7 @@ RANKS: dict[str, int] = {
     "ascend_vlm._op_descriptor": 0,
     "ascend_vlm._version": 0,
     "ascend_vlm._files": 0,
+    "ascend_vlm._byte_units": 0,
     "ascend_vlm.trace_events": 0,
     # 1 runtime: the Python face of csrc.
     "ascend_vlm.runtime": 1,

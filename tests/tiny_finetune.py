@@ -1,9 +1,11 @@
 """The tiny fine-tune settings that fine-tune, eval and cluster tests share: an in-process
-config, and the command line of a few steps of ``python -m ascend_vlm finetune``."""
+config, the command line of a few steps of ``python -m ascend_vlm finetune``, and the
+environment, start and checked run of such a subprocess."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +38,30 @@ def finetune_env() -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
+
+
+def start_process(command: list[str]) -> subprocess.Popen:
+    """Start ``command`` from this checkout in :func:`finetune_env`, its stdout and stderr piped
+    as text."""
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=finetune_env(),
+        cwd=ROOT,
+    )
+
+
+def run_checked(command: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``command`` from this checkout in :func:`finetune_env`, its output captured as text;
+    assert it exits 0 (showing stderr's tail) and return it. A hang fails on ``timeout``
+    seconds."""
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=finetune_env(), cwd=ROOT, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def finetune_command(nproc: int, *launcher: str) -> list[str]:

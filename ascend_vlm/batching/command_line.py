@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-MIB = 1 << 20
+from ascend_vlm._byte_units import MIB
+
 # The flag that sets each budget (errors name the flag the user typed).
 BUDGET_FLAGS = {
     "max_batch_tokens": "--max-batch-tokens",

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-MIB = 1 << 20
+from ascend_vlm._byte_units import MIB
 
 
 def _budgets(text: str) -> tuple[int, int]:

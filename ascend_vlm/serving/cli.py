@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ascend_vlm._byte_units import MIB
 from ascend_vlm.batching.command_line import (
     add_budget_arguments,
     add_kv_cache_arguments,
@@ -28,7 +29,7 @@ from ascend_vlm.batching.command_line import (
 from ascend_vlm.commands import features  # noqa: F401  (registers the feature options)
 from ascend_vlm.commands.adapter_option import named_path
 from ascend_vlm.commands.options import REGISTRY
-from ascend_vlm.serving.limits import LIMIT_FLAGS, MIB, ServingLimits
+from ascend_vlm.serving.limits import LIMIT_FLAGS, ServingLimits
 
 ADAPTER_OPTION = "adapter"
 API_KEY_VARIABLE = "ASCEND_VLM_API_KEY"

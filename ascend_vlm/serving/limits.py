@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-MIB = 1 << 20
+from ascend_vlm._byte_units import MIB
 
 # The flag that sets each limit.
 LIMIT_FLAGS = {

@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
+from ascend_vlm._byte_units import MIB
 from ascend_vlm.verification.end_to_end import DEFAULT_MAX_NEW_TOKENS
 
 SHAPES_VQA = "shapes-vqa"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 REFERENCE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 DEFAULT_LIMIT = 4
-MIB = 1 << 20
 
 
 def add_command(commands: Any) -> None:

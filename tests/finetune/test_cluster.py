@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_finetune import COMMON, ROOT, finetune_command, finetune_env, tiny_config
+from tiny_finetune import (
+    COMMON,
+    ROOT,
+    finetune_command,
+    finetune_env,
+    run_checked,
+    start_process,
+    tiny_config,
+)
 
 from ascend_vlm.default_model import default_model_path
 from ascend_vlm.finetune import checkpoint
@@ -67,11 +75,7 @@ def _adapter(output_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _single_node(output_dir: Path, *extra: str) -> None:
-    command = [*_torchrun("--standalone", "--nproc_per_node=2"), *_finetune(output_dir, *extra)]
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=finetune_env(), cwd=ROOT, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_checked([*_torchrun("--standalone", "--nproc_per_node=2"), *_finetune(output_dir, *extra)])
 
 
 @needs_link
@@ -189,24 +193,13 @@ def _wait_for_step(output_dir: Path, step: int, job: subprocess.Popen, limit: fl
 LONG_RUN = ("--max-steps=30", "--save-every=3")
 
 
-def _start(command: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=finetune_env(),
-        cwd=ROOT,
-    )
-
-
 @pytest.mark.slow
 def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path):
     uninterrupted = tmp_path / "uninterrupted"
     _single_node(uninterrupted, *LONG_RUN)
     killed = tmp_path / "killed"
     launcher = _torchrun("--standalone", "--nproc_per_node=2", "--max-restarts=1")
-    job = _start([*launcher, *_finetune(killed, *LONG_RUN)])
+    job = start_process([*launcher, *_finetune(killed, *LONG_RUN)])
     try:
         _wait_for_step(killed, 8, job)
         rank1 = _workers(job.pid)[1]
@@ -231,7 +224,9 @@ def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path
 def test_a_hung_rank_fails_the_job_in_bounded_time_naming_step_and_rank(tmp_path):
     output_dir = tmp_path / "hung"
     extra = ("--max-steps=400", "--save-every=1000", "--collective-timeout=15")
-    job = _start([*_torchrun("--standalone", "--nproc_per_node=2"), *_finetune(output_dir, *extra)])
+    job = start_process(
+        [*_torchrun("--standalone", "--nproc_per_node=2"), *_finetune(output_dir, *extra)]
+    )
     stopped = None
     try:
         _wait_for_step(output_dir, 3, job)

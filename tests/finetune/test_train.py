@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_finetune import COMMON, ROOT, finetune_command, finetune_env, tiny_config
+from tiny_finetune import COMMON, finetune_command, run_checked, tiny_config
 
 from ascend_vlm._compat.distributed_loading import load_time_fsdp_problem
 from ascend_vlm.data.shapes_vqa import ShapesVQA
@@ -32,16 +32,8 @@ from ascend_vlm.finetune.train import train
 def _completed(output_dir: Path, nproc: int, *extra: str) -> subprocess.CompletedProcess:
     """Run the command (under torchrun when ``nproc`` > 1); a hang fails on the timeout."""
     model = f"--model-path={default_model_path()}"  # the random tiny model, not the reference
-    done = subprocess.run(
-        [*finetune_command(nproc), f"--output-dir={output_dir}", model, *COMMON, *extra],
-        capture_output=True,
-        text=True,
-        env=finetune_env(),
-        cwd=ROOT,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+    command = [*finetune_command(nproc), f"--output-dir={output_dir}", model, *COMMON, *extra]
+    return run_checked(command, timeout=240)
 
 
 def _run(output_dir: Path, nproc: int, *extra: str) -> str:

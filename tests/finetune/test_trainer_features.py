@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from tiny_finetune import COMMON, ROOT, finetune_command, finetune_env, tiny_config
+from tiny_finetune import COMMON, finetune_command, run_checked, start_process, tiny_config
 
 from ascend_vlm.default_model import default_model_path
 from ascend_vlm.finetune.placement import init_process_placement
@@ -85,23 +84,8 @@ LONG = ("--max-steps=12", "--save-every=100")
 )
 def test_a_signal_saves_the_last_finished_step_and_resume_loses_nothing(tmp_path, nproc, number):
     uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
-    done = subprocess.run(
-        _command(uninterrupted, nproc, *LONG),
-        capture_output=True,
-        text=True,
-        env=finetune_env(),
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    job = subprocess.Popen(
-        _command(stopped, nproc, *LONG),
-        stderr=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=finetune_env(),
-        cwd=ROOT,
-    )
+    run_checked(_command(uninterrupted, nproc, *LONG))
+    job = start_process(_command(stopped, nproc, *LONG))
     deadline = time.monotonic() + 240
     while not (stopped / "metrics.jsonl").is_file() or len(_losses(stopped)) < 3:
         assert job.poll() is None and time.monotonic() < deadline
@@ -113,13 +97,5 @@ def test_a_signal_saves_the_last_finished_step_and_resume_loses_nothing(tmp_path
     assert 3 <= saved < 12
     assert (stopped / "checkpoints" / "latest").read_text() == f"checkpoint-{saved}"
     assert f"{number.name}: stopped after a checkpoint of the last finished step" in err
-    done = subprocess.run(
-        _command(stopped, nproc, *LONG, "--resume=latest"),
-        capture_output=True,
-        text=True,
-        env=finetune_env(),
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_checked(_command(stopped, nproc, *LONG, "--resume=latest"))
     assert _losses(stopped) == _losses(uninterrupted)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_finetune import ROOT, finetune_env
+from tiny_finetune import run_checked
 from tiny_trainer import STEPS, arguments, lora_model, shapes_data
 
 from ascend_vlm.data.shapes_vqa import ShapesVQA
@@ -120,15 +119,7 @@ def _two_ranks(output_dir: Path, hook: str) -> dict:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2"]
     launcher += ["--master_addr=127.0.0.1", f"--master_port={_free_port()}"]
     script = Path(__file__).with_name("tiny_trainer.py")
-    done = subprocess.run(
-        [*launcher, str(script), str(output_dir), hook],
-        capture_output=True,
-        text=True,
-        env=finetune_env(),
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_checked([*launcher, str(script), str(output_dir), hook])
     return json.loads((output_dir / "result.json").read_text())
 
 
