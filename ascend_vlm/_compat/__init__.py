@@ -21,6 +21,7 @@ it does not hold, or None. Each probe says when it can go (:mod:`.probe`).
 * :mod:`.quantizer`: the quantizer hooks and weight-loading ops quantizing while loading uses.
 * :mod:`.distributed_loading`: FSDP2 at load time (``DistributedConfig``) and Trainer training
   such a model without DDP.
+* :mod:`.fsdp_state`: making an FSDP2 unit the root before its first forward.
 * :mod:`.post_import`: running a function once another library's module is imported (how
   ``import ascend_vlm`` registers its attention with transformers without importing it).
 * :mod:`.module_state`: a module's own tensors and children, a config's implementations

@@ -33,15 +33,16 @@ in ``generate``, and KV bytes count the pruned cache once prefilled).
 
 Not supported: beams, videos, and the families whose descriptor refuses
 batching (``ascend_vlm.models``; ValueError with the reason when the generator is made).
+
+What the generator reads of the model and asks of it (encoding, forwards, positions, the next
+token) is :class:`~ascend_vlm.batching.batched_model.BatchedModel`; this module schedules.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -49,16 +50,13 @@ import torch
 from torch import nn
 
 from ascend_vlm import trace_events
-from ascend_vlm._base_model import base_model
-from ascend_vlm._compat.attention import ATTENTION_NAME
+from ascend_vlm.batching.batched_model import BatchedModel
 from ascend_vlm.batching.budgets import (
     BatchBudgets,
     BudgetError,
-    RequestSize,
     StepUsage,
     budget_utilisation,
     cached_kv_bytes,
-    kv_bytes_per_token,
     projected_kv_bytes,
     refusal,
 )
@@ -71,11 +69,8 @@ from ascend_vlm.batching.request import (
     SequenceState,
     TokenEvent,
 )
-from ascend_vlm.batching.sampling import generation_rules, next_token, request_generator
+from ascend_vlm.batching.sampling import request_generator
 from ascend_vlm.batching.stats import RunStats
-from ascend_vlm.batching.streaming import record_token
-from ascend_vlm.models import require_feature
-from ascend_vlm.patching.attention_tap import tapped_implementation
 from ascend_vlm.patching.ledger import applied_features
 
 
@@ -122,50 +117,25 @@ class BatchGenerator:
         if not isinstance(prefix_cache, bool):
             raise ValueError(f"prefix_cache: expected True or False, got {prefix_cache!r}")
         self.model = model
-        self._adapters = adapters
         self._pruning = bool(applied_features(model, "token_pruning"))
         self.processor = processor
         self.budgets = BatchBudgets(**budgets)
-        self._base = base_model(model)
-        self._text_config = getattr(self._base.config, "text_config", None) or self._base.config
-        self._own_caches = self._pruning or not full_attention_only(self._text_config)
+        self._batched = BatchedModel(model, processor, adapters)
+        self._own_caches = self._pruning or not full_attention_only(self._batched.text_config)
         self._block_size = kv_block_size
-        # The decoder's attention modules (a patch gives each its own config): when all run
-        # ascend_vlm's attention, a decode step reads the KV blocks in place.
-        self._attention_modules = [
-            module
-            for module in self._base.modules()
-            if isinstance(getattr(module, "layer_idx", None), int)
-            and type(module).__name__.endswith("Attention")
-            and hasattr(module, "config")
-        ]
         self._prefix_cache = prefix_cache and not self._own_caches
-        descriptor = require_feature(self._base, "batching")
-        self._image_token = getattr(self._base.config, descriptor.visual_token_ids[0])
-        self._rope_index = (
-            None if descriptor.position_scheme == "rope" else self._base.model.get_rope_index
-        )
-        forward = inspect.signature(self._base.forward).parameters
-        self._cache_keyword = "cache" if "cache" in forward else "past_key_values"
-        self._keeps_last_logits = "logits_to_keep" in forward
-        generation_config = self._base.generation_config
-        eos = generation_config.eos_token_id
-        self._eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        self._rules = generation_rules(generation_config, sorted(self._eos))
-        self._kv_bytes_per_token = kv_bytes_per_token(self._base)
-        self._device = next(self._base.parameters()).device
         self._waiting: deque[SequenceState] = deque()
         self._running: list[SequenceState] = []
         self._blocks: KVBlocks | None = None
         if not self._own_caches:
-            block_bytes = self._kv_bytes_per_token * kv_block_size
+            block_bytes = self._batched.kv_bytes_per_token * kv_block_size
             limit = self.budgets.max_kv_bytes
             self._blocks = KVBlocks(
                 kv_block_size,
                 self._prefix_cache,
                 None if limit is None else max(1, limit // block_bytes),
-                self._image_token,
-                self._base.config,
+                self._batched.image_token,
+                self._batched.base.config,
             )
         self._clock = time.perf_counter()
         # Events made by a step and not yet yielded (run() may be left between two).
@@ -188,7 +158,8 @@ class BatchGenerator:
         when the request alone exceeds one, TypeError for a non-request."""
         if not isinstance(request, GenerationRequest):
             raise TypeError(f"request: expected a GenerationRequest, got {type(request).__name__}")
-        if request.adapter is not None and self._adapters is None:
+        adapters = self._batched.adapters
+        if request.adapter is not None and adapters is None:
             raise ValueError(
                 f"request: adapter {request.adapter!r} needs a BatchGenerator made with adapters"
             )
@@ -198,19 +169,10 @@ class BatchGenerator:
                 "give each pending request its own id"
             )
         start = time.perf_counter()
-        prompt = self.processor.apply_chat_template(
-            list(request.messages), tokenize=False, add_generation_prompt=True
-        )
-        images = request.images()
-        encoded = self.processor(text=[prompt], images=images or None, return_tensors="pt")
-        inputs = {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor)}
-        prompt_tokens = int(inputs["input_ids"].shape[1])
-        visual = 0
-        if self._image_token is not None:
-            visual = int((inputs["input_ids"] == self._image_token).sum())
-        size = RequestSize(prompt_tokens, visual, prompt_tokens + request.max_new_tokens)
+        inputs, size = self._batched.encode(request)
+        per_token = self._batched.kv_bytes_per_token
         block = 1 if self._own_caches else self._block_size
-        why = refusal(self.budgets, size, self._kv_bytes_per_token, block)
+        why = refusal(self.budgets, size, per_token, block)
         if why is not None:
             raise BudgetError(f"{why} (request {request.request_id!r})")
         sequence = SequenceState(
@@ -219,8 +181,8 @@ class BatchGenerator:
             size=size,
             submitted=self._now(),
             generator=request_generator(request),
-            kv_bytes=size.longest * self._kv_bytes_per_token,
-            adapter=None if self._adapters is None else request.adapter or self._adapters.active,
+            kv_bytes=size.longest * per_token,
+            adapter=None if adapters is None else request.adapter or adapters.active,
         )
         if self._blocks is not None:
             self._blocks.key_prompt(sequence)
@@ -375,7 +337,7 @@ class BatchGenerator:
         )
         self.step_usage.append(usage)
         if trace_events.listening():
-            trace_events.emit("batching_step", self._base, **asdict(usage))
+            trace_events.emit("batching_step", self._batched.base, **asdict(usage))
 
     def _admit(self) -> list[SequenceState]:
         """Waiting requests that fit this step's budgets, first come first served."""
@@ -411,32 +373,33 @@ class BatchGenerator:
         if self._own_caches:
             return sum(sequence.kv_bytes for sequence in sequences)
         longest = [sequence.size.longest for sequence in sequences]
-        return projected_kv_bytes(longest, self._kv_bytes_per_token, self._block_size)
+        return projected_kv_bytes(longest, self._batched.kv_bytes_per_token, self._block_size)
 
     def _prefill(self, sequence: SequenceState, events: Any) -> None:
         """Prefill ``sequence`` alone, as ``generate`` does (padding a batch of prompts to the
         longest would cost more than the batching saves, and change the arithmetic), after
         the prefix the prefix cache holds, and add it to the running batch unless it finished
         at its first token."""
-        inputs = {key: value.to(self._device) for key, value in sequence.inputs.items()}
-        extra = {"logits_to_keep": 1} if self._keeps_last_logits else {}
+        batched = self._batched
+        inputs = {key: value.to(batched.device) for key, value in sequence.inputs.items()}
+        extra = {"logits_to_keep": 1} if batched.keeps_last_logits else {}
         sequence.admitted = self._now()
-        trace_events.emit("batching_admit", self._base, request_id=sequence.request.request_id)
+        trace_events.emit("batching_admit", batched.base, request_id=sequence.request.request_id)
         positions = None
-        if self._rope_index is not None:
-            positions, sequence.rope_delta = self._prompt_rope_index(inputs)
+        if batched.rope_index is not None:
+            positions, sequence.rope_delta = batched.prompt_rope_index(inputs)
         blocks = self._blocks
         start = 0 if blocks is None else blocks.reuse(sequence)
         try:
             if blocks is None:
                 from transformers import DynamicCache
 
-                cache, call = DynamicCache(config=self._base.config), inputs
+                cache, call = DynamicCache(config=batched.base.config), inputs
             else:
                 cache, call = blocks.prefill_call(sequence, inputs, start, positions)
             with torch.no_grad():
-                output = self._forward(
-                    [sequence], **call, **{self._cache_keyword: cache}, use_cache=True, **extra
+                output = batched.forward(
+                    [sequence], **call, **{batched.cache_keyword: cache}, use_cache=True, **extra
                 )
             if blocks is not None:
                 blocks.store(sequence, cache, start)
@@ -458,61 +421,33 @@ class BatchGenerator:
             sequence.cache = cache
             held = cached_kv_bytes(cache)
             remaining = sequence.request.max_new_tokens - 1
-            sequence.kv_bytes = held + remaining * self._kv_bytes_per_token
+            sequence.kv_bytes = held + remaining * batched.kv_bytes_per_token
         self._running.append(sequence)
-
-    def _prompt_rope_index(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-        """A prompt's M-RoPE position ids ``[3, 1, L]`` and ``rope_deltas``: its decode
-        positions run ``length + delta``."""
-        keywords = {
-            name: inputs[name]
-            for name in ("mm_token_type_ids", "image_grid_thw", "attention_mask")
-            if name in inputs
-        }
-        positions, deltas = self._rope_index(inputs["input_ids"], **keywords)
-        return positions, int(deltas.reshape(-1)[0])
 
     def _decode(self, events: Any) -> None:
         """One decode step of every running sequence: batched over KV blocks, or each in its
         own cache (module docstring)."""
-        running, mrope = self._running, self._rope_index is not None
+        batched, running = self._batched, self._running
+        keyword, device = batched.cache_keyword, batched.device
+        mrope = batched.rope_index is not None
         if self._blocks is None:
             rows = [
-                decode_alone(self._forward_of([s]), s, self._cache_keyword, mrope, self._device)
-                for s in running
+                decode_alone(batched.forward_of([s]), s, keyword, mrope, device) for s in running
             ]
         else:
-            gather = any(
-                tapped_implementation(module.config) != ATTENTION_NAME
-                for module in self._attention_modules
-            )
-            cache = self._blocks.decode_cache(running, gather)
+            cache = self._blocks.decode_cache(running, not batched.reads_blocks_in_place())
             rows = decode_in_blocks(
-                self._forward_of(running), running, cache, self._cache_keyword, mrope, self._device
+                batched.forward_of(running), running, cache, keyword, mrope, device
             )
             for sequence in running:
                 sequence.cached_tokens += 1
         done = [row for row, s in enumerate(running) if self._take(s, rows[row], events)]
         self._leave(done)
 
-    def _forward_of(self, sequences: list[SequenceState]) -> Callable[..., Any]:
-        """The model's forward over ``sequences`` as a function of the inputs (`_forward`)."""
-        return functools.partial(self._forward, sequences)
-
-    def _forward(self, sequences: list[SequenceState], **inputs: Any) -> Any:
-        """The model's forward over ``sequences`` (one batch row each), through each one's
-        adapter when the generator has ``adapters``."""
-        if self._adapters is None:
-            return self.model(**inputs)
-        return self._adapters.forward([sequence.adapter for sequence in sequences], **inputs)
-
     def _take(self, sequence: SequenceState, logits: torch.Tensor, events: Any) -> bool:
         """Choose and record the sequence's next token; True when the sequence finished (its
-        result is in ``events``). The model's generation-config processors (repetition
-        penalty, minimum length) see the prompt and the tokens so far, as in ``generate``."""
-        logits = self._rules.apply(sequence.inputs["input_ids"][0], sequence.tokens, logits)
-        token = next_token(logits, sequence.request, sequence.generator)
-        event, reason = record_token(sequence, token, self.processor.tokenizer, self._eos)
+        result is in ``events``), as :meth:`BatchedModel.choose_token` chooses it."""
+        event, reason = self._batched.choose_token(sequence, logits)
         events.append(event)
         if reason is None:
             return False
@@ -531,7 +466,10 @@ class BatchGenerator:
         self._finished += 1
         self._output_tokens += len(sequence.tokens)
         trace_events.emit(
-            "batching_finish", self._base, request_id=sequence.request.request_id, reason=reason
+            "batching_finish",
+            self._batched.base,
+            request_id=sequence.request.request_id,
+            reason=reason,
         )
         return RequestResult(
             request_id=sequence.request.request_id,

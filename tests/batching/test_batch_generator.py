@@ -216,7 +216,7 @@ def test_random_workloads_never_exceed_a_budget(model_and_processor, seed):
     budgets = {
         "max_batch_tokens": max(s.prompt_tokens for s in sizes) + rng.randint(0, 150),
         "max_visual_tokens_per_step": max(s.visual_tokens for s in sizes) + rng.randint(0, 60),
-        "max_kv_bytes": probe._kv_bytes_per_token * max(s.longest for s in sizes) * rng.randint(1, 4),
+        "max_kv_bytes": probe._batched.kv_bytes_per_token * max(s.longest for s in sizes) * rng.randint(1, 4),
         "max_batch_size": rng.randint(1, 5),
     }  # fmt: skip
     generator = BatchGenerator(model, processor, **budgets)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from chat_vlms import generate_alone
 
+import ascend_vlm.batching.batched_model as batched_model_module
 import ascend_vlm.batching.generator as generator_module
 from ascend_vlm.batching import BatchGenerator, GenerationRequest, RequestResult
 
@@ -32,7 +33,9 @@ def test_a_failed_first_token_hands_its_blocks_back_and_the_request_waits(
     generator = BatchGenerator(model, processor)
     request = GenerationRequest.from_prompt(LONG, max_new_tokens=4)
     generator.submit(request)
-    monkeypatch.setattr(generator_module, "next_token", _raising_once(generator_module.next_token))
+    monkeypatch.setattr(
+        batched_model_module, "next_token", _raising_once(batched_model_module.next_token)
+    )
     with pytest.raises(RuntimeError, match="injected failure"):
         list(generator.run())
     assert generator._blocks.pool.held_blocks == 0 and generator.pending == 1

@@ -167,15 +167,15 @@ def test_a_suffix_prefilled_after_a_cached_prefix_gives_the_full_prefills_logits
     generator = BatchGenerator(model, processor)
     _, second = _conversation(_image("purple", (112, 80)), "a purple square on white")
     sequence = generator.submit(second)._sequence
-    inputs, keyword = sequence.inputs, generator._cache_keyword
+    inputs, keyword = sequence.inputs, generator._batched.cache_keyword
     full = DynamicCache(config=model.config)
     with torch.no_grad():
         expected = model(**inputs, **{keyword: full}, use_cache=True).logits[0, -1]
     ids = inputs["input_ids"]
-    image_token = generator._image_token
+    image_token = generator._batched.image_token
     start = (int((ids[0] == image_token).nonzero()[-1]) // 16 + 1) * 16  # past the image
-    if generator._rope_index is not None:
-        positions, _ = generator._prompt_rope_index(inputs)
+    if generator._batched.rope_index is not None:
+        positions, _ = generator._batched.prompt_rope_index(inputs)
     else:
         positions = torch.arange(ids.shape[1])[None]
     prefix = DynamicCache(config=model.config)
@@ -196,14 +196,14 @@ def test_other_images_share_only_the_text_before_them(model_and_processor):
     other = GenerationRequest.from_prompt(question, [_image("blue", (112, 112))], max_new_tokens=8)
     result = generator.generate_many([other])[0]
     ids = generator.submit(other)._sequence.inputs["input_ids"][0]
-    first_image = int((ids == generator._image_token).nonzero()[0])
+    first_image = int((ids == generator._batched.image_token).nonzero()[0])
     assert generator.stats().reused_tokens <= first_image  # only blocks before the image
     assert list(result.tokens) == generate_alone(model, processor, other)
 
 
 def test_cached_blocks_are_evicted_under_the_kv_budget(model_and_processor):
     model, processor = model_and_processor
-    per_block = BatchGenerator(model, processor)._kv_bytes_per_token * 16
+    per_block = BatchGenerator(model, processor)._batched.kv_bytes_per_token * 16
     generator = BatchGenerator(model, processor, max_kv_bytes=12 * per_block)
     prompts = [f"question number {n}: " + "tell me more about it " * 6 for n in range(4)]
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,11 +16,13 @@ import torch
 import torch.multiprocessing as mp
 
 from ascend_vlm._compat.distributed_loading import load_time_fsdp_problem
+from ascend_vlm._compat.fsdp_state import FSDP_STATE_PROBES
 from ascend_vlm.integrations.fsdp import (
     fsdp_distributed_config,
     fsdp_plan,
     fsdp_training_arguments,
     held_parameter_elements,
+    roots_unsharded,
     shard_model,
     sharded_layer_classes,
 )
@@ -98,6 +102,79 @@ def test_fsdp_distributed_config_or_why_not():
     model.config.architectures = None
     with pytest.raises(ValueError, match="config: expected an architectures entry"):
         fsdp_distributed_config(model.config, fsdp_size=2)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path: Path) -> Iterator[None]:
+    """A default gloo process group of this process alone, for the test's duration."""
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _sharded_pair() -> torch.nn.Module:
+    """Two linears: the first its own FSDP2 unit, the second's parameters the root's."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    fully_shard(model[0])
+    fully_shard(model)
+    return model
+
+
+def _parameter_kinds(model: torch.nn.Module) -> list[str]:
+    return [type(parameter).__name__ for parameter in model.parameters()]
+
+
+def test_the_fsdp_state_probe_holds():
+    assert [(probe.name, probe.check()) for probe in FSDP_STATE_PROBES] == [
+        ("fsdp-lazy-init", None)
+    ]
+
+
+def test_roots_unsharded_gathers_the_roots_parameters_before_any_forward(one_rank_group):
+    model = _sharded_pair()
+    assert _parameter_kinds(model) == ["DTensor"] * 4
+    with roots_unsharded(model) as gathered:
+        assert gathered is model
+        # the root's own parameters are whole; the inner unit gathers around its forward
+        assert _parameter_kinds(model) == ["DTensor", "DTensor", "Parameter", "Parameter"]
+        assert model(torch.ones(3, 4)).shape == (3, 2)
+    assert _parameter_kinds(model) == ["DTensor"] * 4
+
+
+def _fsdp_module() -> type:
+    from torch.distributed.fsdp import FSDPModule
+
+    return FSDPModule
+
+
+def _fsdp_unit_state() -> type:
+    return typing.get_type_hints(_fsdp_module()._get_fsdp_state)["return"]
+
+
+@pytest.mark.parametrize(
+    ("owner", "attribute", "why"),
+    [
+        (_fsdp_module, "_get_fsdp_state", "FSDPModule has no _get_fsdp_state"),
+        (_fsdp_unit_state, "_lazy_init", "FSDPState, the FSDP2 unit state, has no _lazy_init"),
+    ],
+)
+def test_a_torch_without_the_internal_fails_naming_the_probe(
+    one_rank_group, monkeypatch, owner, attribute, why
+):
+    model = _sharded_pair()
+    monkeypatch.delattr(owner(), attribute)
+    expected = f"^roots_unsharded: .* changed: probe 'fsdp-lazy-init': {why}$"
+    with pytest.raises(RuntimeError, match=expected), roots_unsharded(model):
+        pass
+    with roots_unsharded(torch.nn.Linear(2, 2)):  # no FSDP2 unit: nothing relies on it
+        pass
 
 
 def test_trainer_arguments_make_accelerate_wrap_the_layers_of_the_peft_model(tmp_path):
