@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import torch
 from PIL import Image, UnidentifiedImageError
+from torch.nn.utils.rnn import pad_sequence
 
 from ascend_vlm.data.images import load_image
 
@@ -338,20 +339,19 @@ def collate(
         raise ValueError(f"padding_side: expected 'left' or 'right', got {padding_side!r}")
     if not encoded:
         raise ValueError("encoded: expected at least one sample, got an empty batch")
-    length = max(len(item["input_ids"]) for item in encoded)
     pad_values = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}
     batch: dict[str, torch.Tensor] = {}
     keys = dict.fromkeys(key for item in encoded for key in item)  # text-only samples lack pixels
     for key in keys:
         values = [item[key] for item in encoded if key in item]
         if key in (*SEQUENCE_KEYS, "labels"):
-            pad_value = pad_values.get(key, 0)
-            rows = []
-            for value in values:
-                padding = value.new_full((length - len(value),), pad_value)
-                parts = (value, padding) if padding_side == "right" else (padding, value)
-                rows.append(torch.cat(parts))
-            batch[key] = torch.stack(rows)
+            # Every sequence key of a sample is as long as its input_ids: all pad to the longest.
+            batch[key] = pad_sequence(
+                values,
+                batch_first=True,
+                padding_value=pad_values.get(key, 0),
+                padding_side=padding_side,
+            )
         elif key == PIXEL_KEY and staging is not None:
             rows = sum(value.shape[0] for value in values)
             dtype = functools.reduce(torch.promote_types, [value.dtype for value in values])
