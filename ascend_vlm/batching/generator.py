@@ -74,6 +74,7 @@ from ascend_vlm.batching.request import (
 from ascend_vlm.batching.sampling import generation_rules, next_token, request_generator
 from ascend_vlm.batching.stats import RunStats
 from ascend_vlm.batching.streaming import record_token
+from ascend_vlm.data.content_keys import encoding_content_keys, processed_content_keys
 from ascend_vlm.models import require_feature
 from ascend_vlm.patching.attention_tap import tapped_implementation
 from ascend_vlm.patching.ledger import applied_features
@@ -221,6 +222,9 @@ class BatchGenerator:
             generator=request_generator(request),
             kv_bytes=size.longest * self._kv_bytes_per_token,
             adapter=None if self._adapters is None else request.adapter or self._adapters.active,
+            image_keys=processed_content_keys(
+                images, getattr(self.processor, "image_processor", None)
+            ),
         )
         if self._blocks is not None:
             self._blocks.key_prompt(sequence)
@@ -434,7 +438,8 @@ class BatchGenerator:
                 cache, call = DynamicCache(config=self._base.config), inputs
             else:
                 cache, call = blocks.prefill_call(sequence, inputs, start, positions)
-            with torch.no_grad():
+            # The images this forward encodes, if any, are all the prompt's (prefill.py).
+            with torch.no_grad(), encoding_content_keys(sequence.image_keys):
                 output = self._forward(
                     [sequence], **call, **{self._cache_keyword: cache}, use_cache=True, **extra
                 )
