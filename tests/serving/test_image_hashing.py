@@ -10,7 +10,7 @@ import collections
 
 import pytest
 from PIL import Image
-from served_vlm import chat_messages
+from served_vlm import chat_messages, data_url
 
 from ascend_vlm.batching import BatchGenerator, prefix_keys
 from ascend_vlm.reuse import VisionCache, disable_vision_cache, enable_vision_cache
@@ -80,3 +80,42 @@ def model_vision_cache_stats(model):
     from ascend_vlm.reuse import vision_cache_of
 
     return vision_cache_of(model).stats()
+
+
+def _turn(images, detail: str, request_id: str, decoded):
+    parts = [
+        {"type": "image_url", "image_url": {"url": data_url(image), "detail": detail}}
+        for image in images
+    ]
+    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "describe"}]}]
+    body = ChatCompletionRequest(model="m", messages=messages, max_tokens=2, temperature=0)
+    return generation_request(body, None, ServingLimits(), request_id, decoded)
+
+
+def test_other_content_or_detail_never_shares_a_key(model_and_processor):
+    model, processor = model_and_processor
+    big = Image.new("RGB", (640, 480), "red")
+    turns = [
+        ((Image.new("RGB", (64, 64), "red"),), "auto"),
+        ((Image.new("RGB", (64, 64), "blue"),), "auto"),  # same tokens, other pixels
+        ((big,), "high"),
+        ((big,), "low"),  # the same bytes shrunk: another image
+    ]
+    plain = BatchGenerator(model, processor, prefix_cache=False)
+    expected = plain.generate_many(
+        [_turn(images, detail, f"p{index}", None) for index, (images, detail) in enumerate(turns)]
+    )
+    enable_vision_cache(model, VisionCache(max_bytes=64 * MIB))
+    try:
+        fast = with_fast_pixels(processor, cache_bytes=64 * MIB)
+        generator = BatchGenerator(model, fast, prefix_cache=True)
+        decoded = decoded_image_cache(64 * MIB)
+        for index, (images, detail) in enumerate(turns):
+            [result] = generator.generate_many([_turn(images, detail, f"r{index}", decoded)])
+            assert result.tokens == expected[index].tokens
+            assert result.cached_tokens == 0  # the first image token is in the first block
+        assert (decoded.hits, decoded.misses) == (1, 3)
+        assert fast.image_processor.pixel_cache.hits == 0
+        assert model_vision_cache_stats(model).hits == 0
+    finally:
+        disable_vision_cache(model)
