@@ -71,6 +71,7 @@ from ascend_vlm.batching.request import (
 )
 from ascend_vlm.batching.sampling import request_generator
 from ascend_vlm.batching.stats import RunStats
+from ascend_vlm.data.content_keys import encoding_content_keys, processed_content_keys
 from ascend_vlm.patching.ledger import applied_features
 
 
@@ -183,6 +184,9 @@ class BatchGenerator:
             generator=request_generator(request),
             kv_bytes=size.longest * per_token,
             adapter=None if adapters is None else request.adapter or adapters.active,
+            image_keys=processed_content_keys(
+                request.images(), getattr(self.processor, "image_processor", None)
+            ),
         )
         if self._blocks is not None:
             self._blocks.key_prompt(sequence)
@@ -397,7 +401,8 @@ class BatchGenerator:
                 cache, call = DynamicCache(config=batched.base.config), inputs
             else:
                 cache, call = blocks.prefill_call(sequence, inputs, start, positions)
-            with torch.no_grad():
+            # The images this forward encodes, if any, are all the prompt's (prefill.py).
+            with torch.no_grad(), encoding_content_keys(sequence.image_keys):
                 output = batched.forward(
                     [sequence], **call, **{batched.cache_keyword: cache}, use_cache=True, **extra
                 )

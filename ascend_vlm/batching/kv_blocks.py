@@ -24,7 +24,7 @@ from ascend_vlm._compat.cache import cache_layer_kind
 from ascend_vlm.batching.block_pool import BlockPool
 from ascend_vlm.batching.paged_cache import PagedCache
 from ascend_vlm.batching.prefill import reusable_tokens, seeded_cache, store_prompt, suffix_inputs
-from ascend_vlm.batching.prefix_keys import block_hashes, image_digest
+from ascend_vlm.batching.prefix_keys import block_hashes, prompt_image_digest
 from ascend_vlm.batching.request import SequenceState
 
 
@@ -60,7 +60,7 @@ class KVBlocks:
             return
         images = self._image_positions(sequence.inputs["input_ids"][0])
         sequence.first_image = images[0] if images else None
-        sequence.image_digest = image_digest(sequence.inputs)
+        sequence.image_digest = prompt_image_digest(sequence.inputs, sequence.image_keys)
 
     def reuse(self, sequence: SequenceState) -> int:
         """Share with ``sequence`` the cached blocks of its prompt's longest reusable prefix

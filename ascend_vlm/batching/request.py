@@ -157,6 +157,9 @@ class SequenceState:
     cached_tokens: int = 0
     # The prompt's leading tokens the prefix cache gave it at its prefill.
     reused_tokens: int = 0
+    # The key of what the processor made of each of its images (data.content_keys), None when
+    # some image has none: the prefix cache's and the vision cache's keys derive from them.
+    image_keys: tuple[bytes, ...] | None = None
     # What its prompt's prefix-cache keys hash beside the tokens (batching.prefix_keys).
     image_digest: bytes = b""
     first_image: int | None = None

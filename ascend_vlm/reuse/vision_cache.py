@@ -4,7 +4,10 @@ An entry maps (model, weights fingerprint, image key) to the per-image outputs a
 ``get_image_features`` / ``get_video_features`` returns (the projected embeddings the language
 model reads; Qwen3-VL's deepstack features too). The image key is a 128-bit XXH3 hash of the
 pixel tensor as the vision tower receives it (its bytes, shape and dtype, with the image's
-grid), or a key the caller names (:meth:`VisionCache.named_images`). Entries of other weights
+grid), a key the caller names (:meth:`VisionCache.named_images`), or the key of what the
+processor made of the image, named around the forward that encodes it
+(:func:`~ascend_vlm.data.content_keys.encoding_content_keys`, as the batch generator does for
+images whose content was hashed where they came in). Entries of other weights
 fingerprints stay until evicted, so models switching between weights (adapters) keep theirs.
 Entries are evicted least recently used first once their bytes pass ``max_bytes``. Values stay
 on the device they were computed on; with ``host_bytes`` the entries the device evicts move to
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ascend_vlm.data.content_keys import take_encoding_content_keys
 from ascend_vlm.reuse.cache_entry import CachedFeatures
 from ascend_vlm.reuse.host_tier import HostTier, produced_event
 
@@ -50,8 +54,8 @@ class VisionCacheStats:
     (``host_hits``: the hits answered from the host tier), ``evictions`` (entries that left the
     cache for room), ``demotions`` (entries moved from the device to the host tier),
     ``entries`` / ``bytes`` held on the device tier now and ``host_entries`` / ``host_bytes`` on
-    the host tier, ``hashed_images`` and ``hash_seconds`` spent hashing pixels (named images are
-    not hashed)."""
+    the host tier, ``hashed_images`` and ``hash_seconds`` spent hashing pixels (named images and
+    images with processed keys are not hashed)."""
 
     hits: int
     misses: int
@@ -144,8 +148,10 @@ class VisionCache:
 
     def image_keys(self, images: Sequence[tuple[torch.Tensor, Sequence[int]]]) -> list:
         """The key of each ``(pixels, grid)``: the next named keys (with the grids) when a
-        `named_images` block is active (ValueError when it has too few left), else their
-        content hashes."""
+        `named_images` block is active (ValueError when it has too few left), else the keys of
+        an active :func:`~ascend_vlm.data.content_keys.encoding_content_keys` block (keys of
+        what a processor made of each image, which the pixels are a deterministic function of)
+        when it names as many images, else their content hashes."""
         named = _NAMED.get()
         if named is not None:
             if named.thread != threading.get_ident():
@@ -163,6 +169,12 @@ class VisionCache:
             return [
                 ("named", key, tuple(pixels.shape), tuple(grid))
                 for key, (pixels, grid) in zip(taken, images, strict=True)
+            ]
+        processed = take_encoding_content_keys(len(images))
+        if processed is not None:
+            return [
+                ("processed", key, tuple(pixels.shape), str(pixels.dtype), tuple(grid))
+                for key, (pixels, grid) in zip(processed, images, strict=True)
             ]
         start = time.perf_counter()
         keys = [("content", content_key(pixels, grid)) for pixels, grid in images]

@@ -23,7 +23,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from PIL import Image
+
 from ascend_vlm.batching import GenerationRequest, RequestResult
+from ascend_vlm.data.content_keys import (
+    derived_content_key,
+    vouch_content_key,
+    vouched_content_key,
+)
 from ascend_vlm.serving.engine import Admitted
 from ascend_vlm.serving.errors import ApiError
 from ascend_vlm.serving.images import read_image
@@ -73,6 +80,20 @@ class ServedModels:
         return {"object": "list", "data": cards}
 
 
+def _low_detail(image: Image.Image) -> Image.Image:
+    """``image`` shrunk to fit :data:`LOW_DETAIL_SIDE` pixels a side (aspect kept, never
+    enlarged): a copy, since the image read may be the decoded cache's, shared by requests,
+    vouched with the key the shrinking derives from ``image``'s."""
+    if max(image.size) <= LOW_DETAIL_SIDE:
+        return image
+    shrunk = image.copy()
+    shrunk.thumbnail((LOW_DETAIL_SIDE, LOW_DETAIL_SIDE))
+    key = vouched_content_key(image)
+    if key is not None:  # thumbnail is deterministic: equal images shrink to equal images
+        vouch_content_key(shrunk, derived_content_key(key, f"thumbnail {LOW_DETAIL_SIDE}"))
+    return shrunk
+
+
 def _content(content: Any, where: str, limits: ServingLimits, decoded: ContentCache | None) -> Any:
     if isinstance(content, str):
         return content
@@ -82,7 +103,7 @@ def _content(content: Any, where: str, limits: ServingLimits, decoded: ContentCa
             param = f"{where}.{index}.image_url.url"
             image = read_image(part.image_url.url, param, limits, decoded)
             if part.image_url.detail == "low":
-                image.thumbnail((LOW_DETAIL_SIDE, LOW_DETAIL_SIDE))  # only ever shrinks
+                image = _low_detail(image)
             parts.append({"type": "image", "image": image})
         else:
             parts.append({"type": "text", "text": part.text})

@@ -14,7 +14,8 @@ not pass ``max_image_pixels``; then :func:`ascend_vlm.data.images.load_image_byt
 bytes as every other command reads an image file (upright, RGB). With a ``decoded`` cache (a
 :class:`~ascend_vlm.vision_input.content_cache.ContentCache`), an image read before is the
 image decoded then, not decoded again (keyed by the content hash of its bytes, or of its data
-URL's text). Every
+URL's text, which is also vouched for the image so that no cache downstream hashes its pixels).
+Every
 refusal is an :class:`~ascend_vlm.serving.errors.ApiError` (400) whose message names the field
 and the limit or flag.
 """
@@ -33,12 +34,15 @@ from urllib.parse import unquote, urlparse
 
 from PIL import Image
 
+from ascend_vlm.data.content_keys import vouch_content_key
 from ascend_vlm.data.images import DATA_URL_PREFIX, URL_SCHEMES, load_image_bytes
 from ascend_vlm.serving.errors import ApiError
 from ascend_vlm.serving.limits import LIMIT_FLAGS, ServingLimits
 from ascend_vlm.vision_input.content_cache import ContentCache, bytes_key
 
 FILE_URL_PREFIX = "file://"
+# The seed of a data URL's text's hash (read_image).
+DATA_URL_SEED = 1
 # Bytes a fetch reads at a time (between two looks at its deadline).
 FETCH_CHUNK_BYTES = 1 << 16
 
@@ -182,15 +186,16 @@ def _image_bytes(url: str, param: str, limits: ServingLimits) -> bytes:
 def read_image(
     url: str, param: str, limits: ServingLimits, decoded: ContentCache | None = None
 ) -> Image.Image:
-    """The image ``url`` names (see the module docstring), as an RGB PIL image; ``param`` is
-    the request field it came from, named by every refusal. ``decoded``: the images decoded
-    before, by the content hash of their bytes, or of their data URL's text, which names the
-    bytes and is hashed without decoding it (the image returned may be one of them: never
-    change it)."""
+    """The image ``url`` names (see the module docstring), as an RGB PIL image, never to be
+    changed; ``param`` is the request field it came from, named by every refusal. The image's
+    content key is the hash of its bytes, or of its data URL's text (which names the bytes and
+    is hashed without decoding it; a seed of its own keeps it apart from bytes' hashes): it is
+    vouched for the image (:func:`~ascend_vlm.data.content_keys.vouch_content_key`), so the
+    caches downstream hash it no more. ``decoded``: the images decoded before, by that key (the
+    image returned may be one of them)."""
     data = None if url.startswith(DATA_URL_PREFIX) else _image_bytes(url, param, limits)
-    key = None
+    key = bytes_key(data) if data is not None else bytes_key(url.encode(), seed=DATA_URL_SEED)
     if decoded is not None:
-        key = bytes_key(url.encode() if data is None else data)
         image = decoded.get(key)
         if image is not None:
             return image
@@ -201,7 +206,8 @@ def read_image(
         image = load_image_bytes(data, name=param)
     except ValueError as error:
         raise _refuse(param, str(error).removeprefix(f"{param}: ")) from None
-    if key is not None:
+    vouch_content_key(image, key)
+    if decoded is not None:
         decoded.put(key, image)
     return image
 

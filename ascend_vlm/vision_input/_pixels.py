@@ -13,8 +13,13 @@ decodes (a file path, or a PIL image opened lazily) and then processes the image
 Paths load as Hugging Face's ``load_image`` loads them (EXIF orientation applied, RGB); PIL
 images and arrays are used as they are, as by Hugging Face. With a ``pixel_cache`` (a
 :class:`~ascend_vlm.vision_input.content_cache.ContentCache`), an image whose pixels were
-processed before (:func:`~ascend_vlm.vision_input.content_cache.image_key`: same mode, size,
-palette, transparency and pixels) gets its kept rows copied instead of being processed again.
+processed before under the same settings gets its kept rows copied instead of being processed
+again. Its rows are a deterministic function of the image and the reference's settings, so
+they are keyed by both: :func:`~ascend_vlm.data.content_keys.processor_settings_key`, and the
+content key vouched for the image (:mod:`ascend_vlm.data.content_keys`: the server's hash of
+the bytes it decoded) or, for an image without one, its pixels' hash
+(:func:`~ascend_vlm.vision_input.content_cache.image_key`: same mode, size, palette,
+transparency and pixels).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from ascend_vlm.data.content_keys import processed_content_key, processor_settings_key
 from ascend_vlm.data.images import ACCEPTED_IMAGES, check_image_size, is_remote, load_image
 from ascend_vlm.vision_input.content_cache import ContentCache, image_key
 
@@ -66,6 +72,13 @@ def _flat_images(images: Any) -> list[Any]:
     return flat
 
 
+def _rows_key(image: Image.Image, settings: bytes | None) -> bytes | tuple:
+    """The pixel cache's key of ``image``'s rows under the reference's ``settings`` (module
+    docstring): derived from the key vouched for the image, else from its pixels' hash."""
+    processed = processed_content_key(image, settings)
+    return (settings, image_key(image)) if processed is None else processed
+
+
 class ImagePixels(abc.ABC):
     """Base of the fast preprocessors: ``pixels(images)`` returns what
     ``reference(images=images, return_tensors="pt")`` returns, equal value for value.
@@ -77,7 +90,8 @@ class ImagePixels(abc.ABC):
 
     family = "a Hugging Face image processor"
     required_attributes: tuple[str, ...] = ("size", "image_mean", "image_std", "rescale_factor")
-    # Each processed image's rows by image_key (module docstring); None: every image processed.
+    # Each processed image's rows by settings and content (module docstring); None: every image
+    # processed.
     pixel_cache: ContentCache | None = None
 
     def __init__(self, reference: Any, workers: int = 2) -> None:
@@ -302,7 +316,8 @@ class ImagePixels(abc.ABC):
         if cache is None:
             self._map(self._fill, jobs)
             return
-        keys = [image_key(image) for image, _, _ in jobs]
+        settings = processor_settings_key(self.reference)
+        keys = [_rows_key(image, settings) for image, _, _ in jobs]
         missed = []
         for key, job in zip(keys, jobs, strict=True):
             kept = cache.get(key)

@@ -18,9 +18,10 @@ import xxhash
 from PIL import Image
 
 
-def bytes_key(data: bytes | memoryview) -> bytes:
-    """A 128-bit content hash of ``data``."""
-    return xxhash.xxh3_128_digest(data)
+def bytes_key(data: bytes | memoryview, seed: int = 0) -> bytes:
+    """A 128-bit content hash of ``data``; keys of different ``seed`` stand apart (equal only
+    by a hash collision)."""
+    return xxhash.xxh3_128_digest(data, seed=seed)
 
 
 def image_key(image: Image.Image) -> bytes:

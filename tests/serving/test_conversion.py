@@ -9,6 +9,7 @@ from PIL import Image
 from served_vlm import data_url
 
 from ascend_vlm.serving.conversion import LOW_DETAIL_SIDE, generation_request
+from ascend_vlm.serving.images import decoded_image_cache
 from ascend_vlm.serving.limits import ServingLimits
 from ascend_vlm.serving.protocol import ChatCompletionRequest
 
@@ -40,3 +41,14 @@ def test_detail_low_shrinks_the_image_to_openais_low_resolution(size, detail, se
     assert message["content"][0]["image"].size == seen
     assert message == {"role": "user", "content": [message["content"][0],
                                                    {"type": "text", "text": "what?"}]}  # fmt: skip
+
+
+def test_detail_low_leaves_the_decoded_image_as_it_was():
+    # The decoded cache hands every request the same image: "low" must shrink a copy of it.
+    decoded = decoded_image_cache(1 << 26)
+    for detail, seen in (("low", (LOW_DETAIL_SIDE, 384)), ("high", (1024, 768))):
+        request = generation_request(
+            _request((1024, 768), detail), None, ServingLimits(), "chatcmpl-1", decoded
+        )
+        assert request.messages[0]["content"][0]["image"].size == seen
+    assert decoded.hits == 1

@@ -133,3 +133,24 @@ def test_decoded_images_are_kept_by_content():
     assert read_image(other, FIELD, ServingLimits(), cache).getpixel((0, 0)) == (0, 0, 255)
     assert (cache.hits, cache.misses, len(cache)) == (1, 2, 2)
     assert first.getpixel((0, 0)) == (255, 0, 0)
+
+
+def test_content_keys_keep_apart_what_the_cache_must_not_merge(tmp_path):
+    from ascend_vlm.data.content_keys import vouched_content_key
+
+    cache = decoded_image_cache(1 << 20)
+    limits = ServingLimits(local_images=tmp_path)
+    url = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    image = read_image(url, FIELD, limits, cache)
+    # A file whose bytes spell that data URL is no image, with the URL cached or not.
+    (tmp_path / "spelled.png").write_text(url)
+    with pytest.raises(ApiError, match="cannot read an image"):
+        read_image("spelled.png", FIELD, limits, cache)
+    # The same pixels in other bytes: another key (a miss, never a wrong hit).
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 6), "red").save(buffer, format="PNG", compress_level=0)
+    (tmp_path / "other.png").write_bytes(buffer.getvalue())
+    other = read_image("other.png", FIELD, limits, cache)
+    assert vouched_content_key(other) not in (None, vouched_content_key(image))
+    assert other.tobytes() == image.tobytes()
+    assert (cache.hits, cache.misses) == (0, 3)

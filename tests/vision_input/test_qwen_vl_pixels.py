@@ -231,3 +231,25 @@ def test_the_pixel_cache_tells_palettes_apart(reference):
         got = pixels([image], return_tensors="pt")["pixel_values"]
         assert torch.equal(got, reference(images=[image], return_tensors="pt")["pixel_values"])
     assert pixels.pixel_cache.hits == 0
+
+
+def test_a_shared_pixel_cache_keys_each_processors_settings(reference):
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    from ascend_vlm.data.content_keys import vouch_content_key
+    from ascend_vlm.vision_input.content_cache import ContentCache
+
+    shared = ContentCache(1 << 30, size_of=lambda rows: rows.nbytes)
+    other = Qwen2VLImageProcessorPil(
+        min_pixels=56 * 56, max_pixels=448 * 448, image_mean=[0.5, 0.5, 0.5]
+    )
+    image = corpus()[0]
+    vouched = image.copy()  # the same content, keyed by its vouched key instead of its pixels
+    vouch_content_key(vouched, b"k" * 16)
+    for settings in (reference, other, reference):
+        pixels = QwenVLPixels(settings, workers=1)
+        pixels.pixel_cache = shared
+        expected = settings(images=[image], return_tensors="pt")["pixel_values"]
+        for candidate in (image, vouched):
+            assert torch.equal(pixels([candidate], return_tensors="pt")["pixel_values"], expected)
+    assert (shared.hits, shared.misses) == (2, 4)
