@@ -12,11 +12,11 @@ import pytest
 from PIL import Image
 from served_vlm import MODEL_NAME, chat_messages, running_server
 
+from ascend_vlm._byte_units import MIB
 from ascend_vlm.reuse import VisionCache, disable_vision_cache, enable_vision_cache
 from ascend_vlm.serving.images import decoded_image_cache
 from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
-MIB = 1 << 20
 TURNS = (
     ("describe both pictures", (Image.new("RGB", (96, 80), "red"), Image.new("RGB", (64, 64), "blue"))),
     ("which is larger", ()),
