@@ -90,3 +90,17 @@ def script_module() -> Callable[[str], ModuleType]:
         return module
 
     return load
+
+
+@pytest.fixture
+def single_rank_group(tmp_path: Path) -> Iterator[None]:
+    """A default gloo process group of this process alone, for the test's duration."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -504,17 +504,6 @@ def test_state_needs_a_process_group() -> None:
         SparseAllReduceState()
 
 
-@pytest.fixture
-def single_rank_group(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_non_ddp_use_is_rejected(single_rank_group: None) -> None:
     state = SparseAllReduceState()
     with pytest.raises(TypeError, match=r"bucket: expected torch\.distributed\.GradBucket"):

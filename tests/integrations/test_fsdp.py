@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import typing
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -104,18 +103,6 @@ def test_fsdp_distributed_config_or_why_not():
         fsdp_distributed_config(model.config, fsdp_size=2)
 
 
-@pytest.fixture
-def one_rank_group(tmp_path: Path) -> Iterator[None]:
-    """A default gloo process group of this process alone, for the test's duration."""
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
-
-
 def _sharded_pair() -> torch.nn.Module:
     """Two linears: the first its own FSDP2 unit, the second's parameters the root's."""
     from torch.distributed.fsdp import fully_shard
@@ -137,7 +124,7 @@ def test_the_fsdp_state_probe_holds():
     ]
 
 
-def test_roots_unsharded_gathers_the_roots_parameters_before_any_forward(one_rank_group):
+def test_roots_unsharded_gathers_the_roots_parameters_before_any_forward(single_rank_group):
     model = _sharded_pair()
     assert _parameter_kinds(model) == ["DTensor"] * 4
     with roots_unsharded(model) as gathered:
@@ -166,7 +153,7 @@ def _fsdp_unit_state() -> type:
     ],
 )
 def test_a_torch_without_the_internal_fails_naming_the_probe(
-    one_rank_group, monkeypatch, owner, attribute, why
+    single_rank_group, monkeypatch, owner, attribute, why
 ):
     model = _sharded_pair()
     monkeypatch.delattr(owner(), attribute)
