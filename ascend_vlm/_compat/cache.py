@@ -15,12 +15,21 @@ removable once 5.25 is the lowest supported.
 
 from __future__ import annotations
 
+import inspect
+
 from ascend_vlm._compat.probe import NEEDED_ON_EVERY_SUPPORTED_VERSION, Probe
 
 # The keyword a decoder layer receives its cache under: "cache" from transformers 5.25 (with
 # "past_key_values" deprecated), "past_key_values" before: removable once 5.25 is the lowest
 # supported.
 CACHE_KWARGS = ("cache", "past_key_values")
+
+
+def cache_keyword_of(model: object) -> str:
+    """The keyword ``model``'s forward takes its cache under (the first of ``CACHE_KWARGS`` it
+    names; a forward naming neither takes it by ``**kwargs`` as "past_key_values")."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in CACHE_KWARGS if name in parameters), CACHE_KWARGS[-1])
 
 
 def cache_argument(kwargs: dict) -> object | None:

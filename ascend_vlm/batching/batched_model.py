@@ -20,6 +20,7 @@ from torch import nn
 
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat.attention import ATTENTION_NAME
+from ascend_vlm._compat.cache import cache_keyword_of
 from ascend_vlm.batching.budgets import RequestSize, kv_bytes_per_token
 from ascend_vlm.batching.request import GenerationRequest, SequenceState, TokenEvent
 from ascend_vlm.batching.sampling import generation_rules, next_token
@@ -51,12 +52,9 @@ class BatchedModel:
         ]
         descriptor = require_feature(self.base, "batching")
         self.image_token: int | None = getattr(self.base.config, descriptor.visual_token_ids[0])
-        self.rope_index: Callable[..., Any] | None = (
-            None if descriptor.position_scheme == "rope" else self.base.model.get_rope_index
-        )
-        forward = inspect.signature(self.base.forward).parameters
-        self.cache_keyword = "cache" if "cache" in forward else "past_key_values"
-        self.keeps_last_logits = "logits_to_keep" in forward
+        self.rope_index: Callable[..., Any] | None = descriptor.rope_index(self.base)
+        self.cache_keyword = cache_keyword_of(self.base)
+        self.keeps_last_logits = "logits_to_keep" in inspect.signature(self.base.forward).parameters
         generation_config = self.base.generation_config
         eos = generation_config.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])

@@ -162,6 +162,11 @@ class FamilyDescriptor:
         values = (getattr(config, name, None) for name in self.visual_token_ids)
         return tuple(value for value in dict.fromkeys(values) if isinstance(value, int))
 
+    def rope_index(self, base: Any) -> Callable[..., Any] | None:
+        """The inner model's ``get_rope_index`` of ``base`` (a family's model with its head) when
+        its positions are multi-axis, None for plain RoPE (positions are the token indices)."""
+        return None if self.position_scheme == "rope" else base.model.get_rope_index
+
     def deepstack_layers(self, config: Any) -> int:
         """How many first decoder layers get vision features added (0 without deepstack)."""
         return 0 if self.deepstack is None else len(attribute_at(config, self.deepstack) or ())

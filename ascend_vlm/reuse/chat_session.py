@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from ascend_vlm._base_model import base_model
+from ascend_vlm._compat.cache import cache_keyword_of
 from ascend_vlm.models import require_feature
 
 # Arguments the session sets itself; a caller's value for them would break the cache bookkeeping.
@@ -209,16 +210,10 @@ class ChatSession:
         self._tokenizer = tokenizer
         # A PEFT model's forward takes **kwargs and its .model is the wrapped model itself.
         self._base = base_model(model) if isinstance(model, nn.Module) else model
-        self._cache_keyword = (
-            "cache"
-            if "cache" in inspect.signature(self._base.forward).parameters
-            else "past_key_values"
-        )
+        self._cache_keyword = cache_keyword_of(self._base)
         descriptor = require_feature(self._base, "chat_sessions")
         self._image_token_attribute = descriptor.visual_token_ids[0]
-        self._rope_index = (
-            None if descriptor.position_scheme == "rope" else self._base.model.get_rope_index
-        )
+        self._rope_index = descriptor.rope_index(self._base)
         if self._rope_index is not None and (
             "mm_token_type_ids" not in inspect.signature(self._rope_index).parameters
         ):
