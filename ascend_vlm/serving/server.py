@@ -26,9 +26,13 @@ CANCEL_GRACE_SECONDS = 5.0
 
 def bind_socket(host: str, port: int) -> socket.socket:
     """A TCP socket listening on ``host``:``port`` (0: a free port; read it back with
-    ``getsockname()``). OSError names the address when it is taken or not local."""
+    ``getsockname()``), whose connections asyncio sets ``TCP_NODELAY`` on. OSError names the
+    address when it is taken or not local."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
+    # asyncio turns Nagle's algorithm off (TCP_NODELAY) only on connections whose protocol is
+    # named IPPROTO_TCP, and an accepted connection inherits the listener's: with protocol 0
+    # each streamed chunk written right after another waits for the client's delayed ACK.
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind((host, port))

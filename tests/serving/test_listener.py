@@ -1,0 +1,35 @@
+"""The server's listening socket: connections on it send each streamed chunk at once."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from ascend_vlm.serving.server import bind_socket
+
+
+def test_connections_on_the_listener_turn_nagle_off():
+    """A server-sent event written right after another must not wait for the client's delayed
+    acknowledgement (up to 40 ms on Linux): asyncio sets TCP_NODELAY on what it accepts only
+    when the socket names its protocol."""
+    listener = bind_socket("127.0.0.1", 0)
+    port = listener.getsockname()[1]
+    seen: list[int] = []
+
+    async def main() -> None:
+        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connection = writer.get_extra_info("socket")
+            seen.append(connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(accepted, sock=listener)
+        async with server:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+
+    asyncio.run(main())
+    assert seen and seen[0] != 0
