@@ -35,6 +35,7 @@ from torch import nn
 from ascend_vlm._base_model import base_model
 from ascend_vlm._compat.distributed_loading import load_time_fsdp_problem
 from ascend_vlm._compat.fsdp_state import FSDP_STATE_PROBES, init_fsdp_root
+from ascend_vlm._compat.probe import require_probes
 from ascend_vlm.models import descriptor_for
 from ascend_vlm.models.descriptor import attribute_at
 
@@ -208,15 +209,6 @@ def _outermost_units(module: nn.Module) -> list[nn.Module]:
     return [unit for child in module.children() for unit in _outermost_units(child)]
 
 
-def _require_fsdp_state() -> None:
-    for probe in FSDP_STATE_PROBES:
-        if (why := probe.check()) is not None:
-            raise RuntimeError(
-                f"roots_unsharded: relies on an FSDP2 internal that torch {torch.__version__} "
-                f"changed: probe {probe.name!r}: {why}"
-            )
-
-
 @contextlib.contextmanager
 def roots_unsharded(model: nn.Module) -> Iterator[nn.Module]:
     """Gather the parameters of `model`'s outermost FSDP2 units for the duration (a no-op for
@@ -230,7 +222,9 @@ def roots_unsharded(model: nn.Module) -> Iterator[nn.Module]:
     the internal that makes a unit the root (:mod:`ascend_vlm._compat.fsdp_state`)."""
     roots = _outermost_units(model)
     if roots:
-        _require_fsdp_state()
+        require_probes(
+            FSDP_STATE_PROBES, "roots_unsharded", f"torch {torch.__version__}", RuntimeError
+        )
     for root in roots:
         # A unit becomes the root at its first forward; before any (a report ahead of training)
         # the inner units met first would each claim it.

@@ -22,7 +22,7 @@ from ascend_vlm._compat.cache import CACHE_PROBES
 from ascend_vlm._compat.decorators import DECORATOR_PROBES
 from ascend_vlm._compat.experts import EXPERTS_PROBES
 from ascend_vlm._compat.module_internals import MODULE_PROBES
-from ascend_vlm._compat.probe import Probe
+from ascend_vlm._compat.probe import Probe, probe_failure
 from ascend_vlm._compat.torch_internals import TORCH_PROBES
 from ascend_vlm._compat.versions import LOWEST_SUPPORTED, NEWEST_TESTED, major_minor
 from ascend_vlm._errors import PatchError
@@ -82,10 +82,7 @@ def failed_probes() -> dict[str, str]:
     that raises fails with the exception."""
     failures = {}
     for probe in probes():
-        try:
-            why = probe.check()
-        except Exception as error:  # any exception means an internal it reaches for changed
-            why = f"{type(error).__name__}: {error}"
+        why = probe_failure(probe)
         if why is not None:
             failures[probe.name] = why
     return failures

@@ -35,7 +35,7 @@ from transformers.quantizers.auto import (
 )
 from transformers.quantizers.base import HfQuantizer
 
-from ascend_vlm._compat.probe import Probe
+from ascend_vlm._compat.probe import probe_failure, require_probes
 from ascend_vlm._compat.quantizer import QUANTIZER_PROBES
 from ascend_vlm._errors import PatchError
 from ascend_vlm.quantization.config import QUANT_METHOD, QuantizationConfig
@@ -44,20 +44,18 @@ from ascend_vlm.quantization.quantize import quantization_targets, quantize_line
 from ascend_vlm.quantization.quantized_checkpoint import check_checkpoint
 from ascend_vlm.quantization.quantized_weight import QuantizedWeight
 
-
-@functools.cache
-def _problem(probe: Probe) -> str | None:
-    """``probe.check()``, once per process (the installed transformers does not change)."""
-    return probe.check()
+# The probes read transformers' source; once per process (the installed version does not change).
+_failure_once = functools.cache(probe_failure)
 
 
 def _require_probes(names: tuple[str, ...], action: str) -> None:
-    for probe in QUANTIZER_PROBES:
-        if probe.name in names and (why := _problem(probe)) is not None:
-            raise PatchError(
-                f"quantization_config: {action} relies on a transformers internal that "
-                f"transformers {transformers.__version__} changed: probe {probe.name!r}: {why}"
-            )
+    require_probes(
+        (probe for probe in QUANTIZER_PROBES if probe.name in names),
+        f"quantization_config: {action}",
+        f"transformers {transformers.__version__}",
+        PatchError,
+        _failure_once,
+    )
 
 
 class QuantizeWhileLoading(ConversionOps):

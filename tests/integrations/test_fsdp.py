@@ -157,7 +157,7 @@ def test_a_torch_without_the_internal_fails_naming_the_probe(
 ):
     model = _sharded_pair()
     monkeypatch.delattr(owner(), attribute)
-    expected = f"^roots_unsharded: .* changed: probe 'fsdp-lazy-init': {why}$"
+    expected = f"^roots_unsharded relies on an internal that torch .* changed: probe 'fsdp-lazy-init': {why}$"
     with pytest.raises(RuntimeError, match=expected), roots_unsharded(model):
         pass
     with roots_unsharded(torch.nn.Linear(2, 2)):  # no FSDP2 unit: nothing relies on it
