@@ -14,12 +14,22 @@ from PIL import Image
 from ascend_vlm.default_model import default_model_path, load_processor, token_ids
 
 
-def load_bench_model(folder: Path, layers: int = 8, width: int = 256):
-    """The benchmark model, saved to ``folder`` and loaded back as users do; ``width`` (a
-    multiple of 64) is the language model's hidden size, its heads 64 wide, its MLP 2.75x
-    wider, as Qwen2-VL's."""
+def width_problem(width: int) -> str | None:
+    """Why ``width`` cannot be the benchmark model's language width (its heads are 64 wide),
+    or None."""
     if width < 64 or width % 64:
-        raise ValueError(f"width: expected a multiple of 64, got {width}")
+        return f"expected a multiple of 64 (64-wide heads), got {width}"
+    return None
+
+
+def load_bench_model(folder: Path, layers: int = 8, width: int = 256):
+    """The benchmark model, saved to ``folder`` and loaded back as users do; ``width`` (see
+    :func:`width_problem`) is the language model's hidden size: ``width / 64`` heads sharing
+    key-value heads in pairs (each its own when their count is odd), an MLP 2.75x wider, as
+    Qwen2-VL's."""
+    if (problem := width_problem(width)) is not None:
+        raise ValueError(f"width: {problem}")
+    heads = width // 64
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     reference = Qwen2VLConfig.from_pretrained(default_model_path())
@@ -29,8 +39,8 @@ def load_bench_model(folder: Path, layers: int = 8, width: int = 256):
         hidden_size=width,
         intermediate_size=width * 11 // 4,
         num_hidden_layers=layers,
-        num_attention_heads=width // 64,
-        num_key_value_heads=max(width // 128, 1),
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2 if heads % 2 == 0 else heads,
         max_position_embeddings=8192,
         rope_parameters={
             "rope_type": "default",

@@ -84,7 +84,7 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
 import torch
-from _bench_models import bench_processor, load_bench_model, random_images
+from _bench_models import bench_processor, load_bench_model, random_images, width_problem
 from _bench_record import show_table, table
 from PIL import Image
 
@@ -641,8 +641,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--max-new: expected >= --min-new ({args.min_new}), got {args.max_new}")
     if args.only_conversations and not args.reuse_args:
         parser.error("--only-conversations: expected --reuse-args too (the rows compare reuse)")
-    if args.width < 64 or args.width % 64:
-        parser.error(f"--width: expected a multiple of 64 (64-wide heads), got {args.width}")
+    if (problem := width_problem(args.width)) is not None:
+        parser.error(f"--width: {problem}")
     if args.turns < 2:
         parser.error(f"--turns: expected >= 2 (a later turn to measure), got {args.turns}")
     return args
