@@ -31,10 +31,12 @@ import xxhash
 
 # id(image) -> (a weak reference to that image, its key); an entry leaves when its image dies.
 _VOUCHED: dict[int, tuple[weakref.ref, bytes]] = {}
-# Seeds that keep keys of different kinds apart (a derived key never equals a content hash).
-_DERIVED_SEED = 1
-_SETTINGS_SEED = 2
-_PROCESSED_SEED = 3
+# Seeds that keep keys of different kinds apart: a content hash of bytes (seed 0), of a data
+# URL's text, a derived key, a processor's settings and a processed key never equal each other.
+DATA_URL_SEED = 1
+_DERIVED_SEED = 2
+_SETTINGS_SEED = 3
+_PROCESSED_SEED = 4
 # The keys of the images the model encodes within an encoding_content_keys block, in a list
 # the first take empties.
 _ENCODING: contextvars.ContextVar[list[tuple[bytes, ...]] | None] = contextvars.ContextVar(

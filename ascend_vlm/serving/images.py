@@ -34,15 +34,13 @@ from urllib.parse import unquote, urlparse
 
 from PIL import Image
 
-from ascend_vlm.data.content_keys import vouch_content_key
+from ascend_vlm.data.content_keys import DATA_URL_SEED, vouch_content_key
 from ascend_vlm.data.images import DATA_URL_PREFIX, URL_SCHEMES, load_image_bytes
 from ascend_vlm.serving.errors import ApiError
 from ascend_vlm.serving.limits import LIMIT_FLAGS, ServingLimits
 from ascend_vlm.vision_input.content_cache import ContentCache, bytes_key
 
 FILE_URL_PREFIX = "file://"
-# The seed of a data URL's text's hash (read_image).
-DATA_URL_SEED = 1
 # Bytes a fetch reads at a time (between two looks at its deadline).
 FETCH_CHUNK_BYTES = 1 << 16
 

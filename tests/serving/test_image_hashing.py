@@ -12,8 +12,9 @@ import pytest
 from PIL import Image
 from served_vlm import chat_messages, data_url
 
+from ascend_vlm._byte_units import MIB
 from ascend_vlm.batching import BatchGenerator, prefix_keys
-from ascend_vlm.reuse import VisionCache, disable_vision_cache, enable_vision_cache
+from ascend_vlm.reuse import VisionCache, disable_vision_cache, enable_vision_cache, vision_cache_of
 from ascend_vlm.reuse import vision_cache as vision_cache_module
 from ascend_vlm.serving import images as served_images
 from ascend_vlm.serving.conversion import generation_request
@@ -23,7 +24,6 @@ from ascend_vlm.serving.protocol import ChatCompletionRequest
 from ascend_vlm.vision_input import _pixels
 from ascend_vlm.vision_input.fast_processor import with_fast_pixels
 
-MIB = 1 << 20
 IMAGES = (Image.new("RGB", (96, 80), "red"), Image.new("RGB", (64, 64), "blue"))
 # Each content hash of the request path: where it is looked up, its name there.
 HASHES = (
@@ -57,6 +57,10 @@ def _request(system: str, request_id: str, decoded):
 
 def test_each_image_is_hashed_once_per_request(model_and_processor, counted_hashes):
     model, processor = model_and_processor
+    systems = ("be brief", "be terse")
+    plain = BatchGenerator(model, processor, prefix_cache=False)
+    expected = [plain.generate_many([_request(system, "p", None)])[0] for system in systems]
+    counted_hashes.clear()
     enable_vision_cache(model, VisionCache(max_bytes=64 * MIB))
     try:
         fast = with_fast_pixels(processor, cache_bytes=64 * MIB)
@@ -64,22 +68,17 @@ def test_each_image_is_hashed_once_per_request(model_and_processor, counted_hash
         decoded = decoded_image_cache(64 * MIB)
         # The second request's system text differs: its prefix misses and its images are
         # encoded again, answered by the vision cache.
-        for index, system in enumerate(("be brief", "be terse")):
-            generator.generate_many([_request(system, f"r{index}", decoded)])
+        for index, system in enumerate(systems):
+            [result] = generator.generate_many([_request(system, f"r{index}", decoded)])
             assert dict(counted_hashes) == {"bytes_key": 2 * (index + 1)}
+            assert result.tokens == expected[index].tokens  # hits answer as no cache does
         assert (decoded.hits, decoded.misses) == (2, 2)
         pixels = fast.image_processor.pixel_cache
         assert (pixels.hits, pixels.misses) == (2, 2)
-        stats = model_vision_cache_stats(model)
+        stats = vision_cache_of(model).stats()
         assert (stats.hits, stats.misses) == (2, 2)
     finally:
         disable_vision_cache(model)
-
-
-def model_vision_cache_stats(model):
-    from ascend_vlm.reuse import vision_cache_of
-
-    return vision_cache_of(model).stats()
 
 
 def _turn(images, detail: str, request_id: str, decoded):
@@ -116,6 +115,6 @@ def test_other_content_or_detail_never_shares_a_key(model_and_processor):
             assert result.cached_tokens == 0  # the first image token is in the first block
         assert (decoded.hits, decoded.misses) == (1, 3)
         assert fast.image_processor.pixel_cache.hits == 0
-        assert model_vision_cache_stats(model).hits == 0
+        assert vision_cache_of(model).stats().hits == 0
     finally:
         disable_vision_cache(model)
