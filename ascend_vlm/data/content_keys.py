@@ -16,7 +16,9 @@ pixels) and that the image is never changed while it lives. A key holds for the 
 was vouched for, as long as that object lives: not for copies or images derived from it (PIL
 hands an image's ``info`` on to those, so the key is kept beside the image, not in it). An
 image derived by a deterministic step is vouched again with :func:`derived_content_key`.
-Thread-safe: each entry is written and removed by one dictionary operation.
+Thread-safe: an entry is written by one dictionary operation, and removed only by its image's
+death callback, which runs while that image still holds its id (no other image can be vouched
+under the id before the entry is gone), after checking the entry is still that image's.
 """
 
 from __future__ import annotations
