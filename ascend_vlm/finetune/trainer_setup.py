@@ -97,16 +97,21 @@ class FineTuneTrainer(Trainer):
       rank takes part."""
 
     _unsummed_flos = 0.0
-    _flos_per_input_token: int | None = None
+    # (the model counted, its count per input token): Trainer may swap in another model.
+    _flos_per_input_token: tuple[torch.nn.Module, int] | None = None
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """Trainer's count for ``inputs``, which is linear in the input tokens for a given
+        model (``6 x tokens x non-embedding parameters``): the factor is taken from Trainer's
+        first count with tokens and reused while the model is the same."""
         main_input = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
         tokens = main_input.numel() if isinstance(main_input, torch.Tensor) else 0
-        if self._flos_per_input_token is not None and tokens:
-            return self._flos_per_input_token * tokens
+        memo = self._flos_per_input_token
+        if memo is not None and memo[0] is self.model and tokens:
+            return memo[1] * tokens
         flos = super().floating_point_ops(inputs)
-        if tokens and flos % tokens == 0:  # linear in the tokens, as Trainer counts
-            self._flos_per_input_token = flos // tokens
+        if tokens and flos % tokens == 0:
+            self._flos_per_input_token = (self.model, flos // tokens)
         return flos
 
     def store_flos(self) -> None:
