@@ -5,14 +5,34 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import pytest
+
 from ascend_vlm.serving.server import bind_socket
 
 
-def test_connections_on_the_listener_turn_nagle_off():
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1",
+        pytest.param(
+            "::1", marks=pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback")
+        ),
+    ],
+)
+def test_connections_on_the_listener_turn_nagle_off(host):
     """A server-sent event written right after another must not wait for the client's delayed
     acknowledgement (up to 40 ms on Linux): asyncio sets TCP_NODELAY on what it accepts only
     when the socket names its protocol."""
-    listener = bind_socket("127.0.0.1", 0)
+    listener = bind_socket(host, 0)
     port = listener.getsockname()[1]
     seen: list[int] = []
 
@@ -24,7 +44,7 @@ def test_connections_on_the_listener_turn_nagle_off():
 
         server = await asyncio.start_server(accepted, sock=listener)
         async with server:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            _, writer = await asyncio.open_connection(host, port)
             for _ in range(100):
                 if seen:
                     break
