@@ -1,7 +1,8 @@
 """The feature options of ``python -m ascend_vlm eval``, registered in one place.
 
-Each feature adds one :func:`~ascend_vlm.commands.options.register_option` call below; its
-``add_arguments`` / ``apply`` functions may live here or in the feature's own module.
+Each feature adds one ``REGISTRY.register`` call below
+(:meth:`~ascend_vlm.commands.options.OptionRegistry.register`); its ``add_arguments`` /
+``apply`` functions may live here or in the feature's own module.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 from typing import Any
 
 from ascend_vlm.commands.adapter_option import add_adapter_arguments, apply_adapters
-from ascend_vlm.commands.options import register_option
+from ascend_vlm.commands.options import REGISTRY
 from ascend_vlm.commands.pruning_option import (
     add_pruning_arguments,
     apply_pruning,
@@ -51,9 +52,9 @@ def _apply_patch(model: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 # First: AWQ calibrates on, and RTN rounds, the weights as loaded; patching then routes the
 # quantized linear layers' neighbours through the fused ops.
-register_option("quantize", add_quantization_arguments, apply_quantization, needs_processor=True)
+REGISTRY.register("quantize", add_quantization_arguments, apply_quantization, needs_processor=True)
 
-register_option(
+REGISTRY.register(
     "patch",
     _add_patch_arguments,
     _apply_patch,
@@ -61,12 +62,12 @@ register_option(
 )
 
 # After "patch": LoRA wraps the patched model's linear layers, as in the fine-tune script.
-register_option("adapter", add_adapter_arguments, apply_adapters, needs_processor=True)
+REGISTRY.register("adapter", add_adapter_arguments, apply_adapters, needs_processor=True)
 
 # After "patch": options apply in registration order, so a pruned run is patched first.
-register_option("prune", add_pruning_arguments, apply_pruning, finish=finish_pruning)
+REGISTRY.register("prune", add_pruning_arguments, apply_pruning, finish=finish_pruning)
 
 # The vision tower runs before the language model: cached features are unpruned features.
-register_option(
+REGISTRY.register(
     "vision-cache", add_vision_cache_arguments, apply_vision_cache, finish=finish_vision_cache
 )

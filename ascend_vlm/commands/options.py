@@ -1,7 +1,8 @@
 """Feature options of ``python -m ascend_vlm eval``: the one registration point.
 
 A feature that changes the model under evaluation (patching, token pruning, quantization,
-caching ...) registers itself once with :func:`register_option`; from then on
+caching ...) registers itself once with ``REGISTRY.register`` (:meth:`OptionRegistry.register`);
+from then on
 
 * its flags are flags of ``eval`` (an argument group titled with the option's name),
 * ``apply(model, args)`` transforms each freshly loaded model according to those flags,
@@ -11,7 +12,7 @@ caching ...) registers itself once with :func:`register_option`; from then on
 * its presets are configuration names ``--compare`` accepts (e.g. ``unpatched``).
 
 The registrations live in :mod:`ascend_vlm.commands.features`; adding a feature means adding
-one :func:`register_option` call there.
+one ``REGISTRY.register`` call there.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _NAME = re.compile(r"[a-z][a-z0-9-]*")
 
 @dataclass(frozen=True)
 class EvalOption:
-    """One registered feature option (see :func:`register_option` for the fields' contract)."""
+    """One registered feature option (see :meth:`REGISTRY.register <OptionRegistry.register>` for the fields' contract)."""
 
     name: str
     add_arguments: Callable[[Any], None]
@@ -132,24 +133,3 @@ class OptionRegistry:
 
 
 REGISTRY = OptionRegistry()
-
-
-def register_option(
-    name: str,
-    add_arguments: Callable[[Any], None],
-    apply: Callable[[Any, argparse.Namespace], dict[str, Any]],
-    *,
-    presets: Mapping[str, Any] | None = None,
-    finish: Callable[[Any, argparse.Namespace], dict[str, Any]] | None = None,
-    needs_processor: bool = False,
-) -> EvalOption:
-    """Register a feature option of ``python -m ascend_vlm eval`` (:meth:`OptionRegistry.register`
-    on ``REGISTRY``)."""
-    return REGISTRY.register(
-        name,
-        add_arguments,
-        apply,
-        presets=presets,
-        finish=finish,
-        needs_processor=needs_processor,
-    )
