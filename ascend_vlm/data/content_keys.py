@@ -100,6 +100,8 @@ def processed_content_key(image: Any, settings: bytes | None) -> bytes | None:
 def processed_content_keys(images: Sequence[Any], image_processor: Any) -> tuple[bytes, ...] | None:
     """:func:`processed_content_key` of each of ``images`` under ``image_processor``, in order;
     None unless every image has one."""
+    if not images or any(vouched_content_key(image) is None for image in images):
+        return None  # before reading the settings: most requests without images end here
     settings = processor_settings_key(image_processor)
     keys = tuple(processed_content_key(image, settings) for image in images)
     return None if None in keys else keys

@@ -49,6 +49,17 @@ def test_processed_keys_part_images_settings_and_derivations():
     assert derived_content_key(KEY, "thumbnail 512") not in (KEY, keys[0])
 
 
+class _SettingsNotToBeRead:
+    def to_dict(self):
+        raise AssertionError("the settings were read for images without keys")
+
+
+def test_images_without_keys_skip_reading_the_settings():
+    unkeyed = Image.new("RGB", (8, 6))
+    assert processed_content_keys([], _SettingsNotToBeRead()) is None
+    assert processed_content_keys([unkeyed], _SettingsNotToBeRead()) is None
+
+
 def test_the_first_encoding_in_a_block_takes_the_keys():
     assert take_encoding_content_keys(1) is None
     with encoding_content_keys((KEY, KEY)):
