@@ -118,7 +118,9 @@ class _OwnRows:
             self.count, self.numel = rows.count, rows.numel
             return
         self.mask = rows.nonzero_mask(chunks)
-        touched = [int(part.sum()) for part in self.mask.split([r for _, r, _ in rows.segments])]
+        # One read of the device's counts per bucket, not one per parameter.
+        sums = [part.sum() for part in self.mask.split([r for _, r, _ in rows.segments])]
+        touched = torch.stack(sums).tolist()
         self.count = sum(touched)
         self.numel = sum(t * width for t, (_, _, width) in zip(touched, rows.segments, strict=True))
 
