@@ -301,8 +301,9 @@ class BatchGenerator:
             events.append(self._finish(self._running[row], "cancelled"))
         self._leave(cancelled)
         # Every cancelled waiting request leaves now, not once it reaches the head of the line.
-        events.extend(self._finish(s, "cancelled") for s in self._waiting if s.cancelled)
-        self._waiting = deque(s for s in self._waiting if not s.cancelled)
+        if any(s.cancelled for s in self._waiting):
+            events.extend(self._finish(s, "cancelled") for s in self._waiting if s.cancelled)
+            self._waiting = deque(s for s in self._waiting if not s.cancelled)
         admitted = self._admit()
         decode_tokens = len(self._running)
         if self._running:
