@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from ascend_vlm._files import atomic_write_text
 from ascend_vlm.batching.command_line import (
     add_budget_arguments,
     add_kv_cache_arguments,
@@ -181,9 +181,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
         for result in results
     ]
-    staging = args.out.with_name(f".{args.out.name}.partial")
-    staging.write_text("\n".join(lines) + "\n")
-    os.replace(staging, args.out)
+    atomic_write_text(args.out, "\n".join(lines) + "\n")
     stats = generator.stats()
     used = ", ".join(f"{name} {share:.0%}" for name, share in stats.utilisation.items())
     print(

@@ -8,6 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ascend_vlm._files import atomic_write_text
 from ascend_vlm.verification.end_to_end import EndToEndReport
 
 
@@ -113,10 +114,7 @@ class VerifyReport:
 
     def write_json(self, path: str | os.PathLike) -> None:
         """Write :meth:`as_dict` to ``path`` (replaced atomically)."""
-        path = Path(path)
-        staging = path.with_name(f".{path.name}.partial")
-        staging.write_text(json.dumps(self.as_dict(), indent=2) + "\n")
-        os.replace(staging, path)
+        atomic_write_text(Path(path), json.dumps(self.as_dict(), indent=2) + "\n")
 
     def verdict(self) -> str:
         first = self.first_flagged
