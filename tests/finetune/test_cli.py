@@ -10,6 +10,7 @@ import pytest
 from tiny_finetune import COMMON, ROOT, finetune_command, finetune_env
 
 from ascend_vlm.__main__ import main as ascend_vlm_main
+from ascend_vlm._compat.distributed_loading import load_time_fsdp_problem
 from ascend_vlm.default_model import default_model_path
 from ascend_vlm.finetune import cli
 
@@ -108,9 +109,16 @@ def _argv(output_dir: Path, *extra: str) -> list[str]:
         (["--fsdp"], "error: --fsdp: expected no modules_to_save (PEFT copies a module"),
         (["--fsdp", "--modules-to-save=", "--quantize=4"], "error: --fsdp: expected no quantize"),
         (["--fsdp", "--modules-to-save=", "--resume=latest"], "error: --fsdp: expected no resume"),
-        # One process: "fsdp_size: expected at least 2 ranks" (or, on a transformers without
-        # load-time FSDP, why not).
-        (["--fsdp", "--modules-to-save="], "error: --fsdp: "),
+        # One process: fewer than 2 ranks (or, on a transformers without load-time FSDP, why not).
+        (
+            ["--fsdp", "--modules-to-save="],
+            "error: --fsdp: "
+            + (
+                "fsdp_size: expected at least 2 ranks to shard over, got 1"
+                if load_time_fsdp_problem() is None
+                else f"fsdp_distributed_config: {load_time_fsdp_problem()}"
+            ),
+        ),
     ],
 )
 def test_a_mistake_is_one_error_line_and_leaves_the_folder_free(
