@@ -53,6 +53,19 @@ def test_kv_cache_flags_become_the_batch_generators_keywords(flags, expected):
     assert kv_cache_settings(args, args.parser) == expected
 
 
+@pytest.mark.parametrize("mib", [0, 8])
+def test_image_cache_flag_sizes_the_served_processors_pixel_cache(tiny_model_path, mib):
+    from ascend_vlm.__main__ import build_parser
+    from ascend_vlm._byte_units import MIB
+    from ascend_vlm.serving.cli import _prepared_model
+
+    flags = ["serve", "--model", str(tiny_model_path), "--no-patch", "--image-cache", str(mib)]
+    args = build_parser().parse_args(flags)
+    _, processor, _ = _prepared_model(args, tiny_model_path)
+    cache = getattr(processor.image_processor, "pixel_cache", None)
+    assert (None if cache is None else cache.max_bytes) == (mib * MIB or None)
+
+
 @pytest.mark.slow
 def test_sigterm_drains_the_request_in_flight_and_exits_0(tiny_model_path):
     command = [sys.executable, "-m", "ascend_vlm", "serve", "--model", str(tiny_model_path),
